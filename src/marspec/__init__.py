@@ -1,0 +1,61 @@
+"""marspec: speculative decoding with margin-aware verification (MARS).
+
+    >>> import marspec
+    >>> out = marspec.generate("Write a haiku about caches.", rule="mars", theta=0.9)
+    >>> out.text, out.stats.tau
+
+The heavy parts (torch, transformers) are imported on first use, so ``marspec --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from marspec.errors import MarspecError
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "generate": "marspec.api",
+    "Decoder": "marspec.api",
+    "GenerationOptions": "marspec.api",
+    "GenerationResult": "marspec.api",
+    "GenerationStream": "marspec.api",
+    "GenerationStats": "marspec.stats",
+    "Rule": "marspec.verify",
+    "verify_greedy": "marspec.verify",
+    "verify_sampling": "marspec.verify",
+    "MODELS": "marspec.models",
+    "DEFAULT_TARGET": "marspec.models",
+    "DEFAULT_DRAFT": "marspec.models",
+}
+
+__all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "MODELS",
+    "Decoder",
+    "GenerationOptions",
+    "GenerationResult",
+    "GenerationStats",
+    "GenerationStream",
+    "MarspecError",
+    "Rule",
+    "__version__",
+    "generate",
+    "verify_greedy",
+    "verify_sampling",
+]
+
+if TYPE_CHECKING:
+    from marspec.api import Decoder, GenerationOptions, GenerationResult, GenerationStream, generate
+    from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+    from marspec.stats import GenerationStats
+    from marspec.verify import Rule, verify_greedy, verify_sampling
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'marspec' has no attribute {name!r}")

@@ -1,0 +1,72 @@
+"""A Hugging Face transformers causal LM behind the small interface the decode loop needs.
+
+The loop only ever asks three things of a model: score some new tokens on top of what is cached, report
+how many positions are cached, and forget everything after a given position (rollback after
+verification). Keeping that interface tiny is what lets drafters and targets share one backend.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+
+class HFCausalLM:
+    """A causal LM with a KV cache that is rolled back in place.
+
+    Rollback uses ``DynamicCache.crop``, which slices every layer's keys and values to a view: no copy of
+    the cache is made when a verification rejects draft tokens.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self.context_length: int = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self.dtype: torch.dtype = next(model.parameters()).dtype
+        self.forward_seconds = 0.0  # wall time spent inside model forwards, for the overhead measurement
+        self.forward_calls = 0
+        self._cache = DynamicCache(config=model.config)
+        self._cached = 0
+
+    @property
+    def cached_len(self) -> int:
+        """Number of positions held in the KV cache."""
+        return self._cached
+
+    def reset(self) -> None:
+        """Drop the cache (a new sequence starts)."""
+        self._cache = DynamicCache(config=self.model.config)
+        self._cached = 0
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append ``tokens`` (long[n], n >= 1) to the cache and return float32 logits.
+
+        Returns [n, V] logits, or [1, V] for the last position only when ``last_only`` (a prefill does not
+        need the LM head over the whole prompt: with V = 151,936 that head would dominate the cost).
+        """
+        start = time.perf_counter()
+        out = self.model(
+            input_ids=tokens.unsqueeze(0),
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        self._cached += int(tokens.shape[0])
+        logits = out.logits[0].float()  # [n or 1, V]
+        self.forward_seconds += time.perf_counter() - start
+        self.forward_calls += 1
+        return logits
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions."""
+        drop = self._cached - length
+        if drop < 0:
+            raise ValueError(f"cannot roll back to {length}: only {self._cached} positions are cached")
+        if drop:
+            self._cache.crop(-drop)
+            self._cached = length

@@ -1,0 +1,147 @@
+"""The one decode loop: plain autoregressive decoding is speculative decoding with an empty draft.
+
+Cache discipline: the target's cache always holds every committed token except the newest one (the
+"pending" token). A step scores ``[pending] + draft`` in one forward, so row i of the logits predicts the
+token after ``draft[i-1]`` (row 0 verifies draft[0]; the last row is the bonus position). After
+verification both caches are rolled back in place to the accepted prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from marspec.backends.hf import HFCausalLM
+from marspec.drafters.base import Draft, Drafter
+from marspec.errors import MarspecError
+from marspec.stats import GenerationStats, StepRecord
+from marspec.verify import Rule, verify_greedy, verify_sampling
+
+STRICT = Rule(name="strict")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """What the loop needs besides the models. Validated on construction (user input arrives here)."""
+
+    rule: Rule = STRICT
+    k: int = 5
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise MarspecError(f"k (draft length) must be an integer >= 1, got {self.k!r}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+            raise MarspecError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise MarspecError(
+                f"temperature must be >= 0 (0 = greedy, > 0 = sampling), got {self.temperature}"
+            )
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or self.max_new_tokens < 1
+        ):
+            raise MarspecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens a step committed, and which of them were relaxed accepts."""
+
+    tokens: list[int]
+    relaxed: list[bool]
+    finished: bool  # EOS reached
+
+
+def decode(
+    target: HFCausalLM,
+    drafter: Drafter | None,
+    prompt_ids: torch.Tensor,
+    config: DecodeConfig,
+    stats: GenerationStats,
+    generator: torch.Generator | None = None,
+) -> Iterator[Step]:
+    """Generate after ``prompt_ids`` (long[L], L >= 1), yielding each verification step's new tokens.
+
+    The caller may stop iterating at any time (stop strings, cancellation). ``stats`` is filled in as
+    the loop runs; timings of model forwards are read from the backends.
+    """
+    prompt_len = int(prompt_ids.shape[0])
+    budget = config.max_new_tokens
+    if target.context_length:
+        budget = min(budget, target.context_length - prompt_len)
+    seq = torch.empty(prompt_len + budget + config.k + 1, dtype=torch.long)  # committed tokens
+    seq[:prompt_len] = prompt_ids
+    length = prompt_len
+    sampling = config.temperature > 0
+    draft_lm: HFCausalLM | None = getattr(drafter, "lm", None)
+
+    target.reset()
+    if drafter is not None:
+        drafter.reset()
+    target_s0 = target.forward_seconds
+    draft_s0 = draft_lm.forward_seconds if draft_lm else 0.0
+    if prompt_len > 1:
+        target.forward(seq[: prompt_len - 1], last_only=True)
+    stats.prompt_tokens = prompt_len
+    stats.prefill_s = target.forward_seconds - target_s0
+
+    produced = 0
+    while produced < budget:
+        # One token always comes from the target (correction or bonus): never draft past the budget.
+        k = min(config.k, budget - produced - 1)
+        if drafter is not None and k > 0:
+            draft = drafter.propose(seq[:length], k, config.temperature, generator)
+        else:
+            draft = Draft(tokens=seq.new_empty(0))
+        n_draft = len(draft)
+
+        logits = target.forward(torch.cat((seq[length - 1 : length], draft.tokens)))  # [1 + k, V]
+        if sampling:
+            verdict = verify_sampling(
+                logits, draft.tokens, draft.probs, config.rule, config.temperature, generator
+            )
+        else:
+            verdict = verify_greedy(logits, draft.tokens, config.rule)
+
+        tokens = verdict.emitted(draft.tokens)
+        relaxed = [*verdict.relaxed.tolist(), False]
+        finished = False
+        for i, tok in enumerate(tokens):
+            if tok in config.eos_token_ids:
+                tokens, relaxed, finished = tokens[:i], relaxed[:i], True
+                break
+        keep = min(len(tokens), budget - produced)
+        tokens, relaxed = tokens[:keep], relaxed[:keep]
+
+        seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        # Accepted drafts are cached already; the newest token stays pending.
+        target.rollback(length + verdict.n_accepted)
+        length += len(tokens)
+        produced += len(tokens)
+        if drafter is not None:
+            drafter.rollback(length - 1)
+
+        stats.record(
+            StepRecord(
+                drafted=n_draft,
+                accepted_exact=verdict.n_accepted - verdict.n_relaxed,
+                accepted_relaxed=verdict.n_relaxed,
+                rejected=verdict.n_accepted < n_draft,
+                emitted=len(tokens),
+                margins=tuple(verdict.margins.tolist()),
+            )
+        )
+        stats.new_tokens = produced
+        stats.target_forward_s = target.forward_seconds - target_s0
+        if draft_lm is not None:
+            stats.draft_forward_s = draft_lm.forward_seconds - draft_s0
+        yield Step(tokens=tokens, relaxed=relaxed, finished=finished)
+        if finished:
+            return

@@ -1,0 +1,46 @@
+"""Prompt lookup: draft by copying what followed the latest earlier occurrence of the context's tail."""
+
+from __future__ import annotations
+
+import torch
+
+from marspec.drafters.base import Draft
+from marspec.errors import MarspecError
+
+
+class NgramDrafter:
+    """n-gram prompt lookup (no model): cheap, strong when the output repeats the input (code edits, RAG).
+
+    The longest tail n-gram (``max_ngram`` down to ``min_ngram`` tokens) that occurred earlier in the
+    context is located; the tokens that followed its most recent earlier occurrence are the draft.
+    """
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise MarspecError(
+                f"n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}"
+            )
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(
+        self, context: torch.Tensor, k: int, temperature: float, generator: torch.Generator | None
+    ) -> Draft:
+        length = int(context.shape[0])
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            tail = context[length - n :]
+            # windows[i] = context[i : i + n] for every earlier start i (the tail itself is excluded)
+            windows = context[: length - 1].unfold(0, n, 1)  # [length - n, n]
+            hits = torch.nonzero((windows == tail).all(dim=1)).flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return Draft(tokens=context[start : start + k].clone())
+        return Draft(tokens=context.new_empty(0))
+
+    def rollback(self, valid_len: int) -> None:
+        """Stateless: nothing to forget."""
+
+    def reset(self) -> None:
+        """Stateless: nothing to reset."""

@@ -1,0 +1,99 @@
+"""Per-step records of a generation and the metrics derived from them (SPEC: "What is measured")."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One target verification forward and what it yielded."""
+
+    drafted: int  # draft tokens proposed (0 for plain decoding)
+    accepted_exact: int
+    accepted_relaxed: int
+    rejected: bool  # a draft token was rejected (False when all were accepted, or none drafted)
+    emitted: int  # tokens kept from this step (accepted + correction/bonus, cut at EOS/limits)
+    margins: tuple[float, ...] = ()  # the rule's margin measure at each drafted position
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one generation.
+
+    ``tau`` is new tokens per target verification forward (plain decoding: 1.0). ``overhead_s`` is the
+    engine's own time: wall time minus the time spent inside model forwards (prefill included).
+    """
+
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    target_forwards: int = 0
+    drafted: int = 0
+    accepted_exact: int = 0
+    accepted_relaxed: int = 0
+    rejected: int = 0
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    target_forward_s: float = 0.0
+    draft_forward_s: float = 0.0
+    steps: list[StepRecord] = field(default_factory=list, repr=False)
+
+    def record(self, step: StepRecord) -> None:
+        self.steps.append(step)
+        self.target_forwards += 1
+        self.drafted += step.drafted
+        self.accepted_exact += step.accepted_exact
+        self.accepted_relaxed += step.accepted_relaxed
+        self.rejected += int(step.rejected)
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: new tokens per target verification forward."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.wall_s - self.target_forward_s - self.draft_forward_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def relaxed_share(self) -> float:
+        """Share of accepted draft tokens that were accepted by relaxation."""
+        accepted = self.accepted_exact + self.accepted_relaxed
+        return self.accepted_relaxed / accepted if accepted else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens."""
+        return (self.accepted_exact + self.accepted_relaxed) / self.drafted if self.drafted else 0.0
+
+    def accepted_by_position(self) -> list[float]:
+        """Acceptance rate at each draft position (index 0 = first drafted token), over the steps that
+        drafted that far."""
+        reached: list[int] = []
+        accepted: list[int] = []
+        for step in self.steps:
+            n_accepted = step.accepted_exact + step.accepted_relaxed
+            for pos in range(step.drafted):
+                if pos == len(reached):
+                    reached.append(0)
+                    accepted.append(0)
+                reached[pos] += 1
+                accepted[pos] += int(pos < n_accepted)
+        return [a / r for a, r in zip(accepted, reached, strict=True)]
+
+    def to_dict(self, with_steps: bool = False) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
+        out.update(
+            tau=self.tau,
+            overhead_s=self.overhead_s,
+            tokens_per_s=self.tokens_per_s,
+            relaxed_share=self.relaxed_share,
+            acceptance_rate=self.acceptance_rate,
+        )
+        if with_steps:
+            out["steps"] = [asdict(s) for s in self.steps]
+        return out

@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny random-weight models for fast loop tests (real weights are in test_real.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from marspec.backends.hf import HFCausalLM
+
+TINY_VOCAB = 97
+
+
+def tiny_lm(seed: int, name: str = "tiny", layers: int = 2) -> HFCausalLM:
+    """A random 2-layer Qwen2 with a 97-token vocabulary, fp32, no tokenizer (loop tests use ids)."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
+    # Sharpen the random logits so greedy choices are not decided by float noise.
+    model.lm_head.weight.mul_(20.0)
+    return HFCausalLM(model, tokenizer=None, name=name)
+
+
+@pytest.fixture
+def target() -> HFCausalLM:
+    return tiny_lm(0, "tiny-target")
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    return torch.tensor([5, 17, 42, 8, 63, 5, 17, 42], dtype=torch.long)
