@@ -6,6 +6,7 @@ import torch
 
 from marspec.backends.hf import HFCausalLM
 from marspec.drafters.base import Draft
+from marspec.verify import sample_token
 
 
 class ModelDrafter:
@@ -34,7 +35,7 @@ class ModelDrafter:
             else:
                 q = self._to_target_vocab(torch.softmax(logits / temperature, dim=-1))
                 probs[i] = q
-                tokens[i] = torch.multinomial(q, 1, generator=generator)[0]
+                tokens[i] = sample_token(q, generator)[0]
             if i + 1 < k:
                 logits = self.lm.forward(tokens[i : i + 1])[-1]
         return Draft(tokens=tokens, probs=probs)

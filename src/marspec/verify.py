@@ -1,0 +1,292 @@
+"""Accept rules for speculative decoding: strict verification and MARS (margin-aware) verification.
+
+Everything here is a small pure function over target logits: no model, no I/O, no Python loop over draft
+positions. A decode step calls :func:`verify_greedy` (temperature 0) or :func:`verify_sampling`
+(temperature > 0) with the target's logits for ``prefix + draft`` and gets back a :class:`Verification`.
+
+Shapes: ``K`` is the number of draft tokens, ``V`` the vocabulary size. ``target_logits`` is ``[K+1, V]``:
+row ``i`` scores draft position ``i`` and row ``K`` is the bonus position.
+
+MARS (see SPEC.md) also accepts a draft token that is the target's second choice when the target is nearly
+indifferent between its top two ("close call"). How close is measured by a margin:
+
+- ``logit_ratio`` (the paper's default): ``z2 / z1 > theta``, only when ``z1 > 0``;
+- ``prob_ratio``: ``p2 / p1 = exp((z2 - z1) / T) > theta``;
+- ``logit_gap``: ``z1 - z2 < theta``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+from marspec.errors import MarspecError
+
+MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
+RuleName = Literal["strict", "mars"]
+MARGINS: tuple[str, ...] = get_args(MarginName)
+RULES: tuple[str, ...] = get_args(RuleName)
+
+# Margins whose measure is a ratio at most 1 between the top two: theta is a threshold in [0, 1].
+_RATIO_MARGINS = ("logit_ratio", "prob_ratio")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How draft tokens are accepted: ``strict`` (exact match / lossless) or ``mars`` (margin-aware).
+
+    ``theta`` is the close-call threshold for ``margin``. For the ratio margins it is in ``[0, 1]`` and a
+    lower value relaxes more; for ``logit_gap`` it is the largest top-2 logit gap still treated as a close
+    call. ``theta`` is validated for ``strict`` too, so a bad value never goes unnoticed.
+    """
+
+    name: RuleName = "mars"
+    theta: float = 0.9
+    margin: MarginName = "logit_ratio"
+
+    def __post_init__(self) -> None:
+        if self.name not in RULES:
+            raise MarspecError(f"unknown rule {self.name!r}; use one of: {', '.join(RULES)}")
+        if self.margin not in MARGINS:
+            raise MarspecError(f"unknown margin {self.margin!r}; use one of: {', '.join(MARGINS)}")
+        theta = self.theta
+        is_number = isinstance(theta, numbers.Real) and not isinstance(theta, bool)
+        finite = is_number and math.isfinite(float(theta))
+        if self.margin in _RATIO_MARGINS:
+            ratio = "z2/z1" if self.margin == "logit_ratio" else "p2/p1"
+            if not (finite and 0.0 <= float(theta) <= 1.0):
+                raise MarspecError(
+                    f"theta={theta!r} is invalid for margin {self.margin!r}: use a finite number in [0, 1] "
+                    f"(the closeness threshold on {ratio}; lower relaxes more; theta = 1 can never relax "
+                    f"since the ratio is <= 1, i.e. it equals strict verification)"
+                )
+        elif not (finite and float(theta) >= 0.0):
+            raise MarspecError(
+                f"theta={theta!r} is invalid for margin 'logit_gap': use a finite number >= 0 "
+                f"(the largest gap z1 - z2, in logits, still treated as a close call; 0 never relaxes)"
+            )
+        # Normalise ints (theta=1) and numpy scalars to a plain float.
+        object.__setattr__(self, "theta", float(theta))
+
+    @property
+    def relaxes(self) -> bool:
+        """Whether this rule can ever accept a non-top-1 token (False for strict and degenerate theta)."""
+        if self.name == "strict":
+            return False
+        if self.margin in _RATIO_MARGINS:
+            return self.theta < 1.0  # the ratio is <= 1, and the test is strict ">"
+        return self.theta > 0.0  # the gap is >= 0, and the test is strict "<"
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of verifying one block of ``K`` draft tokens."""
+
+    n_accepted: int  # draft tokens accepted, 0..K
+    next_token: int  # correction token (n_accepted < K) or bonus token (n_accepted == K)
+    relaxed: torch.Tensor  # bool[n_accepted]: True where that accepted draft token was a relaxed accept
+    # float32[K]: the rule's margin measure at each draft position, for statistics (logit_ratio is
+    # inf/nan where z1 == 0; the rule itself never relaxes there)
+    margins: torch.Tensor
+
+    @property
+    def n_relaxed(self) -> int:
+        """How many of the accepted draft tokens were relaxed accepts."""
+        return int(self.relaxed.sum())
+
+    def emitted(self, draft_tokens: torch.Tensor) -> list[int]:
+        """The tokens this step commits: the accepted draft prefix followed by ``next_token``."""
+        # draft_tokens: long[K]
+        return [*draft_tokens[: self.n_accepted].tolist(), self.next_token]
+
+
+def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two largest entries of the last dimension: ``(values[..., 2], tokens[..., 2])``.
+
+    The first token is ``torch.argmax`` so it breaks ties exactly like plain greedy decoding; the second
+    is the argmax once the first is masked out (on an exact tie it is the other tied token).
+    """
+    # logits: [..., V]
+    v1 = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+    masked = logits.scatter(-1, v1, float("-inf"))
+    v2 = masked.argmax(dim=-1, keepdim=True)  # [..., 1]
+    tokens = torch.cat([v1, v2], dim=-1)  # [..., 2]
+    return logits.gather(-1, tokens), tokens
+
+
+def margin_measure(
+    z1: torch.Tensor, z2: torch.Tensor, margin: MarginName, temperature: float = 1.0
+) -> torch.Tensor:
+    """The raw margin between the top-2 logits ``z1 >= z2`` (same shape as ``z1``).
+
+    ``logit_ratio``: ``z2 / z1`` (scale-free, so temperature does not matter; meaningless when
+    ``z1 <= 0``); ``prob_ratio``: ``p2 / p1 = exp((z2 - z1) / temperature)``; ``logit_gap``: ``z1 - z2``
+    (in the units of the logits given: pass temperature-scaled logits to measure the scaled gap).
+    """
+    if margin == "logit_ratio":
+        return z2 / z1
+    if margin == "prob_ratio":
+        return torch.exp((z2 - z1) / temperature)
+    if margin == "logit_gap":
+        return z1 - z2
+    raise MarspecError(f"unknown margin {margin!r}; use one of: {', '.join(MARGINS)}")
+
+
+def is_close_call(z1: torch.Tensor, z2: torch.Tensor, rule: Rule, temperature: float = 1.0) -> torch.Tensor:
+    """Bool tensor (shape of ``z1``): True where ``rule`` treats the top-2 logits as a close call.
+
+    Always False for a rule that cannot relax. For ``logit_ratio`` it also requires ``z1 > 0``: with a
+    non-positive top logit the ratio is >= 1 for every gap, so its meaning inverts and we never relax.
+    """
+    if not rule.relaxes:
+        return torch.zeros_like(z1, dtype=torch.bool)
+    measure = margin_measure(z1, z2, rule.margin, temperature)
+    if rule.margin == "logit_ratio":
+        return (z1 > 0) & (measure > rule.theta)
+    if rule.margin == "prob_ratio":
+        return measure > rule.theta
+    return measure < rule.theta
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule) -> Verification:
+    """Greedy (temperature 0) verification: exact match, plus MARS's top-2 relaxation on close calls.
+
+    ``target_logits``: ``[K+1, V]``; ``draft_tokens``: ``long[K]`` (``K`` may be 0). With a rule that
+    cannot relax, the emitted tokens are exactly those of plain greedy decoding.
+    """
+    k = _check_block(target_logits, draft_tokens)
+    values, tokens = top2(target_logits)  # [K+1, 2], [K+1, 2]
+    values = values.float()
+    z1, z2 = values[:k, 0], values[:k, 1]  # [K]
+    v1 = tokens[:, 0]  # [K+1]
+    draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
+
+    exact = draft == v1[:k]  # [K]
+    relaxed = (draft == tokens[:k, 1]) & is_close_call(z1, z2, rule) & ~exact  # [K]
+    n = _leading_true(exact | relaxed)  # 0-dim long
+    n_accepted, next_token = _to_ints(n, v1.index_select(0, n.view(1)))
+    return Verification(
+        n_accepted=n_accepted,
+        next_token=next_token,
+        relaxed=relaxed[:n_accepted],
+        margins=margin_measure(z1, z2, rule.margin).float(),
+    )
+
+
+def verify_sampling(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    rule: Rule,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> Verification:
+    """Sampling verification: lossless speculative sampling, plus MARS's deterministic close-call accepts.
+
+    ``target_logits``: ``[K+1, V]``; ``draft_tokens``: ``long[K]``; ``draft_probs``: ``[K, V]``, the
+    distribution q the drafter really sampled each draft token from, or None for a deterministic drafter
+    (n-gram lookup), meaning q is one-hot at the draft token.
+
+    At a close call (measured on the temperature-scaled logits) a draft token that is the target's top-1 or
+    top-2 is accepted without a random draw and counted as relaxed: that is where MARS is lossy. Every
+    other position uses the Leviathan/Chen test (accept iff ``u < min(1, p(d)/q(d))``), a rejection emits
+    a token from ``norm(max(0, p - q))`` and a full accept a bonus token from ``p``; so with a rule that
+    cannot relax the output distribution is exactly the target's. All randomness comes from ``generator``:
+    K+1 uniforms drawn at once.
+    """
+    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature > 0):
+        raise MarspecError(
+            f"temperature={temperature!r} is invalid for sampling: use a finite number > 0 "
+            f"(or verify_greedy for temperature 0)"
+        )
+    k = _check_block(target_logits, draft_tokens)
+    vocab = target_logits.shape[1]
+    device = target_logits.device
+    if draft_probs is not None and tuple(draft_probs.shape) != (k, vocab):
+        raise ValueError(f"draft_probs must be [K, V] = [{k}, {vocab}], got {list(draft_probs.shape)}")
+    p = torch.softmax(target_logits.float() / temperature, dim=-1)  # [K+1, V]
+    draft = draft_tokens.to(device=device, dtype=torch.long)  # [K]
+
+    values, tokens = top2(target_logits[:k])  # [K, 2], [K, 2]
+    z1, z2 = (values.float() / temperature).unbind(-1)  # [K], [K]
+    in_top2 = (tokens == draft[:, None]).any(-1)  # [K]
+    relaxed = in_top2 & is_close_call(z1, z2, rule)  # [K]
+
+    u = torch.rand(k + 1, generator=generator, device=device)  # [K+1]: K accept tests, 1 token draw
+    p_d = p[:k].gather(1, draft[:, None])[:, 0]  # [K]
+    if draft_probs is None:
+        passed = u[:k] < p_d  # q(d) = 1
+    else:
+        q = draft_probs.to(device=device, dtype=torch.float32)  # [K, V]
+        q_d = q.gather(1, draft[:, None])[:, 0]  # [K]
+        # u < min(1, p/q) written as u * q < p: no division, and q(d) = 0 < p(d) accepts as it should.
+        passed = u[:k] * q_d < p_d
+    n = _leading_true(relaxed | passed)  # 0-dim long
+
+    # Row n of max(0, p - q), with q = 0 at the bonus row K: the correction residual or the bonus p.
+    p_n = p.index_select(0, n.view(1))[0]  # [V]
+    if k == 0:
+        weights = p_n
+    else:
+        rejected = (n < k).float()  # 0-dim; row K has no q to subtract
+        row = n.clamp(max=k - 1).view(1)
+        if draft_probs is None:
+            d_n = draft.index_select(0, row)  # [1]
+            q_n = (torch.arange(vocab, device=device) == d_n).float()  # [V], one-hot
+        else:
+            q_n = q.index_select(0, row)[0]  # [V]
+        residual = (p_n - rejected * q_n).clamp(min=0.0)  # [V]
+        # An all-zero residual (p_n == q_n) cannot follow a genuine rejection; fall back to p_n anyway.
+        weights = torch.where(residual.sum() > 0, residual, p_n)
+    token = _sample(weights, u[k])
+
+    n_accepted, next_token = _to_ints(n, token)
+    return Verification(
+        n_accepted=n_accepted,
+        next_token=next_token,
+        relaxed=relaxed[:n_accepted],
+        margins=margin_measure(z1, z2, rule.margin).float(),
+    )
+
+
+def sample_token(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token (long[1]) drawn from unnormalised ``weights`` [V] with randomness from ``generator``."""
+    return _sample(weights, torch.rand((), generator=generator, device=weights.device))
+
+
+def _sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token drawn from unnormalised ``weights`` [V] by inverting the CDF at the uniform ``u`` (0-dim).
+
+    Used instead of ``torch.multinomial``, which costs ~20 ms per draw on CPU at a 150k vocabulary.
+    """
+    cdf = weights.cumsum(0)  # [V]
+    total = cdf[-1]
+    # Keep x strictly below the total so the search lands on a token whose weight is positive.
+    x = torch.minimum(u * total, torch.nextafter(total, total.new_zeros(())))
+    return torch.searchsorted(cdf, x.view(1), right=True)  # long[1]
+
+
+def _check_block(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> int:
+    """Check the ``[K+1, V]`` / ``[K]`` shapes and return ``K``."""
+    if draft_tokens.dim() != 1 or draft_tokens.is_floating_point():
+        shape = list(draft_tokens.shape)
+        raise ValueError(f"draft_tokens must be an integer tensor [K], got {draft_tokens.dtype} {shape}")
+    k = draft_tokens.shape[0]
+    if target_logits.dim() != 2 or target_logits.shape[0] != k + 1 or target_logits.shape[1] < 1:
+        raise ValueError(f"target_logits must be [K+1, V] = [{k + 1}, V], got {list(target_logits.shape)}")
+    return k
+
+
+def _leading_true(mask: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in a 1-D bool tensor, as a 0-dim long tensor (no host sync)."""
+    return mask.long().cumprod(0).sum()
+
+
+def _to_ints(n: torch.Tensor, token: torch.Tensor) -> tuple[int, int]:
+    """``(n, token)`` as Python ints with a single device-to-host copy."""
+    n_accepted, next_token = torch.cat([n.view(1), token.view(1).to(n.dtype)]).tolist()
+    return n_accepted, next_token
