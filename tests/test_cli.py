@@ -1,0 +1,97 @@
+"""The command line: bad input is one line and exit status 2; --json prints exactly one object."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from marspec.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["generate", "hi", "--theta", "1.5"], "theta"),
+        (["generate", "hi", "--theta", "-0.1"], "[0, 1]"),
+        (["generate", "hi", "--k", "0"], "k (draft length)"),
+        (["generate", "hi", "--temperature", "-1"], "temperature"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["generate", "hi", "--rule", "fast"], "unknown rule"),
+        (["generate", "hi", "--margin", "vibes"], "unknown margin"),
+        (["generate", "hi", "--dtype", "fp8"], "unknown dtype"),
+        (["generate", "   "], "empty prompt"),
+        (["generate", "hi", "--target", "no-such-model"], "unknown model"),
+        (["generate", "hi", "--target", "/nonexistent/model.gguf"], "does not exist"),
+        (["demo", "--k", "0"], "k (draft length)"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_models_lists_known_names():
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
+        assert name in result.output
+
+
+def test_generate_json_on_real_small_model():
+    """A real subprocess on real weights: SmolLM2-135M with n-gram drafting."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "marspec.cli",
+            "generate",
+            "List the numbers one to ten: 1, 2, 3,",
+            "--target",
+            "smollm2-135m-instruct",
+            "--draft",
+            "ngram",
+            "--rule",
+            "mars",
+            "--k",
+            "4",
+            "--max-new-tokens",
+            "24",
+            "--dtype",
+            "fp32",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert isinstance(data["text"], str) and data["text"]
+    assert len(data["token_ids"]) == data["stats"]["new_tokens"] <= 24
+    for key in (
+        "new_tokens",
+        "target_forwards",
+        "tau",
+        "accepted_exact",
+        "accepted_relaxed",
+        "rejected",
+        "wall_s",
+        "overhead_s",
+    ):
+        assert key in data["stats"]
+    assert all(0 <= p < len(data["token_ids"]) for p in data["relaxed_positions"])
+    assert len(data["relaxed_positions"]) <= data["stats"]["accepted_relaxed"]
+    assert data["stats"]["tau"] >= 1.0

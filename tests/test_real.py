@@ -1,0 +1,107 @@
+"""The project's invariants on the REAL Qwen2.5-Coder pair (1.5B target, 0.5B draft), in fp32.
+
+fp32 matters: in bf16 a forward over several tokens rounds differently from a one-token forward, so a
+near-tie can flip and strict speculative decoding may legitimately drift from plain decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from marspec import Decoder, MarspecError
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+pytestmark = pytest.mark.real
+
+PROMPTS = (
+    "Write a Python function `merge_sorted(a, b)` that merges two sorted lists, with a docstring and tests.",
+    "A train travels 60 km in 45 minutes. What is its average speed in km/h? Explain step by step.",
+    "Explain what a hash map is to a new programmer, with an example.",
+)
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Decoder:
+    return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def runs(decoder):
+    """Every prompt decoded with plain, strict, MARS(theta=1) and MARS(theta=0.9)."""
+    out = {}
+    for prompt in PROMPTS:
+        for name, opts in {
+            "plain": {"rule": "plain"},
+            "strict": {"rule": "strict"},
+            "mars1": {"rule": "mars", "theta": 1.0},
+            "mars09": {"rule": "mars", "theta": 0.9},
+        }.items():
+            out[prompt, name] = decoder.generate(prompt, k=5, max_new_tokens=NEW_TOKENS, **opts)
+    return out
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
+    plain = runs[prompt, "plain"]
+    assert len(plain.token_ids) == NEW_TOKENS  # the prompts are chosen to run the whole budget
+    assert runs[prompt, "strict"].token_ids == plain.token_ids
+    assert runs[prompt, "mars1"].token_ids == plain.token_ids
+    assert runs[prompt, "mars1"].stats.accepted_relaxed == 0
+    assert runs[prompt, "strict"].stats.target_forwards < plain.stats.target_forwards
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_mars_diverges_from_strict_only_at_a_relaxed_accept(runs, prompt):
+    strict, mars = runs[prompt, "strict"], runs[prompt, "mars09"]
+    diffs = [i for i, (a, b) in enumerate(zip(strict.token_ids, mars.token_ids, strict=False)) if a != b]
+    if diffs:
+        assert diffs[0] in mars.relaxed_positions
+        assert mars.stats.accepted_relaxed > 0
+    else:
+        assert mars.token_ids == strict.token_ids
+
+
+def test_mars_relaxes_and_accepts_at_least_as_much_as_strict(runs):
+    relaxed = sum(runs[p, "mars09"].stats.accepted_relaxed for p in PROMPTS)
+    assert relaxed > 0  # otherwise the divergence test above proves nothing
+    forwards = {m: sum(runs[p, m].stats.target_forwards for p in PROMPTS) for m in ("strict", "mars09")}
+    tokens = {m: sum(runs[p, m].stats.new_tokens for p in PROMPTS) for m in ("strict", "mars09")}
+    assert tokens["mars09"] / forwards["mars09"] >= tokens["strict"] / forwards["strict"]
+
+
+def test_overhead_is_small_next_to_the_forwards(runs):
+    for prompt in PROMPTS:
+        stats = runs[prompt, "mars09"].stats
+        assert 0 <= stats.overhead_s < 0.25 * stats.wall_s
+
+
+def test_sampling_runs_and_is_reproducible(decoder):
+    a = decoder.generate(PROMPTS[0], rule="mars", temperature=0.7, seed=7, max_new_tokens=16)
+    b = decoder.generate(PROMPTS[0], rule="mars", temperature=0.7, seed=7, max_new_tokens=16)
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 0
+
+
+def test_stop_string_and_streaming(decoder):
+    pieces = []
+    result = decoder.generate(
+        "Count from 1 to 20 separated by commas.",
+        rule="strict",
+        max_new_tokens=60,
+        stop=["7"],
+        on_text=pieces.append,
+    )
+    assert result.finish_reason == "stop"
+    assert "7" not in result.text and "6" in result.text
+    assert "".join(pieces) == result.text
+
+
+def test_tokenizer_mismatch_is_refused(decoder):
+    with pytest.raises(MarspecError, match="tokenizer"):
+        Decoder(decoder.target, "smollm2-135m-instruct", dtype="fp32")
+
+
+def test_prompt_longer_than_context_is_refused(decoder):
+    too_long = "word " * (decoder.target.context_length + 10)
+    with pytest.raises(MarspecError, match="context"):
+        decoder.generate(too_long, rule="plain", max_new_tokens=1)
