@@ -257,7 +257,7 @@ def test_cached_folder_with_broken_config_names_the_folder(cache: Path) -> None:
 
 def test_bad_dtype(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(MarspecError, match="unsupported dtype"):
+    with pytest.raises(MarspecError, match="unknown dtype"):
         load_model(str(tmp_path), dtype=torch.int64)
 
 

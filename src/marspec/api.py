@@ -15,13 +15,12 @@ from marspec.decode import DecodeConfig, decode
 from marspec.detok import IncrementalDetokenizer
 from marspec.drafters import Drafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
-from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.prompting import Prompt, encode_prompt
 from marspec.stats import GenerationStats
 from marspec.verify import Rule
 
 RULES = ("plain", "strict", "mars")
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 FinishReason = Literal["eos", "length", "stop"]
 
 
@@ -64,15 +63,6 @@ class GenerationStream:
         self._gen.close()
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
-            return dtype
-    elif dtype in DTYPES:
-        return DTYPES[dtype]
-    raise MarspecError(f"unknown dtype {dtype!r}: use fp32 (exact) or bf16 (about 2-3x faster on CPU)")
-
-
 def load_lm(model: str | HFCausalLM, dtype: torch.dtype) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path (or take a loaded one); return it and whether prompts default to chat."""
     if isinstance(model, HFCausalLM):
@@ -98,7 +88,7 @@ class Decoder:
         target: a known model name (see ``marspec models``), a local HF model folder or a .gguf file.
         draft: a draft model (same forms; must share the target's tokenizer), ``"ngram"`` for prompt
             lookup, or ``None`` for plain decoding only.
-        dtype: ``"fp32"`` (exact invariants) or ``"bf16"`` (faster on CPU).
+        dtype: ``"fp32"`` (default: exact, and on CPUs without fast bf16 kernels as fast) or ``"bf16"``.
         threads: torch intra-op threads (default: torch's choice).
     """
 
@@ -107,7 +97,7 @@ class Decoder:
         target: str | HFCausalLM = DEFAULT_TARGET,
         draft: str | HFCausalLM | None = DEFAULT_DRAFT,
         *,
-        dtype: str | torch.dtype = "bf16",
+        dtype: str | torch.dtype = "fp32",
         threads: int | None = None,
     ) -> None:
         if threads is not None:
@@ -302,7 +292,7 @@ def generate(
     *,
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
-    dtype: str = "bf16",
+    dtype: str = "fp32",
     threads: int | None = None,
     **kwargs: Any,
 ) -> GenerationResult:

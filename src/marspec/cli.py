@@ -29,7 +29,7 @@ TargetOpt = Annotated[
 DraftOpt = Annotated[
     str, typer.Option("--draft", help="Draft model name/path, 'ngram' for prompt lookup, or 'none'.")
 ]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact) or bf16 (faster on CPU).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact; default) or bf16 (half the memory).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
 ThetaOpt = Annotated[float, typer.Option("--theta", help="MARS threshold on z2/z1, in [0, 1]; 1 = strict.")]
 KOpt = Annotated[int, typer.Option("--k", help="Draft tokens per step (>= 1).")]
@@ -74,7 +74,7 @@ def generate(
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
@@ -117,7 +117,7 @@ def demo(
     theta: ThetaOpt = 0.9,
     k: KOpt = 5,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Also print the summary as JSON.")] = False,
 ) -> None:

@@ -606,12 +606,15 @@ _DTYPES = {
 }
 
 
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``fp32``/``bf16``/``fp16`` (or long names, or a torch dtype) -> torch dtype."""
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
     if isinstance(dtype, str) and dtype.lower() in _DTYPES:
         return _DTYPES[dtype.lower()]
-    raise MarspecError(f"unsupported dtype {dtype!r}; use one of float32, bfloat16, float16")
+    raise MarspecError(
+        f"unknown dtype {dtype!r}: use fp32 (exact, the default) or bf16 (half the memory); fp16 also loads"
+    )
 
 
 def load_model(
@@ -624,7 +627,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = _as_dtype(dtype)
+    torch_dtype = parse_dtype(dtype)
     folder = resolve_model_dir(name_or_path)
     spec = MODELS.get(os.fspath(name_or_path))
     cached = folder.resolve().parent == _models_root().resolve()
