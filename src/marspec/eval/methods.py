@@ -1,0 +1,179 @@
+"""The decoding methods a benchmark compares: marspec's own rules and transformers' peers.
+
+A method name is ``plain``, ``strict``, ``mars`` (at the run's theta), ``mars@0.95`` (an explicit
+theta), ``hf-assisted`` (transformers ``generate(assistant_model=draft)``) or ``hf-prompt-lookup``
+(transformers ``generate(prompt_lookup_num_tokens=k)``). All run greedily on the same loaded models.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from marspec.api import Decoder, GenerationOptions
+from marspec.errors import MarspecError
+from marspec.stats import GenerationStats
+
+PEERS = ("hf-assisted", "hf-prompt-lookup")
+METHOD_HELP = "plain, strict, mars, mars@THETA, hf-assisted, hf-prompt-lookup"
+
+
+@dataclass(frozen=True)
+class Method:
+    """A parsed method name."""
+
+    name: str  # as given, e.g. "mars@0.95"
+    kind: str  # plain | strict | mars | hf-assisted | hf-prompt-lookup
+    theta: float | None = None  # mars only
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.kind in ("strict", "mars", "hf-assisted")
+
+
+def parse_methods(spec: str, theta: float) -> list[Method]:
+    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta``."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise MarspecError(f"no methods given: pass a comma-separated list of {METHOD_HELP}")
+    methods = []
+    for name in names:
+        kind, _, arg = name.partition("@")
+        if kind == "mars":
+            value = theta
+            if arg:
+                try:
+                    value = float(arg)
+                except ValueError:
+                    raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
+            GenerationOptions(rule="mars", theta=value)  # validates the range
+            methods.append(Method(name if arg else "mars", "mars", value))
+        elif arg or kind not in ("plain", "strict", *PEERS):
+            raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
+        else:
+            methods.append(Method(name, kind))
+    if len({m.name for m in methods}) != len(methods):
+        raise MarspecError(f"a method is listed twice in {spec!r}")
+    return methods
+
+
+@dataclass
+class TurnOutput:
+    """One generated turn and its measurements."""
+
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    hit_limit: bool
+
+
+def run_method(
+    decoder: Decoder,
+    method: Method,
+    messages: list[dict[str, str]],
+    *,
+    k: int,
+    max_new_tokens: int,
+    margin: str = "logit_ratio",
+) -> TurnOutput:
+    """Generate one assistant turn for ``messages`` with ``method``."""
+    if method.kind in PEERS:
+        return _run_hf_peer(decoder, method, messages, k=k, max_new_tokens=max_new_tokens)
+    options: dict[str, Any] = {
+        "rule": method.kind,
+        "k": k,
+        "max_new_tokens": max_new_tokens,
+        "margin": margin,
+    }
+    if method.theta is not None:
+        options["theta"] = method.theta
+    result = decoder.generate(messages, **options)
+    return TurnOutput(result.text, result.token_ids, result.stats, result.finish_reason == "length")
+
+
+class _ForwardCounter:
+    """Counts and times calls of a module's forward (transformers' generate gives neither)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        self._start = 0.0
+        self._handles = (
+            module.register_forward_pre_hook(self._pre),
+            module.register_forward_hook(self._post),
+        )
+
+    def _pre(self, *_: Any) -> None:
+        self._start = time.perf_counter()
+
+    def _post(self, *_: Any) -> None:
+        self.calls += 1
+        self.seconds += time.perf_counter() - self._start
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _run_hf_peer(
+    decoder: Decoder, method: Method, messages: list[dict[str, str]], *, k: int, max_new_tokens: int
+) -> TurnOutput:
+    from marspec.prompting import encode_prompt
+
+    target = decoder.target
+    prompt_ids = encode_prompt(target.tokenizer, messages, True, target.name)
+    eos = sorted(decoder.eos_token_ids)
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0],
+    )
+    kwargs: dict[str, Any] = {}
+    draft_model = None
+    if method.kind == "hf-assisted":
+        draft_lm = getattr(decoder.drafter, "lm", None)
+        if draft_lm is None:
+            raise MarspecError("hf-assisted needs a draft model: run the benchmark with --draft NAME")
+        draft_model = draft_lm.model
+        kwargs["assistant_model"] = draft_model
+    else:
+        config.prompt_lookup_num_tokens = k
+
+    counter = _ForwardCounter(target.model)
+    draft_counter = _ForwardCounter(draft_model) if draft_model is not None else None
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            out = target.model.generate(
+                input_ids=prompt_ids[None],
+                attention_mask=torch.ones_like(prompt_ids)[None],
+                generation_config=config,
+                **kwargs,
+            )
+    finally:
+        counter.remove()
+        if draft_counter is not None:
+            draft_counter.remove()
+    wall = time.perf_counter() - start
+
+    new = out[0, prompt_ids.shape[0] :].tolist()
+    finished = False
+    for i, tok in enumerate(new):
+        if tok in decoder.eos_token_ids:
+            new, finished = new[:i], True
+            break
+    stats = GenerationStats(
+        new_tokens=len(new),
+        prompt_tokens=int(prompt_ids.shape[0]),
+        target_forwards=counter.calls,
+        wall_s=wall,
+        target_forward_s=counter.seconds,
+        draft_forward_s=draft_counter.seconds if draft_counter else 0.0,
+    )
+    text = target.tokenizer.decode(new, skip_special_tokens=True)
+    return TurnOutput(text, new, stats, hit_limit=not finished and len(new) >= max_new_tokens)

@@ -1,0 +1,116 @@
+"""Plots of a benchmark directory: speed and quality against theta, acceptance by draft position, and
+where the logit ratio r falls for exact, relaxed and rejected draft tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+
+from marspec.errors import MarspecError
+from marspec.eval.bench import SUMMARY_JSON, load_records
+
+
+def make_report(out_dir: Path) -> list[Path]:
+    """Write the PNGs for the run in ``out_dir``; return their paths."""
+    summary_path = out_dir / SUMMARY_JSON
+    if not summary_path.exists():
+        raise MarspecError(f"{out_dir} has no {SUMMARY_JSON}: run `marspec bench --out {out_dir}` first")
+    summary = json.loads(summary_path.read_text())
+    written = [_acceptance_by_position(summary, out_dir), _margin_histogram(summary, out_dir)]
+    theta_plot = _theta_curve(summary, out_dir)
+    if theta_plot is not None:
+        written.append(theta_plot)
+    return written
+
+
+def _title(summary: dict) -> str:
+    cfg = summary["config"]
+    return f"{cfg['task']} · {summary['questions']} questions · k={cfg['k']} · {cfg['dtype']}"
+
+
+def _save(fig: plt.Figure, ax: plt.Axes, title: str, path: Path) -> Path:
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _theta_of(name: str, default: float) -> float | None:
+    if name == "strict":
+        return 1.0
+    if name == "mars":
+        return default
+    if name.startswith("mars@"):
+        return float(name.split("@", 1)[1])
+    return None
+
+
+def _theta_curve(summary: dict, out_dir: Path) -> Path | None:
+    """Speedup and recovery against theta (strict is theta = 1), when the run has several thetas."""
+    points = sorted(
+        (theta, m["speedup"], m["recovery"])
+        for name, m in summary["methods"].items()
+        if (theta := _theta_of(name, summary["config"]["theta"])) is not None and m["speedup"] is not None
+    )
+    if len(points) < 3:
+        return None
+    thetas, speedups, recoveries = zip(*points, strict=True)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(thetas, speedups, "o-", color="tab:blue", label="speedup over plain")
+    ax.set_xlabel("theta (1.0 = strict)")
+    ax.set_ylabel("speedup (x)", color="tab:blue")
+    if all(r is not None for r in recoveries):
+        ax2 = ax.twinx()
+        ax2.plot(thetas, [100 * r for r in recoveries], "s--", color="tab:red", label="accuracy recovery")
+        ax2.set_ylabel("recovery (%)", color="tab:red")
+    return _save(fig, ax, "MARS speed/quality trade-off\n" + _title(summary), out_dir / "theta_sweep.png")
+
+
+def _acceptance_by_position(summary: dict, out_dir: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, m in summary["methods"].items():
+        rates = m["acceptance_by_position"]
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, "o-", label=name)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (of steps that drafted that far)")
+    ax.set_ylim(0, 1.02)
+    ax.legend()
+    return _save(
+        fig, ax, "Acceptance by draft position\n" + _title(summary), out_dir / "acceptance_by_position.png"
+    )
+
+
+def _margin_histogram(summary: dict, out_dir: Path) -> Path:
+    """Distribution of the margin measure (logit ratio r by default) by outcome, for the MARS method
+    with the lowest theta (the one that relaxes most)."""
+    mars = [n for n in summary["methods"] if _theta_of(n, summary["config"]["theta"]) not in (None, 1.0)]
+    name = min(mars, key=lambda n: _theta_of(n, summary["config"]["theta"])) if mars else "strict"
+    groups: dict[str, list[float]] = {"exact": [], "relaxed": [], "rejected": []}
+    for (_, method), rec in load_records(out_dir).items():
+        if method == name:
+            for turn in rec["turns"]:
+                for outcome, values in turn["margins"].items():
+                    groups[outcome].extend(v for v in values if v == v and abs(v) != float("inf"))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    bins = [i / 50 for i in range(-10, 51)]  # r in [-0.2, 1.0]
+    for outcome, color in (("exact", "tab:green"), ("relaxed", "tab:orange"), ("rejected", "tab:red")):
+        values = [min(max(v, -0.2), 1.0) for v in groups[outcome]]
+        if values:
+            ax.hist(
+                values, bins=bins, alpha=0.55, color=color, label=f"{outcome} ({len(values)})", density=True
+            )
+    theta = _theta_of(name, summary["config"]["theta"])
+    if theta is not None:
+        ax.axvline(theta, color="black", linestyle=":", label=f"theta = {theta}")
+    ax.set_xlabel(f"{summary['config']['margin']} at the draft position")
+    ax.set_ylabel("density")
+    ax.legend()
+    title = f"Margin at verified draft positions ({name})\n" + _title(summary)
+    return _save(fig, ax, title, out_dir / "margin_distribution.png")

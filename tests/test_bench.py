@@ -1,0 +1,131 @@
+"""The benchmark runner end to end on a small real model: records, resumption, refusal to mix configs,
+peers, summary and plots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from marspec import Decoder, MarspecError
+from marspec.eval.bench import RECORDS_FILE, BenchConfig, load_records, prepare_out_dir, run_bench
+from marspec.eval.datasets import load_task
+from marspec.eval.grading import grader_for
+from marspec.eval.methods import parse_methods
+from marspec.eval.report import make_report
+
+SMALL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Decoder:
+    # The small model drafts for itself: a real same-tokenizer pair, fast enough for a test.
+    return Decoder(SMALL, SMALL, dtype="fp32")
+
+
+def config(methods: str) -> BenchConfig:
+    return BenchConfig(
+        task="gsm8k",
+        methods=tuple(methods.split(",")),
+        theta=0.9,
+        margin="logit_ratio",
+        k=3,
+        max_new_tokens=12,
+        target=SMALL,
+        draft=SMALL,
+        dtype="fp32",
+        threads=1,
+    )
+
+
+def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
+    spec = "plain,strict,mars,mars@0.5,hf-assisted,hf-prompt-lookup"
+    methods = parse_methods(spec, 0.9)
+    questions = load_task("gsm8k", 2)
+    calls = []
+    summary = run_bench(
+        decoder,
+        questions,
+        methods,
+        config(spec),
+        tmp_path,
+        grader_for("gsm8k"),
+        on_done=lambda q, m, skipped: calls.append(skipped),
+    )
+    assert calls == [False] * 12
+    assert summary["questions"] == 2
+    plain, strict = summary["methods"]["plain"], summary["methods"]["strict"]
+    assert plain["speedup"] == pytest.approx(1.0)
+    assert strict["same_as_baseline"] == 2  # strict reproduces plain (fp32)
+    assert summary["methods"]["hf-assisted"]["tau"] is not None
+    for name in ("plain", "strict", "mars"):
+        assert summary["methods"][name]["score"] is not None
+    assert (tmp_path / "summary.md").read_text().count("|") > 20
+
+    # A second run over the same directory resumes: nothing is generated again.
+    calls.clear()
+    again = run_bench(
+        decoder,
+        questions,
+        methods,
+        config(spec),
+        tmp_path,
+        grader_for("gsm8k"),
+        on_done=lambda q, m, skipped: calls.append(skipped),
+    )
+    assert calls == [True] * 12
+    assert again["methods"]["strict"]["tau"] == strict["tau"]
+
+    paths = make_report(tmp_path)
+    assert {p.name for p in paths} >= {
+        "acceptance_by_position.png",
+        "margin_distribution.png",
+        "theta_sweep.png",
+    }
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
+    spec = "plain,strict"
+    methods = parse_methods(spec, 0.9)
+    questions = load_task("gsm8k", 2)
+    run_bench(decoder, questions[:1], methods, config(spec), tmp_path, grader_for("gsm8k"))
+    with (tmp_path / RECORDS_FILE).open("a") as f:
+        f.write('{"qid": "torn')  # what a kill mid-write leaves
+    done = []
+    run_bench(
+        decoder,
+        questions,
+        methods,
+        config(spec),
+        tmp_path,
+        grader_for("gsm8k"),
+        on_done=lambda q, m, skipped: done.append((q.qid, m.name, skipped)),
+    )
+    assert [d[2] for d in done] == [True, True, False, False]
+    assert len(load_records(tmp_path)) == 4
+
+
+def test_refuses_to_mix_configurations(tmp_path):
+    prepare_out_dir(tmp_path, config("plain,strict"))
+    with pytest.raises(MarspecError, match=r"different configuration.*k"):
+        prepare_out_dir(tmp_path, replace(config("plain,strict"), k=4))
+    with pytest.raises(MarspecError, match="methods"):
+        prepare_out_dir(tmp_path, config("plain,mars"))
+    assert json.loads((tmp_path / "config.json").read_text())["k"] == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("plain,turbo", "unknown method"),
+        ("mars@1.5", "theta"),
+        ("mars@x", "number"),
+        ("", "no methods"),
+        ("plain,plain", "twice"),
+    ],
+)
+def test_bad_method_lists(spec, needle):
+    with pytest.raises(MarspecError, match=needle):
+        parse_methods(spec, 0.9)
