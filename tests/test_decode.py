@@ -109,6 +109,9 @@ def test_eos_stops_and_is_not_emitted(target, prompt):
         target, drafter, prompt, rule=Rule("strict"), k=5, max_new_tokens=20, eos_token_ids=frozenset({eos})
     )
     assert tokens == plain[:cut]
+    plain_until_eos, _, stats = run(target, None, prompt, max_new_tokens=20, eos_token_ids=frozenset({eos}))
+    assert plain_until_eos == plain[:cut]
+    assert stats.stopped_at_eos and stats.tau == 1.0  # the EOS counts as generated
 
 
 def test_max_new_tokens_is_exact_with_long_drafts(target, prompt):

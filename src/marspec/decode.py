@@ -144,6 +144,7 @@ def decode(
         stats.target_forward_s = target.forward_seconds - target_s0
         if draft_lm is not None:
             stats.draft_forward_s = draft_lm.forward_seconds - draft_s0
+        stats.stopped_at_eos = finished
         yield Step(tokens=tokens, relaxed=relaxed, finished=finished)
         if finished:
             return

@@ -50,7 +50,8 @@ class MethodSummary:
     @property
     def tau(self) -> float:
         forwards = sum(r.stats.target_forwards for r in self.results)
-        return self.tokens / forwards if forwards else 0.0
+        generated = self.tokens + sum(r.stats.stopped_at_eos for r in self.results)
+        return generated / forwards if forwards else 0.0
 
     @property
     def relaxed_share(self) -> float:

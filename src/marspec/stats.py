@@ -22,11 +22,13 @@ class StepRecord:
 class GenerationStats:
     """Counters and timings of one generation.
 
-    ``tau`` is new tokens per target verification forward (plain decoding: 1.0). ``overhead_s`` is the
-    engine's own time: wall time minus the time spent inside model forwards (prefill included).
+    ``tau`` is generated tokens (a final EOS included) per target verification forward (plain: 1.0).
+    ``overhead_s`` is the engine's own time: wall time minus the time inside model forwards (prefill
+    included).
     """
 
-    new_tokens: int = 0
+    new_tokens: int = 0  # tokens returned to the caller (an EOS that ended generation is not among them)
+    stopped_at_eos: bool = False
     prompt_tokens: int = 0
     target_forwards: int = 0
     drafted: int = 0
@@ -50,7 +52,8 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Mean accepted length: new tokens per target verification forward."""
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+        generated = self.new_tokens + int(self.stopped_at_eos)  # the EOS was generated, too
+        return generated / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def overhead_s(self) -> float:

@@ -88,6 +88,7 @@ def turn_record(out: TurnOutput) -> dict[str, Any]:
     return {
         "text": out.text,
         "new_tokens": s.new_tokens,
+        "stopped_at_eos": s.stopped_at_eos,
         "wall_s": s.wall_s,
         "target_forwards": s.target_forwards,
         "drafted": s.drafted,
@@ -216,7 +217,7 @@ def _method_metrics(recs: list[dict], base_recs: list[dict]) -> dict[str, Any]:
         "tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": sum(rates) / len(rates) if rates else 0.0,
-        "tau": tokens / forwards if forwards else None,
+        "tau": (tokens + sum(t["stopped_at_eos"] for t in turns)) / forwards if forwards else None,
         "accepted_exact": exact,
         "accepted_relaxed": relaxed,
         "rejected": sum(t["rejected"] for t in turns),

@@ -171,6 +171,7 @@ def _run_hf_peer(
         new_tokens=len(new),
         prompt_tokens=int(prompt_ids.shape[0]),
         target_forwards=counter.calls,
+        stopped_at_eos=finished,
         wall_s=wall,
         target_forward_s=counter.seconds,
         draft_forward_s=draft_counter.seconds if draft_counter else 0.0,
