@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import secrets
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -161,7 +162,9 @@ class Decoder:
                 f"prompt is {prompt_ids.shape[0]} tokens but {self.target.name!r} has a context of {ctx}: "
                 "shorten the prompt"
             )
-        generator = torch.Generator().manual_seed(opts.seed if opts.seed is not None else torch.seed())
+        # Without a seed, draw one from the OS: torch.seed() would also reseed torch's global generator.
+        seed = opts.seed if opts.seed is not None else secrets.randbits(63)
+        generator = torch.Generator().manual_seed(seed)
 
         stats = GenerationStats()
         token_ids: list[int] = []

@@ -1,0 +1,87 @@
+"""The library API on a small real model (SmolLM2-135M-Instruct) with n-gram drafting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marspec import Decoder, MarspecError
+
+SMALL = "smollm2-135m-instruct"
+PROMPT = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta, alpha beta gamma delta."
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Decoder:
+    return Decoder(SMALL, "ngram", dtype="fp32")
+
+
+def test_stream_yields_the_text_and_keeps_the_result(decoder):
+    stream = decoder.stream(PROMPT, rule="strict", k=4, max_new_tokens=24)
+    pieces = list(stream)
+    assert stream.result is not None
+    assert "".join(pieces) == stream.result.text
+    assert len(pieces) > 1  # it really streamed
+
+
+def test_ngram_strict_equals_plain_and_saves_forwards(decoder):
+    plain = decoder.generate(PROMPT, rule="plain", max_new_tokens=32)
+    strict = decoder.generate(PROMPT, rule="strict", k=4, max_new_tokens=32)
+    assert strict.token_ids == plain.token_ids
+    assert strict.stats.target_forwards < plain.stats.target_forwards  # the prompt repeats: lookup hits
+
+
+def test_chat_messages_and_raw_prompts(decoder):
+    messages = [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Capital of France?"},
+    ]
+    assert decoder.generate(messages, rule="plain", max_new_tokens=8).token_ids
+    raw = decoder.generate("The capital of France is", rule="plain", chat=False, max_new_tokens=4)
+    assert raw.token_ids
+
+
+def test_sampling_without_a_seed_leaves_torch_global_rng_alone(decoder):
+    torch.manual_seed(123)
+    expected = torch.rand(1)
+    torch.manual_seed(123)
+    decoder.generate(PROMPT, rule="strict", temperature=0.8, max_new_tokens=4)
+    assert torch.equal(torch.rand(1), expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"speed": 3}, "unknown generation option"),
+        ({"rule": "greedy"}, "unknown rule"),
+        ({"theta": 1.01}, "theta"),
+        ({"k": 0}, "k (draft length)"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop": [""]}, "stop strings"),
+    ],
+)
+def test_bad_options(decoder, kwargs, needle):
+    with pytest.raises(MarspecError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        decoder.generate(PROMPT, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "needle"),
+    [
+        ("", "empty prompt"),
+        ([], "empty prompt"),
+        ([{"role": "user"}], "content"),
+        ([{"content": "x"}], "role"),
+        (42, "string or a list"),
+    ],
+)
+def test_bad_prompts(decoder, prompt, needle):
+    with pytest.raises(MarspecError, match=needle):
+        decoder.generate(prompt, rule="plain", max_new_tokens=2)
+
+
+def test_speculative_rule_without_a_drafter_is_refused():
+    plain_only = Decoder(SMALL, None, dtype="fp32")
+    with pytest.raises(MarspecError, match="needs a drafter"):
+        plain_only.generate(PROMPT, rule="mars")
