@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -56,12 +57,10 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, quiet: bool = False):
+def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None):
     from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
 
-    with err.status(f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")) as status:
-        if quiet:
-            status.stop()
+    with err.status(f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
         return Decoder(target, draft, dtype=dtype, threads=threads)
 
 
@@ -103,7 +102,7 @@ def generate(
             stop=stop or None,
         )
         decoder = _load_decoder(target, None if rule == "plain" else draft, dtype, threads)
-        opts = {f: getattr(options, f) for f in options.__dataclass_fields__}
+        opts = asdict(options)
         if as_json:
             result = decoder.generate(prompt, **opts)
             print(json.dumps(result.to_dict()))

@@ -111,7 +111,8 @@ def decode(
             verdict = verify_greedy(logits, draft.tokens, config.rule)
 
         tokens = verdict.emitted(draft.tokens)
-        relaxed_flags = verdict.relaxed.tolist()
+        relaxed_flags = verdict.relaxed.tolist()  # the step's one read of the relaxed mask
+        relaxed_at = tuple(i for i, flag in enumerate(relaxed_flags) if flag)
         relaxed = [*relaxed_flags, False]
         finished = False
         for i, tok in enumerate(tokens):
@@ -132,12 +133,12 @@ def decode(
         stats.record(
             StepRecord(
                 drafted=n_draft,
-                accepted_exact=verdict.n_accepted - verdict.n_relaxed,
-                accepted_relaxed=verdict.n_relaxed,
+                accepted_exact=verdict.n_accepted - len(relaxed_at),
+                accepted_relaxed=len(relaxed_at),
                 rejected=verdict.n_accepted < n_draft,
                 emitted=len(tokens),
                 margins=tuple(verdict.margins.tolist()),
-                relaxed_at=tuple(i for i, flag in enumerate(relaxed_flags) if flag),
+                relaxed_at=relaxed_at,
             )
         )
         stats.new_tokens = produced
