@@ -9,7 +9,15 @@ from dataclasses import replace
 import pytest
 
 from marspec import Decoder, MarspecError
-from marspec.eval.bench import RECORDS_FILE, BenchConfig, load_records, prepare_out_dir, run_bench
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
+from marspec.eval.bench import (
+    RECORDS_FILE,
+    BenchConfig,
+    load_records,
+    prepare_out_dir,
+    profile_once,
+    run_bench,
+)
 from marspec.eval.datasets import load_task
 from marspec.eval.grading import grader_for
 from marspec.eval.methods import parse_methods
@@ -34,6 +42,9 @@ def config(methods: str) -> BenchConfig:
         max_new_tokens=12,
         target=SMALL,
         draft=SMALL,
+        draft_quant=DEFAULT_DRAFT_QUANT,
+        draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
+        lookup=DEFAULT_LOOKUP,
         dtype="fp32",
         threads=1,
     )
@@ -44,6 +55,7 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     methods = parse_methods(spec, 0.9)
     questions = load_task("gsm8k", 2)
     calls = []
+    profile_once(decoder, config(spec), tmp_path)
     summary = run_bench(
         decoder,
         questions,
@@ -59,6 +71,10 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     assert plain["speedup"] == pytest.approx(1.0)
     assert strict["same_as_baseline"] == 2  # strict reproduces plain (fp32)
     assert summary["methods"]["hf-assisted"]["tau"] is not None
+    assert summary["methods"]["hf-assisted"]["achieved_vs_ideal"] is None  # its loop records no steps
+    for name in ("plain", "strict", "mars"):
+        # Loose bounds (the machine may be busy): the ideal is a real fraction of the measured time.
+        assert 0.05 < summary["methods"][name]["achieved_vs_ideal"] < 3.0
     for name in ("plain", "strict", "mars"):
         assert summary["methods"][name]["score"] is not None
     assert (tmp_path / "summary.md").read_text().count("|") > 20

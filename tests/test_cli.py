@@ -36,6 +36,9 @@ runner = CliRunner()
         (["sweep", "--thetas", "0.9,1.2"], "theta"),
         (["sweep", "--thetas", "abc"], "not a number"),
         (["report", "/nonexistent/run"], "no summary.json"),
+        (["generate", "hi", "--draft-quant", "fp4"], "unknown draft_quant"),
+        (["generate", "hi", "--draft-confidence", "1.5"], "draft_confidence"),
+        (["profile", "--max-tokens", "0"], "--max-tokens"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):

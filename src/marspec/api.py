@@ -12,9 +12,11 @@ from typing import Any, Literal
 import torch
 
 from marspec.backends.hf import HFCausalLM
+from marspec.backends.quantize import DRAFT_QUANTS, quantize_int8
 from marspec.decode import DecodeConfig, decode
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_K, DEFAULT_LOOKUP
 from marspec.detok import IncrementalDetokenizer
-from marspec.drafters import Drafter, ModelDrafter, NgramDrafter
+from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.prompting import Prompt, encode_prompt
@@ -91,6 +93,12 @@ class Decoder:
             lookup, or ``None`` for plain decoding only.
         dtype: ``"fp32"`` (default: exact, and on CPUs without fast bf16 kernels as fast) or ``"bf16"``.
         threads: torch intra-op threads (default: torch's choice).
+        draft_quant: ``"int8"`` quantises the linear layers of a draft loaded by name (about 3x cheaper
+            draft forwards on CPU; the target is never quantised, so exactness is unaffected) or ``"none"``.
+        draft_confidence: a drafted token whose draft probability is below this ends the draft early
+            (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
+        lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
+            its last tokens recur there) and ask the model only when there is no match.
     """
 
     def __init__(
@@ -100,11 +108,20 @@ class Decoder:
         *,
         dtype: str | torch.dtype = "fp32",
         threads: int | None = None,
+        draft_quant: str = DEFAULT_DRAFT_QUANT,
+        draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        lookup: bool = DEFAULT_LOOKUP,
     ) -> None:
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
             torch.set_num_threads(threads)
+        if not (isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0):
+            raise MarspecError(f"draft_confidence must be a number in [0, 1], got {draft_confidence!r}")
+        if draft_quant not in DRAFT_QUANTS:
+            raise MarspecError(
+                f"unknown draft_quant {draft_quant!r}: choose one of {', '.join(DRAFT_QUANTS)}"
+            )
         torch_dtype = parse_dtype(dtype)
         self.target, self.chat_default = load_lm(target, torch_dtype)
         self.drafter: Drafter | None = None
@@ -113,9 +130,14 @@ class Decoder:
         elif draft == "ngram":
             self.drafter = NgramDrafter()
         else:
-            draft_lm, _ = load_lm(draft, torch_dtype)
+            quantize = draft_quant == "int8" and not isinstance(draft, HFCausalLM)
+            # int8 kernels take fp32 activations; the draft's dtype does not bear on exactness anyway.
+            draft_lm, _ = load_lm(draft, torch.float32 if quantize else torch_dtype)
             check_same_tokenizer(self.target, draft_lm)
-            self.drafter = ModelDrafter(draft_lm, target_vocab_size=self.target.vocab_size)
+            if quantize:
+                quantize_int8(draft_lm.model)
+            model_drafter = ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=draft_confidence)
+            self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = _eos_ids(self.target)
 
     @property
@@ -208,7 +230,7 @@ class GenerationOptions:
         theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
         margin: ``logit_ratio`` (the paper's z2/z1), ``prob_ratio`` (p2/p1) or ``logit_gap`` (z1 - z2,
             then theta is the largest gap in logits that still relaxes).
-        k: draft tokens proposed per step (>= 1).
+        k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
         temperature: 0 decodes greedily; above 0 samples (speculative sampling, lossless for strict).
         seed: makes sampling reproducible.
         max_new_tokens: upper bound on generated tokens (>= 1).
@@ -219,7 +241,7 @@ class GenerationOptions:
     rule: str = "mars"
     theta: float = 0.9
     margin: str = "logit_ratio"
-    k: int = 5
+    k: int = DEFAULT_K
     temperature: float = 0.0
     seed: int | None = None
     max_new_tokens: int = 128

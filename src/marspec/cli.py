@@ -22,6 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_K, DEFAULT_LOOKUP
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 
@@ -41,7 +42,19 @@ DraftOpt = Annotated[
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact; default) or bf16 (half the memory).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
 ThetaOpt = Annotated[float, typer.Option("--theta", help="MARS threshold on z2/z1, in [0, 1]; 1 = strict.")]
-KOpt = Annotated[int, typer.Option("--k", help="Draft tokens per step (>= 1).")]
+KOpt = Annotated[
+    int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
+]
+DraftQuantOpt = Annotated[
+    str, typer.Option("--draft-quant", help="int8 (default: ~3x cheaper draft forwards) or none.")
+]
+DraftConfidenceOpt = Annotated[
+    float,
+    typer.Option("--draft-confidence", help="End a draft at a token the draft is less sure of; 0 = never."),
+]
+LookupOpt = Annotated[
+    bool, typer.Option("--lookup/--no-lookup", help="Try prompt lookup before the draft model.")
+]
 
 
 @contextmanager
@@ -57,11 +70,12 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None):
+def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, **drafting):
+    """Load the models; ``drafting`` are Decoder's draft_quant, draft_confidence and lookup."""
     from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
 
     with err.status(f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
-        return Decoder(target, draft, dtype=dtype, threads=threads)
+        return Decoder(target, draft, dtype=dtype, threads=threads, **drafting)
 
 
 @app.command()
@@ -71,12 +85,15 @@ def generate(
     ],
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
     rule: Annotated[str, typer.Option("--rule", help="plain | strict | mars")] = "mars",
     theta: ThetaOpt = 0.9,
     margin: Annotated[
         str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
     ] = "logit_ratio",
-    k: KOpt = 5,
+    k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Upper bound on new tokens.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
@@ -101,7 +118,13 @@ def generate(
             max_new_tokens=max_new_tokens,
             stop=stop or None,
         )
-        decoder = _load_decoder(target, None if rule == "plain" else draft, dtype, threads)
+        decoder = _load_decoder(
+            target,
+            None if rule == "plain" else draft,
+            dtype,
+            threads,
+            **dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup),
+        )
         opts = asdict(options)
         if as_json:
             result = decoder.generate(prompt, **opts)
@@ -121,8 +144,11 @@ def generate(
 def demo(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
     theta: ThetaOpt = 0.9,
-    k: KOpt = 5,
+    k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
@@ -138,7 +164,13 @@ def demo(
             raise MarspecError(
                 "the demo compares speculative methods: give a drafter with --draft NAME|ngram"
             )
-        decoder = _load_decoder(target, draft, dtype, threads)
+        decoder = _load_decoder(
+            target,
+            draft,
+            dtype,
+            threads,
+            **dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup),
+        )
         total = len(DEMO_PROMPTS) * len(METHODS)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=err) as progress:
@@ -240,11 +272,18 @@ def _run_bench(
     dtype: str,
     threads: int | None,
     max_new_tokens: int | None,
+    drafting: dict,
 ) -> dict:
     import torch
 
     from marspec.api import GenerationOptions
-    from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS, BenchConfig, prepare_out_dir, run_bench
+    from marspec.eval.bench import (
+        DEFAULT_MAX_NEW_TOKENS,
+        BenchConfig,
+        prepare_out_dir,
+        profile_once,
+        run_bench,
+    )
     from marspec.eval.datasets import TASKS, load_task
     from marspec.eval.grading import grader_for
     from marspec.eval.methods import parse_methods
@@ -269,11 +308,16 @@ def _run_bench(
         max_new_tokens=new_tokens,
         target=target,
         draft=draft if needs_draft else "none",
+        draft_quant=drafting["draft_quant"] if needs_draft else "none",
+        draft_confidence=drafting["draft_confidence"] if needs_draft else 0.0,
+        lookup=drafting["lookup"] if needs_draft else False,
         dtype=dtype,
         threads=torch.get_num_threads(),
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
-    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads)
+    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **drafting)
+    with err.status("profiling forward costs (for achieved/ideal)"):
+        profile_once(decoder, config, out)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -312,17 +356,35 @@ def bench(
     margin: Annotated[
         str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
     ] = "logit_ratio",
-    k: KOpt = 5,
+    k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/bench"),
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        _run_bench(task, limit, methods, theta, margin, k, out, target, draft, dtype, threads, max_new_tokens)
+        drafting = dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup)
+        _run_bench(
+            task,
+            limit,
+            methods,
+            theta,
+            margin,
+            k,
+            out,
+            target,
+            draft,
+            dtype,
+            threads,
+            max_new_tokens,
+            drafting,
+        )
 
 
 @app.command()
@@ -332,10 +394,13 @@ def sweep(
         "0.80,0.84,0.88,0.90,0.92,0.96,1.0"
     ),
     limit: LimitOpt = None,
-    k: KOpt = 5,
+    k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/sweep"),
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
@@ -349,8 +414,21 @@ def sweep(
             except ValueError:
                 raise MarspecError(f"--thetas: {item!r} is not a number (use e.g. 0.85,0.9,1.0)") from None
         spec = ",".join(["plain", *(f"mars@{v:g}" for v in values)])
+        drafting = dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup)
         _run_bench(
-            task, limit, spec, 0.9, "logit_ratio", k, out, target, draft, dtype, threads, max_new_tokens
+            task,
+            limit,
+            spec,
+            0.9,
+            "logit_ratio",
+            k,
+            out,
+            target,
+            draft,
+            dtype,
+            threads,
+            max_new_tokens,
+            drafting,
         )
     report(out)
 
@@ -365,6 +443,60 @@ def report(
     with user_errors():
         for path in make_report(out):
             err.print(f"wrote {path}")
+
+
+@app.command()
+def profile(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Profile target forwards scoring 1..N tokens.")
+    ] = DEFAULT_K + 1,
+    context: Annotated[int, typer.Option("--context", help="Positions already cached.")] = 256,
+    repeats: Annotated[int, typer.Option("--repeats", help="Forwards per size (median).")] = 5,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the costs as one JSON object.")] = False,
+) -> None:
+    """Forward cost of the target by number of scored tokens, and of the draft: the machine's limits."""
+    from marspec.profile import profile_pair
+
+    with user_errors():
+        for name, value, least in (
+            ("--max-tokens", max_tokens, 1),
+            ("--context", context, 1),
+            ("--repeats", repeats, 1),
+        ):
+            if value < least:
+                raise MarspecError(f"{name} must be >= {least}, got {value}")
+        decoder = _load_decoder(
+            target, None if draft in ("none", "ngram") else draft, dtype, threads, draft_quant=draft_quant
+        )
+        draft_lm = getattr(decoder.drafter, "lm", None)
+        with err.status("measuring forwards"):
+            costs = profile_pair(decoder.target, draft_lm, max_tokens, context, repeats)
+    if as_json:
+        print(json.dumps(costs.to_dict()))
+        return
+    import torch
+
+    one = costs.target_s(1)
+    table = Table(
+        title=f"forward costs: {target} ({dtype}, {torch.get_num_threads()} threads, "
+        f"{context} cached positions)"
+    )
+    for col in ("scored tokens", "target ms", "x one-token step", "ms per scored token"):
+        table.add_column(col, justify="right")
+    for n, seconds in sorted(costs.target.items()):
+        table.add_row(str(n), f"{seconds * 1000:.1f}", f"{seconds / one:.2f}", f"{seconds * 1000 / n:.1f}")
+    Console().print(table)
+    if costs.draft:
+        d = costs.draft_s(1)
+        Console().print(
+            f"draft {draft} ({draft_quant}): {d * 1000:.1f} ms per token = {d / one:.2f} of a target step. "
+            f"Bound: time per token >= (T_verify(K+1) + K x {d * 1000:.0f} ms) / tau."
+        )
 
 
 def main() -> None:

@@ -87,6 +87,7 @@ def decode(
         drafter.reset()
     target_s0 = target.forward_seconds
     draft_s0 = draft_lm.forward_seconds if draft_lm else 0.0
+    draft_calls0 = draft_lm.forward_calls if draft_lm else 0
     if prompt_len > 1:
         target.forward(seq[: prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
@@ -145,6 +146,7 @@ def decode(
         stats.target_forward_s = target.forward_seconds - target_s0
         if draft_lm is not None:
             stats.draft_forward_s = draft_lm.forward_seconds - draft_s0
+            stats.draft_forwards = draft_lm.forward_calls - draft_calls0
         stats.stopped_at_eos = finished
         yield Step(tokens=tokens, relaxed=relaxed, finished=finished)
         if finished:

@@ -31,6 +31,7 @@ class GenerationStats:
     stopped_at_eos: bool = False
     prompt_tokens: int = 0
     target_forwards: int = 0
+    draft_forwards: int = 0  # forwards of a draft model (lookup drafts cost none)
     drafted: int = 0
     accepted_exact: int = 0
     accepted_relaxed: int = 0
@@ -94,6 +95,14 @@ class GenerationStats:
         reached, accepted = self.position_counts()
         return [a / r for a, r in zip(accepted, reached, strict=True)]
 
+    def verify_sizes(self) -> dict[int, int]:
+        """How many verification forwards scored each number of tokens (1 + drafted): with a forward-cost
+        profile this gives the ideal time of the run (see :mod:`marspec.profile`)."""
+        sizes: dict[int, int] = {}
+        for step in self.steps:
+            sizes[1 + step.drafted] = sizes.get(1 + step.drafted, 0) + 1
+        return sizes
+
     def margins_by_outcome(self) -> dict[str, list[float]]:
         """The margin measure at every verified draft position, grouped by what the rule decided there
         (positions after the first rejection were never judged and are left out)."""
@@ -115,6 +124,7 @@ class GenerationStats:
             tokens_per_s=self.tokens_per_s,
             relaxed_share=self.relaxed_share,
             acceptance_rate=self.acceptance_rate,
+            verify_sizes=self.verify_sizes(),
         )
         if with_steps:
             out["steps"] = [asdict(s) for s in self.steps]

@@ -24,7 +24,8 @@ class HFCausalLM:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
-        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        # out_features, not weight.shape: a quantised head keeps its weight behind a method.
+        self.vocab_size: int = int(model.get_output_embeddings().out_features)
         self.context_length: int = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self.forward_seconds = 0.0  # wall time spent inside model forwards, for the overhead measurement

@@ -6,6 +6,7 @@ import torch
 
 from marspec.backends.hf import HFCausalLM
 from marspec.drafters.base import Draft
+from marspec.errors import MarspecError
 from marspec.verify import sample_token
 
 
@@ -14,31 +15,47 @@ class ModelDrafter:
 
     Its KV cache follows the committed sequence: after each verification the loop rolls it back to the
     accepted prefix, and the next proposal feeds only the tokens it has not seen yet.
+
+    ``min_confidence`` makes the draft length adaptive: a drafted token whose probability under the draft
+    (at temperature 1) is below it ends the draft. That token is still proposed (verifying one more
+    position costs a fraction of a draft forward), but no forward is spent guessing past it, since the
+    positions after an unsure guess are rarely accepted. 0 always drafts ``k`` tokens.
     """
 
-    def __init__(self, lm: HFCausalLM, target_vocab_size: int) -> None:
+    def __init__(self, lm: HFCausalLM, target_vocab_size: int, min_confidence: float = 0.0) -> None:
+        if not 0.0 <= min_confidence <= 1.0:
+            raise MarspecError(f"draft min_confidence must be in [0, 1], got {min_confidence!r}")
         self.lm = lm
         self.name = lm.name
         self.target_vocab_size = target_vocab_size
+        self.min_confidence = min_confidence
 
     def propose(
         self, context: torch.Tensor, k: int, temperature: float, generator: torch.Generator | None
     ) -> Draft:
         # The draft cache never holds the newest token (the target's last correction or bonus): feed it,
-        # and any accepted tokens the drafter did not score itself, in one forward.
+        # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
         logits = self.lm.forward(context[self.lm.cached_len :], last_only=True)[-1]  # [V_draft]
         tokens = torch.empty(k, dtype=torch.long)
         probs = torch.empty(k, self.target_vocab_size) if temperature > 0 else None
-        for i in range(k):
+        n = 0
+        while n < k:
             if probs is None:
-                tokens[i] = torch.argmax(logits)
+                tokens[n] = torch.argmax(logits)
             else:
                 q = self._to_target_vocab(torch.softmax(logits / temperature, dim=-1))
-                probs[i] = q
-                tokens[i] = sample_token(q, generator)[0]
-            if i + 1 < k:
-                logits = self.lm.forward(tokens[i : i + 1])[-1]
-        return Draft(tokens=tokens, probs=probs)
+                probs[n] = q
+                tokens[n] = sample_token(q, generator)[0]
+            n += 1
+            if n == k or self._unsure(logits):
+                break
+            logits = self.lm.forward(tokens[n - 1 : n])[-1]
+        return Draft(tokens=tokens[:n], probs=None if probs is None else probs[:n])
+
+    def _unsure(self, logits: torch.Tensor) -> bool:
+        if self.min_confidence <= 0.0:
+            return False  # no softmax, no host sync
+        return float(torch.softmax(logits, dim=-1).max()) < self.min_confidence
 
     def _to_target_vocab(self, q: torch.Tensor) -> torch.Tensor:
         """Pad or cut q to the target's logit width (same tokenizer, but embeddings may be padded)."""

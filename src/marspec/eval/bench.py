@@ -18,11 +18,12 @@ from marspec.errors import MarspecError
 from marspec.eval.datasets import Question
 from marspec.eval.grading import Grader, agreement
 from marspec.eval.methods import Method, TurnOutput, run_method
+from marspec.profile import ForwardCosts, ideal_seconds, profile_pair
 from marspec.stats import GenerationStats
 
 # Long enough for answers to finish: GSM8K chain-of-thought needs several hundred tokens.
 DEFAULT_MAX_NEW_TOKENS = {"humaneval": 512, "gsm8k": 512, "mtbench": 512}
-CONFIG_FILE, RECORDS_FILE = "config.json", "records.jsonl"
+CONFIG_FILE, RECORDS_FILE, PROFILE_FILE = "config.json", "records.jsonl", "profile.json"
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 
 
@@ -38,6 +39,9 @@ class BenchConfig:
     max_new_tokens: int
     target: str
     draft: str
+    draft_quant: str
+    draft_confidence: float
+    lookup: bool
     dtype: str
     threads: int
 
@@ -96,6 +100,10 @@ def turn_record(out: TurnOutput) -> dict[str, Any]:
         "accepted_relaxed": s.accepted_relaxed,
         "rejected": s.rejected,
         "overhead_s": s.overhead_s if s.steps else None,
+        # For the ideal time (marspec.profile); a peer's loop (hf-*) records no steps.
+        "prefill_s": s.prefill_s if s.steps else None,
+        "verify_sizes": s.verify_sizes() if s.steps else None,
+        "draft_forwards": s.draft_forwards,
         "hit_limit": out.hit_limit,
         "position_reached": reached,
         "position_accepted": accepted,
@@ -136,10 +144,25 @@ def run_bench(
                 if on_done:
                     on_done(question, method, False)
     qids = [q.qid for q in questions]
-    summary = summarize(config, [m.name for m in methods], qids, records)
+    summary = summarize(config, [m.name for m in methods], qids, records, load_costs(out_dir))
     (out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / SUMMARY_MD).write_text(summary_markdown(summary))
     return summary
+
+
+def load_costs(out_dir: Path) -> ForwardCosts | None:
+    path = out_dir / PROFILE_FILE
+    return ForwardCosts.from_dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def profile_once(decoder: Decoder, config: BenchConfig, out_dir: Path) -> ForwardCosts:
+    """The forward-cost profile of this run's models (measured once; a resumed run keeps the first)."""
+    costs = load_costs(out_dir)
+    if costs is None:
+        draft_lm = getattr(decoder.drafter, "lm", None)
+        costs = profile_pair(decoder.target, draft_lm, max_tokens=config.k + 1)
+        (out_dir / PROFILE_FILE).write_text(json.dumps(costs.to_dict(), indent=2) + "\n")
+    return costs
 
 
 def _run_turns(decoder: Decoder, method: Method, question: Question, config: BenchConfig) -> list[TurnOutput]:
@@ -157,10 +180,14 @@ def _run_turns(decoder: Decoder, method: Method, question: Question, config: Ben
 
 
 def summarize(
-    config: BenchConfig, methods: Sequence[str], qids: Sequence[str], records: dict[tuple[str, str], dict]
+    config: BenchConfig,
+    methods: Sequence[str],
+    qids: Sequence[str],
+    records: dict[tuple[str, str], dict],
+    costs: ForwardCosts | None = None,
 ) -> dict[str, Any]:
     """Metrics per method over the questions every method has finished (so ratios compare like with
-    like)."""
+    like). With ``costs``, marspec's own methods also get ``achieved_vs_ideal``."""
     done = [q for q in qids if all((q, m) in records for m in methods)]
     base = "plain" if "plain" in methods else methods[0]
     per_method: dict[str, dict[str, Any]] = {}
@@ -168,6 +195,7 @@ def summarize(
         recs = [records[q, m] for q in done]
         base_recs = [records[q, base] for q in done]
         per_method[m] = _method_metrics(recs, base_recs)
+        per_method[m]["achieved_vs_ideal"] = _achieved_vs_ideal(recs, costs)
     base_rate = per_method[base]["tokens_per_s"] if done else 0.0
     base_score = per_method[base]["score"] if done else None
     for metrics in per_method.values():
@@ -233,6 +261,17 @@ def _method_metrics(recs: list[dict], base_recs: list[dict]) -> dict[str, Any]:
     }
 
 
+def _achieved_vs_ideal(recs: list[dict], costs: ForwardCosts | None) -> float | None:
+    """Ideal decode time (the recorded forwards at the profiled costs) over the measured decode time
+    (wall minus prefill); 1.0 means the loop ran exactly as fast as its forwards allow."""
+    turns = [t for r in recs for t in r["turns"]]
+    if costs is None or not turns or any(t.get("verify_sizes") is None for t in turns):
+        return None
+    ideal = sum(ideal_seconds(t["verify_sizes"], t["draft_forwards"], costs) for t in turns)
+    achieved = sum(t["wall_s"] - t["prefill_s"] for t in turns)
+    return ideal / achieved if achieved > 0 else None
+
+
 def _sum_lists(lists: list[list[int]]) -> list[int]:
     out: list[int] = []
     for values in lists:
@@ -242,17 +281,26 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
     return out
 
 
+def _drafting(cfg: dict[str, Any]) -> str:
+    """How the draft model drafted (absent from summaries written before these options existed)."""
+    if cfg["draft"] in ("none", "ngram") or "draft_quant" not in cfg:
+        return ""
+    lookup = " + prompt lookup" if cfg["lookup"] else ""
+    return f" ({cfg['draft_quant']}, confidence stop {cfg['draft_confidence']}{lookup})"
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     cfg = summary["config"]
     lines = [
         f"# {cfg['task']}: {summary['questions']} questions",
         "",
-        f"target `{cfg['target']}`, draft `{cfg['draft']}`, {cfg['dtype']}, {cfg['threads']} threads, "
+        f"target `{cfg['target']}`, draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}, "
+        f"{cfg['threads']} threads, "
         f"k={cfg['k']}, theta={cfg['theta']} ({cfg['margin']}), max_new_tokens={cfg['max_new_tokens']}",
         "",
         "| method | tok/s | speedup | tau | exact | relaxed | rejected | relaxed share | score | recovery "
-        f"| same as {summary['baseline']} | hit limit | overhead |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| same as {summary['baseline']} | hit limit | overhead | achieved/ideal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, spec: str) -> str:
@@ -263,6 +311,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup'], '.2f')}x | {fmt(m['tau'], '.2f')} "
             f"| {m['accepted_exact']} | {m['accepted_relaxed']} | {m['rejected']} | {m['relaxed_share']:.1%} "
             f"| {fmt(m['score'], '.3f')} | {fmt(m['recovery'], '.1%')} | {m['same_as_baseline']}/"
-            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m['overhead_share'], '.1%')} |"
+            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m['overhead_share'], '.1%')} "
+            f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
         )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,9 @@
+"""Drafting defaults, chosen by measurement on the default pair (docs/results.md, "Drafter settings").
+
+Kept in a module without heavy imports so the CLI can show them in --help without loading torch.
+"""
+
+DEFAULT_K = 8  # most draft tokens per step; confidence-stopped drafts are usually shorter
+DEFAULT_DRAFT_QUANT = "int8"
+DEFAULT_DRAFT_CONFIDENCE = 0.4
+DEFAULT_LOOKUP = False  # measured: 3-gram lookups drafted worse than the model (tau 7.2-8.0 vs 8.7-9.0)
