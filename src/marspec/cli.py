@@ -499,6 +499,80 @@ def profile(
         )
 
 
+@app.command()
+def serve(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
+    rule: Annotated[str, typer.Option("--rule", help="Default rule: plain | strict | mars")] = "mars",
+    theta: ThetaOpt = 0.9,
+    margin: Annotated[
+        str, typer.Option("--margin", help="Default margin: logit_ratio | prob_ratio | logit_gap")
+    ] = "logit_ratio",
+    k: KOpt = DEFAULT_K,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")
+    ] = 256,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")
+    ] = 8,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            "--request-timeout",
+            help="Seconds from arrival; a generation then ends with its text so far, a queued request "
+            "gets 503. 0 = no limit.",
+        ),
+    ] = 300.0,
+    shutdown_grace: Annotated[
+        float, typer.Option("--shutdown-grace", help="Seconds work may still finish after SIGTERM.")
+    ] = 20.0,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="The `model` clients send (default: --target).")
+    ] = None,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve an OpenAI-compatible HTTP API (chat and text completions, models, health, Prometheus metrics)."""
+    with user_errors():
+        try:
+            from marspec.serve.server import bind_socket, run_server
+            from marspec.serve.settings import ServerSettings
+        except ImportError as exc:
+            raise MarspecError(
+                f"marspec serve needs the serve extra ({exc.name} is missing): pip install 'marspec[serve]'"
+            ) from None
+        from marspec.api import GenerationOptions
+
+        if rule != "plain" and draft == "none":
+            raise MarspecError(f"--rule {rule} needs a drafter: give --draft NAME|ngram, or use --rule plain")
+        levels = ("critical", "error", "warning", "info", "debug", "trace")
+        if log_level not in levels:
+            raise MarspecError(f"unknown --log-level {log_level!r}: choose one of {', '.join(levels)}")
+        settings = ServerSettings(
+            model_name=served_model_name or target,
+            defaults=GenerationOptions(rule=rule, theta=theta, margin=margin, k=k, max_new_tokens=max_tokens),
+            max_queue=max_queue,
+            request_timeout=request_timeout or None,
+            shutdown_grace=shutdown_grace,
+        )
+        sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
+        try:
+            drafting = dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup)
+            decoder = _load_decoder(target, draft, dtype, threads, **drafting)
+            where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+            url = f"http://{where}:{sock.getsockname()[1]}"
+            err.print(f"marspec serve: {settings.model_name} on {url}", highlight=False, soft_wrap=True)
+            run_server(decoder, settings, sock, log_level)
+        finally:
+            sock.close()
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,335 @@
+"""One worker thread owns the Decoder and runs generations one at a time from a bounded queue.
+
+The HTTP side never touches the model (or its tokenizer): it submits a :class:`Job` and reads the job's
+events (text deltas, then exactly one :class:`Finished` or :class:`Failed`) from an asyncio queue that
+the worker fills through the event loop. Stopping a job (client gone, time limit, shutdown) only sets a
+flag; the worker reads it between decode steps and ends the generation there with
+``GenerationStream.close()``, so the decoder is never interrupted midway through a step and the next
+generation starts from a clean state (every generation resets the model's caches anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import jinja2
+
+from marspec.api import Decoder, GenerationOptions
+from marspec.errors import MarspecError
+from marspec.prompting import Prompt, encode_prompt
+from marspec.serve.errors import ApiError
+from marspec.serve.metrics import ServerMetrics
+
+log = logging.getLogger("marspec.serve")
+
+StopReason = Literal["disconnect", "timeout", "shutdown"]
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A generation that produced a response (it ran to its end, or to the request's time limit).
+
+    ``stats`` is ``GenerationStats.to_dict()``; it is ``None`` for a timed-out generation, whose
+    acceptance counters the library does not return once a stream is closed early (then
+    ``completion_tokens`` is the re-tokenized length of ``text``).
+    """
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    stats: dict[str, Any] | None
+    relaxed_positions: list[int]
+    timed_out: bool
+    queue_s: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text, in order."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a job that produced a response."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The last event of a job that produced none: ``error`` is a MarspecError (bad input, 400), an
+    ApiError (its own status) or any other exception (a server bug, 500)."""
+
+    error: Exception
+
+
+Event = Delta | Finished | Failed
+
+
+class Job:
+    """One request's generation: its input, its time limit, and the events the worker sends back.
+
+    Create it on the event loop that will read ``events``.
+    """
+
+    def __init__(self, prompt: Prompt, options: GenerationOptions, *, timeout: float | None) -> None:
+        self.prompt = prompt
+        self.options = options
+        self.arrived = time.monotonic()
+        self.deadline = None if timeout is None else self.arrived + timeout
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        # Set from any thread, read by the worker between decode steps: a plain attribute suffices.
+        self.stop_reason: StopReason | None = None
+
+    def post(self, event: Event) -> None:
+        """Hand an event to the job's reader; safe from any thread."""
+        # A closed event loop raises RuntimeError: the server is gone and nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class Engine:
+    """Serves :class:`Job` s one at a time on a worker thread that owns ``decoder``.
+
+    At most ``max_queue`` jobs wait while one runs; :meth:`submit` refuses more with a 429. After
+    :meth:`begin_shutdown`, new jobs are refused (503) and queued or running ones may still finish for
+    ``shutdown_grace`` seconds; then they are cancelled. :meth:`close` cancels everything and joins the
+    worker.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        *,
+        max_queue: int,
+        shutdown_grace: float,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self._decoder = decoder
+        self._max_queue = max_queue
+        self._grace = shutdown_grace
+        self._metrics = metrics
+        self._pending: deque[Job] = deque()
+        self._running: Job | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        # Written by a signal handler, so without a lock (the interrupted thread may hold it).
+        self._drain_deadline: float | None = None
+        self._service_s = 1.0  # moving average of a generation's duration, for Retry-After
+        self._thread = threading.Thread(target=self._run, name="marspec-engine", daemon=True)
+        if metrics is not None:
+            metrics.track(lambda: self.queue_depth, lambda: self.busy)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs waiting for the model (not counting the running one)."""
+        return len(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None or self._closed
+
+    def retry_after(self) -> int:
+        """Whole seconds until a queue slot is likely to free up: about one generation."""
+        return max(1, math.ceil(self._service_s))
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``, or raise ApiError: 429 when the queue is full, 503 when shutting down."""
+        if self.draining:
+            raise ApiError(
+                503, "the server is shutting down: send the request elsewhere", code="shutting_down"
+            )
+        if not self.alive:
+            raise ApiError(503, "the generation worker is not running", code="worker_stopped")
+        with self._cond:
+            if len(self._pending) + (self._running is not None) > self._max_queue:
+                raise ApiError(
+                    429,
+                    f"the server is busy: {len(self._pending)} request(s) already wait for the model "
+                    f"(--max-queue {self._max_queue}); retry after the Retry-After header's seconds",
+                    code="queue_full",
+                    headers={"Retry-After": str(self.retry_after())},
+                )
+            self._pending.append(job)
+            self._cond.notify()
+
+    def cancel(self, job: Job, reason: StopReason) -> None:
+        """Stop ``job``: at once if it is still queued, else at the worker's next decode step. A job that
+        already ended is left alone."""
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return  # running (the worker will see the flag) or already done
+        self._stop(job, job.stop_reason)
+
+    def begin_shutdown(self) -> None:
+        """Refuse new jobs; let current ones run for the grace period. Safe inside a signal handler."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self._grace
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel queued and running jobs and wait (up to ``timeout`` s) for the worker to exit."""
+        self.begin_shutdown()
+        with self._cond:
+            self._closed = True
+            dropped = list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        for job in dropped:
+            job.stop_reason = job.stop_reason or "shutdown"
+            self._stop(job, job.stop_reason)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the worker thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return  # closed, nothing left
+                job = self._running = self._pending.popleft()
+            try:
+                self._serve(job)
+            except (MarspecError, ApiError) as exc:
+                self._finish(job, "rejected", Failed(exc))
+            except Exception as exc:  # a bug: answer 500 and keep serving the next requests
+                log.exception("generation failed")
+                self._finish(job, "failed", Failed(exc))
+            finally:
+                with self._cond:
+                    self._running = None
+
+    def _stop_reason(self, job: Job) -> StopReason | None:
+        now = time.monotonic()
+        if job.stop_reason is not None:
+            return job.stop_reason
+        if job.deadline is not None and now >= job.deadline:
+            return "timeout"
+        if self._closed or (self._drain_deadline is not None and now >= self._drain_deadline):
+            return "shutdown"
+        return None
+
+    def _serve(self, job: Job) -> None:
+        started = time.monotonic()
+        queue_s = started - job.arrived
+        if self._metrics is not None:
+            self._metrics.queue_wait.observe(queue_s)
+        reason = self._stop_reason(job)
+        if reason is not None:  # cancelled, timed out or shut down while queued
+            self._stop(job, reason)
+            return
+        prompt_tokens = self._check_prompt(job)
+        stream = self._decoder.stream(job.prompt, **asdict(job.options))
+        parts: list[str] = []
+        try:
+            for delta in stream:
+                if not parts and self._metrics is not None:
+                    self._metrics.time_to_first_token.observe(time.monotonic() - job.arrived)
+                parts.append(delta)
+                job.post(Delta(delta))
+                reason = self._stop_reason(job)
+                if reason is not None:
+                    break
+        finally:
+            stream.close()  # ends the decode loop between steps, whatever happened above
+        if reason in (None, "timeout"):  # the model was busy for a whole request: what a queue slot costs
+            self._service_s = 0.8 * self._service_s + 0.2 * (time.monotonic() - started)
+        if reason is None:
+            result = stream.result
+            assert result is not None  # iteration ran to its end
+            outcome = Outcome(
+                text=result.text,
+                finish_reason="length" if result.finish_reason == "length" else "stop",
+                prompt_tokens=result.stats.prompt_tokens,
+                completion_tokens=result.stats.new_tokens,
+                stats=result.stats.to_dict(),
+                relaxed_positions=result.relaxed_positions,
+                timed_out=False,
+                queue_s=queue_s,
+            )
+            self._finish(job, "completed", Finished(outcome))
+        elif reason == "timeout":
+            text = "".join(parts)
+            completion_tokens = len(self._decoder.tokenizer(text, add_special_tokens=False).input_ids)
+            outcome = Outcome(text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s)
+            self._finish(job, "timed_out", Finished(outcome))
+        else:
+            self._stop(job, reason, prompt_tokens)
+
+    def _check_prompt(self, job: Job) -> int:
+        """Count the prompt's tokens and refuse one that does not fit the context with OpenAI's error code
+        (the library would refuse it too, but without a code clients can act on)."""
+        chat = self._decoder.chat_default if job.options.chat is None else job.options.chat
+        target = self._decoder.target
+        param = "prompt" if isinstance(job.prompt, str) else "messages"
+        try:
+            n = int(encode_prompt(self._decoder.tokenizer, job.prompt, chat, target.name).shape[0])
+        except jinja2.TemplateError as exc:  # some chat templates refuse e.g. roles that do not alternate
+            raise ApiError(
+                400, f"the model's chat template refused the messages: {exc}", param=param
+            ) from None
+        if target.context_length and n >= target.context_length:
+            raise ApiError(
+                400,
+                f"this model's maximum context length is {target.context_length} tokens and the prompt has "
+                f"{n}: shorten it",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return n
+
+    def _stop(self, job: Job, reason: StopReason, prompt_tokens: int = 0) -> None:
+        """End a job that produces no response."""
+        if reason == "timeout":  # still queued at its deadline: the server is overloaded
+            error = ApiError(
+                503,
+                "the request timed out waiting for the model (the server is overloaded): retry later",
+                code="queue_timeout",
+                headers={"Retry-After": str(self.retry_after())},
+            )
+            self._finish(job, "timed_out", Failed(error), prompt_tokens)
+        elif reason == "shutdown":
+            error = ApiError(503, "the server shut down before the generation finished", code="shutting_down")
+            self._finish(job, "cancelled_shutdown", Failed(error), prompt_tokens)
+        else:  # nobody reads this answer; it only keeps "every job ends with one final event" true
+            error = ApiError(499, "the client closed the request", code="client_closed_request")
+            self._finish(job, "cancelled_disconnect", Failed(error), prompt_tokens)
+
+    def _finish(self, job: Job, label: str, event: Finished | Failed, prompt_tokens: int = 0) -> None:
+        if self._metrics is not None:
+            if isinstance(event, Finished):
+                o = event.outcome
+                self._metrics.observe_generation(label, o.prompt_tokens, o.completion_tokens, o.stats)
+            else:
+                self._metrics.observe_generation(label, prompt_tokens, 0, None)
+        job.post(event)

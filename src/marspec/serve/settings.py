@@ -1,0 +1,50 @@
+"""What a server is started with: the served model's name, generation defaults and load limits."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from marspec.api import GenerationOptions
+from marspec.errors import MarspecError
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Server-wide configuration (the ``marspec serve`` flags).
+
+    Attributes:
+        model_name: the name clients pass as ``model`` (and ``/v1/models`` lists).
+        defaults: generation options for fields a request leaves out; ``max_new_tokens`` is the default
+            ``max_tokens``.
+        max_queue: requests that may wait while one generates; more are answered 429.
+        request_timeout: seconds from a request's arrival until it is stopped (``None``: no limit). A
+            generation that runs out of time ends with what it produced so far (finish_reason "length",
+            ``marspec.timed_out``); a request still waiting in the queue is answered 503.
+        shutdown_grace: seconds in-flight and queued work may still run after SIGTERM before it is
+            cancelled.
+    """
+
+    model_name: str
+    defaults: GenerationOptions = field(default_factory=GenerationOptions)
+    max_queue: int = 8
+    request_timeout: float | None = 300.0
+    shutdown_grace: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not self.model_name.strip():
+            raise MarspecError("the served model name must not be blank")
+        if isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise MarspecError(f"--max-queue must be an integer >= 0, got {self.max_queue!r}")
+        if self.request_timeout is not None and not _positive(self.request_timeout):
+            raise MarspecError(
+                f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}"
+            )
+        if not (_positive(self.shutdown_grace) or self.shutdown_grace == 0):
+            raise MarspecError(
+                f"--shutdown-grace must be a number of seconds >= 0, got {self.shutdown_grace}"
+            )
+
+
+def _positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -1,0 +1,584 @@
+"""`marspec serve` for real: server subprocesses on loopback running SmolLM2-135M with n-gram drafting, talked
+to with the official openai client and httpx.
+
+One server (`server`, --max-queue 1) takes the API, error and load-behaviour tests; a second one
+(`short_server`, short time limit and shutdown grace) takes the time-limit tests and is then stopped with
+SIGTERM while requests are in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from marspec.cli import app
+from marspec.defaults import DEFAULT_K
+from marspec.serve.process import ServerProcess, launch
+
+MODEL = "smollm2-135m-instruct"
+BASE_FLAGS = ["--target", MODEL, "--draft", "ngram", "--threads", "1", "--port", "0"]
+# Prompts where n-gram drafts hit SmolLM2's runner-up at near-ties, so MARS relaxes (found by experiment).
+LIST_PROMPT = "Repeat this list: apple, banana, cherry, apple, banana, cherry."
+EXPLAIN_PROMPT = "Explain what a list is in Python, briefly."
+# A prompt SmolLM2 continues for hundreds of tokens: a request that is still running when we act on it.
+LONG_BODY = {
+    "model": MODEL,
+    "prompt": "Count from 1 to 500: 1, 2, 3,",
+    "max_tokens": 400,
+    "marspec": {"rule": "plain"},
+}
+SHORT_BODY = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 12}
+
+
+def chat(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = launch([*BASE_FLAGS, "--max-queue", "1"], tmp_path_factory.mktemp("server") / "server.log")
+    yield proc
+    status = proc.stop()
+    assert status == 0, proc.log()
+    assert "Traceback" not in proc.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+def metric_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    return metric_samples(url).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Start-up errors: one line and exit status 2, like every other command
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--theta", "1.5"], "theta"),
+        (["--k", "0"], "k (draft length)"),
+        (["--rule", "fast"], "unknown rule"),
+        (["--max-tokens", "0"], "max_new_tokens"),
+        (["--max-queue", "-1"], "--max-queue"),
+        (["--request-timeout", "-1"], "--request-timeout"),
+        (["--shutdown-grace", "-1"], "--shutdown-grace"),
+        (["--port", "70000"], "--port"),
+        (["--draft", "none"], "needs a drafter"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--target", "no-such-model", "--port", "0"], "unknown model"),
+    ],
+)
+def test_startup_errors_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, ["serve", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output
+
+
+def test_startup_on_a_taken_port_is_one_line_and_exit_2() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["serve", "--target", MODEL, "--draft", "ngram", "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: cannot listen on 127.0.0.1:") and result.output.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The API with the openai client
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    res = client.chat.completions.create(model=MODEL, messages=chat(LIST_PROMPT), max_tokens=24)
+    assert res.object == "chat.completion" and res.model == MODEL
+    choice = res.choices[0]
+    assert choice.message.role == "assistant" and "apple" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    stats = res.model_extra["marspec"]
+    assert res.usage.completion_tokens == stats["new_tokens"] > 0
+    assert res.usage.prompt_tokens == stats["prompt_tokens"] > 0
+    assert res.usage.total_tokens == res.usage.prompt_tokens + res.usage.completion_tokens
+    assert stats["rule"] == "mars" and stats["theta"] == 0.9 and stats["k"] == DEFAULT_K  # server defaults
+    assert stats["tau"] >= 1.0 and stats["timed_out"] is False
+    for key in ("drafted", "accepted_exact", "accepted_relaxed", "rejected", "relaxed_positions"):
+        assert key in stats
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": MODEL, "messages": chat(EXPLAIN_PROMPT), "max_tokens": 20}
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # greedy: the same text, delivered in pieces
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert finals[0].model_extra["marspec"]["new_tokens"] == whole.usage.completion_tokens
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage  # the usage chunk comes last
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_text_completion_stream_and_not(client: openai.OpenAI) -> None:
+    whole = client.completions.create(model=MODEL, prompt="def fib(n):", max_tokens=16)
+    assert whole.object == "text_completion" and whole.choices[0].text.strip()
+    assert whole.usage.prompt_tokens == 5  # raw text, no chat template around it
+    chunks = list(client.completions.create(model=MODEL, prompt="def fib(n):", max_tokens=16, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "length"
+    assert chunks[-1].model_extra["marspec"]["new_tokens"] == 16
+
+
+def test_mars_relaxes_and_strict_equals_plain(client: openai.OpenAI) -> None:
+    def run(rule: str, **controls: Any):
+        res = client.chat.completions.create(
+            model=MODEL,
+            messages=chat(EXPLAIN_PROMPT),
+            max_tokens=40,
+            extra_body={"marspec": {"rule": rule, **controls}},
+        )
+        return res.choices[0].message.content, res.model_extra["marspec"]
+
+    plain_text, plain = run("plain")
+    strict_text, strict = run("strict", k=4)
+    mars_text, mars = run("mars", theta=0.9, k=4)
+    assert plain["drafted"] == 0 and plain["tau"] == 1.0
+    assert strict_text == plain_text and strict["accepted_relaxed"] == 0 and strict["drafted"] > 0
+    assert mars["rule"] == "mars" and mars["theta"] == 0.9 and mars["k"] == 4
+    assert mars["accepted_relaxed"] > 0 and len(mars["relaxed_positions"]) > 0
+    assert mars_text != strict_text  # a relaxed accept took the target's runner-up
+
+
+def test_models_and_health(client: openai.OpenAI, http: httpx.Client) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).model_extra["context_length"] == 8192
+    health = http.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_metrics(client: openai.OpenAI, server: ServerProcess) -> None:
+    before = metric(server.url, "marspec_accepted_draft_tokens_total", kind="relaxed")
+    client.chat.completions.create(model=MODEL, messages=chat(LIST_PROMPT), max_tokens=24)
+    samples = metric_samples(server.url)
+    assert samples[("marspec_accepted_draft_tokens_total", (("kind", "relaxed"),))] > before
+    chat_ok = (("endpoint", "/v1/chat/completions"), ("status", "200"))
+    assert samples[("marspec_requests_total", chat_ok)] >= 1
+    for name in (
+        "marspec_prompt_tokens_total",
+        "marspec_completion_tokens_total",
+        "marspec_target_forwards_total",
+        "marspec_draft_tokens_total",
+        "marspec_tau_count",
+        "marspec_time_to_first_token_seconds_count",
+        "marspec_queue_wait_seconds_count",
+    ):
+        assert samples[(name, ())] > 0, name
+    assert samples[("marspec_request_latency_seconds_count", (("endpoint", "/v1/chat/completions"),))] >= 1
+    assert samples[("marspec_generations_total", (("outcome", "completed"),))] >= 1
+    assert samples[("marspec_queue_depth", ())] == 0 and samples[("marspec_busy", ())] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bad input: OpenAI's error format, the right status, never a 500
+
+TOO_LONG = "hello " * 9000  # > 8192 tokens
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": chat("Hi"), "max_tokens": 4, **fields}
+
+
+BAD_INPUTS = [
+    # (id, path, json body or raw bytes, status, param, code, words in the message)
+    ("malformed-json", CHAT, b'{"model": "x", ', 400, None, "invalid_json", "not valid JSON"),
+    ("not-an-object", CHAT, b"[1, 2]", 400, None, "invalid_body", "JSON object"),
+    ("missing-messages", CHAT, {"model": MODEL}, 400, "messages", "missing_parameter", "messages"),
+    ("missing-model", CHAT, {"messages": chat("Hi")}, 400, "model", "missing_parameter", "model"),
+    ("missing-prompt", TEXT, {"model": MODEL}, 400, "prompt", "missing_parameter", "prompt"),
+    ("unknown-model", CHAT, body(model="gpt-9"), 404, "model", "model_not_found", "gpt-9"),
+    ("unknown-model-text", TEXT, {"model": "gpt-9", "prompt": "x"}, 404, "model", "model_not_found", "gpt-9"),
+    ("theta-high", CHAT, body(marspec={"theta": 1.5}), 400, "marspec.theta", None, "theta"),
+    ("theta-negative", CHAT, body(marspec={"theta": -0.1}), 400, "marspec.theta", None, "[0, 1]"),
+    ("theta-type", CHAT, body(marspec={"theta": "high"}), 400, "marspec.theta", "invalid_type", "number"),
+    ("k-zero", CHAT, body(marspec={"k": 0}), 400, "marspec.k", None, "k (draft length)"),
+    ("rule-unknown", CHAT, body(marspec={"rule": "fast"}), 400, "marspec.rule", None, "unknown rule"),
+    (
+        "margin-unknown",
+        TEXT,
+        {**SHORT_BODY, "marspec": {"margin": "vibes"}},
+        400,
+        "marspec.margin",
+        None,
+        "margin",
+    ),
+    (
+        "marspec-extra",
+        CHAT,
+        body(marspec={"speed": 2}),
+        400,
+        "marspec.speed",
+        "unsupported_parameter",
+        "speed",
+    ),
+    ("timeout-above-limit", CHAT, body(marspec={"timeout": 1e6}), 400, "marspec.timeout", None, "timeout"),
+    ("temperature-negative", CHAT, body(temperature=-1), 400, "temperature", None, "temperature"),
+    ("temperature-high", CHAT, body(temperature=3), 400, "temperature", None, "[0, 2]"),
+    ("max-tokens-zero", CHAT, body(max_tokens=0), 400, "max_tokens", None, ">= 1"),
+    ("max-tokens-context", TEXT, {**SHORT_BODY, "max_tokens": 10**6}, 400, "max_tokens", None, "context"),
+    (
+        "max-completion-zero",
+        CHAT,
+        {**body(), "max_tokens": None, "max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+        None,
+        ">= 1",
+    ),
+    (
+        "max-tokens-disagree",
+        CHAT,
+        body(max_completion_tokens=8),
+        400,
+        "max_completion_tokens",
+        None,
+        "disagree",
+    ),
+    ("max-tokens-type", CHAT, body(max_tokens="ten"), 400, "max_tokens", "invalid_type", "integer"),
+    ("seed-range", CHAT, body(seed=2**64), 400, "seed", None, "64-bit"),
+    ("n", CHAT, body(n=2), 400, "n", "unsupported_parameter", "one choice"),
+    ("top-p", CHAT, body(top_p=0.5), 400, "top_p", "unsupported_parameter", "not supported"),
+    ("logprobs", CHAT, body(logprobs=True), 400, "logprobs", "unsupported_parameter", "log probabilities"),
+    ("tools", CHAT, body(tools=[{"type": "function"}]), 400, "tools", "unsupported_parameter", "tools"),
+    ("unknown-field", CHAT, body(frobnicate=1), 400, "frobnicate", "unsupported_parameter", "frobnicate"),
+    (
+        "stream-options",
+        CHAT,
+        body(stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+        None,
+        "stream",
+    ),
+    (
+        "role",
+        CHAT,
+        body(messages=[{"role": "robot", "content": "Hi"}]),
+        400,
+        "messages.0.role",
+        "invalid_type",
+        "",
+    ),
+    (
+        "content-type",
+        CHAT,
+        body(messages=[{"role": "user", "content": 5}]),
+        400,
+        "messages.0.content",
+        None,
+        "",
+    ),
+    ("no-messages", CHAT, body(messages=[]), 400, None, None, "empty prompt"),
+    ("blank-prompt", TEXT, {**SHORT_BODY, "prompt": "  "}, 400, None, None, "empty prompt"),
+    (
+        "many-prompts",
+        TEXT,
+        {**SHORT_BODY, "prompt": ["a", "b"]},
+        400,
+        "prompt",
+        "unsupported_parameter",
+        "one",
+    ),
+    ("empty-stop", TEXT, {**SHORT_BODY, "stop": [""]}, 400, None, None, "stop strings"),
+    (
+        "too-long-chat",
+        CHAT,
+        body(messages=chat(TOO_LONG)),
+        400,
+        "messages",
+        "context_length_exceeded",
+        "8192",
+    ),
+    (
+        "too-long-text",
+        TEXT,
+        {**SHORT_BODY, "prompt": TOO_LONG},
+        400,
+        "prompt",
+        "context_length_exceeded",
+        "8192",
+    ),
+    (
+        "too-long-stream",
+        TEXT,
+        {**SHORT_BODY, "prompt": TOO_LONG, "stream": True},
+        400,
+        "prompt",
+        None,
+        "shorten",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "status", "param", "code", "needle"),
+    [pytest.param(*case[1:], id=case[0]) for case in BAD_INPUTS],
+)
+def test_bad_input(http: httpx.Client, path, payload, status, param, code, needle) -> None:
+    if isinstance(payload, bytes):
+        res = http.post(path, content=payload, headers={"Content-Type": "application/json"})
+    else:
+        res = http.post(path, json=payload)
+    assert res.status_code == status, res.text
+    assert res.headers["content-type"] == "application/json"
+    error = res.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    assert needle in error["message"]
+
+
+def test_unknown_route_and_method_are_json_errors(http: httpx.Client) -> None:
+    res = http.get("/v1/engines")
+    assert res.status_code == 404 and res.json()["error"]["message"] == "Not Found"
+    res = http.get("/v1/chat/completions")
+    assert res.status_code == 405 and "error" in res.json()
+
+
+def test_openai_client_raises_typed_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-9", messages=chat("Hi"))
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(
+            model=MODEL, messages=chat("Hi"), extra_body={"marspec": {"rule": "mars", "theta": 2}}
+        )
+    assert bad.value.param == "marspec.theta" and "theta" in bad.value.message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Load behaviour: one generation at a time, a bounded queue, cancellation
+
+
+class Background:
+    """A request sent from a thread. ``join()`` gives (status, body, headers): the JSON body, or for a
+    stream the list of its non-empty lines; or the exception the request raised."""
+
+    def __init__(self, url: str, path: str, payload: dict[str, Any]) -> None:
+        self.result: Any = None
+        self.elapsed = 0.0
+        self.thread = threading.Thread(target=self._run, args=(url + path, payload))
+        self.thread.start()
+
+    def _run(self, url: str, payload: dict[str, Any]) -> None:
+        start = time.monotonic()
+        try:
+            with httpx.stream("POST", url, json=payload, timeout=120) as res:
+                if payload.get("stream") and res.status_code == 200:
+                    content: Any = [line for line in res.iter_lines() if line]
+                else:
+                    content = json.loads(res.read())
+                self.result = (res.status_code, content, res.headers)
+        except Exception as exc:
+            self.result = exc
+        self.elapsed = time.monotonic() - start
+
+    def join(self) -> Any:
+        self.thread.join(120)
+        assert not isinstance(self.result, Exception), self.result
+        return self.result
+
+
+class OpenStream:
+    """A streaming request whose first event has arrived (so its generation is running), left unread."""
+
+    def __init__(self, url: str, payload: dict[str, Any]) -> None:
+        self.client = httpx.Client(base_url=url, timeout=120)
+        self.response = self.client.send(
+            self.client.build_request("POST", TEXT, json={**payload, "stream": True}), stream=True
+        )
+        assert self.response.status_code == 200
+        # Keep the iterator: dropping a half-read one makes httpx close the connection.
+        self.lines = self.response.iter_lines()
+        assert next(self.lines).startswith("data: {")
+
+    def close(self) -> None:
+        """Hang up, as a client that goes away does."""
+        self.response.close()
+        self.client.close()
+
+
+def test_queue_full_429_then_disconnect_cancels(server: ServerProcess, client: openai.OpenAI) -> None:
+    expected = client.completions.create(**SHORT_BODY).choices[0].text
+    cancelled = metric(server.url, "marspec_generations_total", outcome="cancelled_disconnect")
+    running = OpenStream(server.url, LONG_BODY)  # generating; 400 tokens take ~20 s
+    waiting = Background(server.url, TEXT, SHORT_BODY)  # the one queue slot (--max-queue 1)
+    wait_until(lambda: metric(server.url, "marspec_queue_depth") == 1)
+
+    refused = httpx.post(f"{server.url}{TEXT}", json=SHORT_BODY)
+    assert refused.status_code == 429, refused.text
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert refused.json()["error"]["code"] == "queue_full"
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(**SHORT_BODY)
+
+    running.close()  # the client goes away: its generation is cancelled between two decode steps
+    status, answer, _ = waiting.join()
+    assert status == 200 and answer["choices"][0]["text"] == expected  # the cancel left no stale state
+    assert waiting.elapsed < 15
+    assert metric(server.url, "marspec_generations_total", outcome="cancelled_disconnect") == cancelled + 1
+
+
+def test_non_streaming_disconnect_cancels(server: ServerProcess) -> None:
+    cancelled = metric(server.url, "marspec_generations_total", outcome="cancelled_disconnect")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1.5 s of a ~20 s generation
+        httpx.post(f"{server.url}{TEXT}", json=LONG_BODY, timeout=1.5)
+    wait_until(
+        lambda: metric(server.url, "marspec_generations_total", outcome="cancelled_disconnect") > cancelled
+    )
+    assert metric(server.url, "marspec_requests_total", endpoint=TEXT, status="499") >= 1
+    start = time.monotonic()
+    assert httpx.post(f"{server.url}{TEXT}", json=SHORT_BODY, timeout=60).status_code == 200
+    assert time.monotonic() - start < 10  # the model was free again
+
+
+def test_queued_past_its_time_limit_is_503(server: ServerProcess) -> None:
+    running = OpenStream(server.url, LONG_BODY)
+    late = Background(server.url, TEXT, {**SHORT_BODY, "marspec": {"timeout": 0.5}})
+    time.sleep(1.0)
+    running.close()
+    status, answer, headers = late.join()
+    assert status == 503 and answer["error"]["code"] == "queue_timeout"
+    assert answer["error"]["type"] == "service_unavailable" and int(headers["Retry-After"]) >= 1
+
+
+def test_no_server_errors_so_far(server: ServerProcess) -> None:
+    """Everything above, bad input included, was answered without a single 5xx other than the deliberate
+    queue-timeout 503s."""
+    errors = {
+        labels: value
+        for (name, labels), value in metric_samples(server.url).items()
+        if name == "marspec_requests_total" and dict(labels)["status"].startswith("5")
+    }
+    queue_timeouts = errors.pop((("endpoint", TEXT), ("status", "503")), 0.0)
+    assert errors == {}
+    assert queue_timeouts == metric(server.url, "marspec_generations_total", outcome="timed_out")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Time limit and SIGTERM, on a server with a 3 s limit and a 2 s shutdown grace
+
+
+@pytest.fixture(scope="module")
+def short_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    flags = [*BASE_FLAGS, "--request-timeout", "3", "--shutdown-grace", "2", "--max-queue", "4"]
+    proc = launch(flags, tmp_path_factory.mktemp("short") / "server.log")
+    yield proc
+    proc.stop()  # normally already stopped by the SIGTERM test
+
+
+def test_time_limit_returns_text_so_far(short_server: ServerProcess) -> None:
+    start = time.monotonic()
+    res = httpx.post(f"{short_server.url}{TEXT}", json=LONG_BODY, timeout=60)
+    assert 2.5 < time.monotonic() - start < 8
+    assert res.status_code == 200
+    answer = res.json()
+    assert answer["choices"][0]["finish_reason"] == "length" and answer["choices"][0]["text"].startswith(
+        " 4,"
+    )
+    assert answer["marspec"]["timed_out"] is True
+    assert 0 < answer["usage"]["completion_tokens"] < LONG_BODY["max_tokens"]
+
+
+def test_time_limit_in_a_stream(short_server: ServerProcess) -> None:
+    c = openai.OpenAI(base_url=f"{short_server.url}/v1", api_key="unused", max_retries=0)
+    chunks = list(
+        c.completions.create(
+            model=MODEL,
+            prompt=LONG_BODY["prompt"],
+            max_tokens=400,
+            stream=True,
+            extra_body={"marspec": {"rule": "plain"}},
+        )
+    )
+    assert "".join(ch.choices[0].text for ch in chunks).startswith(" 4,")
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].model_extra["marspec"]["timed_out"] is True
+
+
+def test_sigterm_drains_then_exits_0(short_server: ServerProcess) -> None:
+    """SIGTERM with a short generation running and a long one queued: the short one completes, the long one
+    gets a clean error when the 2 s grace ends, new connections are refused, and the process exits 0."""
+    url = short_server.url
+    short = Background(url, TEXT, SHORT_BODY)
+    wait_until(lambda: metric(url, "marspec_busy") == 1)
+    long = Background(url, TEXT, {**LONG_BODY, "stream": True})
+    wait_until(lambda: metric(url, "marspec_queue_depth") == 1)
+
+    short_server.proc.terminate()
+    signalled = time.monotonic()
+    time.sleep(0.5)
+    with pytest.raises(httpx.ConnectError):  # no longer listening
+        httpx.post(f"{url}{TEXT}", json=SHORT_BODY)
+
+    status, answer, _ = short.join()
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
+    assert answer["marspec"]["timed_out"] is False and answer["choices"][0]["text"]
+    status, events, _ = long.join()
+    if status == 200:  # it started within the grace: the stream ends with an error event, then [DONE]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert all(json.loads(e.removeprefix("data: "))["choices"] for e in events[:-2])
+    else:  # still queued at the end of the grace
+        assert status == 503
+        error = events["error"]
+    assert error["code"] == "shutting_down" and error["type"] == "service_unavailable"
+
+    assert short_server.proc.wait(30) == 0
+    assert time.monotonic() - signalled < 15
+    assert "Traceback" not in short_server.log()
