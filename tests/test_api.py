@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marspec import Decoder, MarspecError
+from marspec import Decoder, GenerationOptions, MarspecError
 
 SMALL = "smollm2-135m-instruct"
 PROMPT = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta, alpha beta gamma delta."
@@ -59,6 +59,8 @@ def test_sampling_without_a_seed_leaves_torch_global_rng_alone(decoder):
         ({"temperature": -0.5}, "temperature"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"stop": [""]}, "stop strings"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": "7"}, "seed"),
     ],
 )
 def test_bad_options(decoder, kwargs, needle):
@@ -85,3 +87,10 @@ def test_speculative_rule_without_a_drafter_is_refused():
     plain_only = Decoder(SMALL, None, dtype="fp32")
     with pytest.raises(MarspecError, match="needs a drafter"):
         plain_only.generate(PROMPT, rule="mars")
+
+
+def test_options_are_checked_when_built_not_when_generating():
+    with pytest.raises(MarspecError, match="stop strings"):
+        GenerationOptions(stop=["ok", ""])
+    with pytest.raises(MarspecError, match="seed"):
+        GenerationOptions(seed=-(2**63) - 1)

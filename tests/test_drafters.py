@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from conftest import tiny_lm
 from test_decode import reference_greedy, run
 
 from marspec.backends.quantize import quantize_int8
+from marspec.decode import DecodeConfig
 from marspec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
 from marspec.verify import Rule
@@ -109,3 +112,23 @@ def test_int8_needs_fp32():
     lm.model.to(torch.bfloat16)
     with pytest.raises(MarspecError, match="fp32"):
         quantize_int8(lm.model)
+
+
+def test_adaptive_k_follows_its_schedule_and_keeps_strict_equal_to_plain(target, prompt):
+    drafter = ModelDrafter(soft_lm(1), target.vocab_size)
+    spec, _, stats = run(
+        target, drafter, prompt, rule=Rule("strict"), k=6, adaptive_k=True, max_new_tokens=60
+    )
+    assert spec == reference_greedy(target, prompt, 60)
+    steps = stats.steps
+    assert steps[0].drafted == 6
+    for before, after in itertools.pairwise(steps[:-1]):  # the last step may be cut by the budget
+        accepted_all = before.accepted_exact + before.accepted_relaxed == before.drafted
+        expected = min(6, before.drafted + 2) if accepted_all else max(1, before.drafted - 1)
+        assert after.drafted == expected
+    assert min(s.drafted for s in steps) < 6  # an unrelated draft gets rejected: the length came down
+
+
+def test_adaptive_k_must_be_a_bool():
+    with pytest.raises(MarspecError, match="adaptive_k"):
+        DecodeConfig(adaptive_k="yes")

@@ -231,6 +231,8 @@ class GenerationOptions:
         margin: ``logit_ratio`` (the paper's z2/z1), ``prob_ratio`` (p2/p1) or ``logit_gap`` (z1 - z2,
             then theta is the largest gap in logits that still relaxes).
         k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
+        adaptive_k: grow the draft length by 2 after a fully accepted draft and shrink it by 1 after a
+            rejection, between 1 and ``k`` (transformers' schedule); off drafts up to ``k`` every step.
         temperature: 0 decodes greedily; above 0 samples (speculative sampling, lossless for strict).
         seed: makes sampling reproducible.
         max_new_tokens: upper bound on generated tokens (>= 1).
@@ -242,6 +244,7 @@ class GenerationOptions:
     theta: float = 0.9
     margin: str = "logit_ratio"
     k: int = DEFAULT_K
+    adaptive_k: bool = False
     temperature: float = 0.0
     seed: int | None = None
     max_new_tokens: int = 128
@@ -252,6 +255,11 @@ class GenerationOptions:
         if self.rule not in RULES:
             raise MarspecError(f"unknown rule {self.rule!r}: choose one of {', '.join(RULES)}")
         self.decode_config(frozenset())  # validates k, temperature, max_new_tokens, theta and margin
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
+        ):
+            raise MarspecError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
+        _check_stops(self.stop)
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> GenerationOptions:
@@ -270,6 +278,7 @@ class GenerationOptions:
         return DecodeConfig(
             rule=rule,
             k=self.k,
+            adaptive_k=self.adaptive_k,
             temperature=self.temperature,
             max_new_tokens=self.max_new_tokens,
             eos_token_ids=eos_token_ids,

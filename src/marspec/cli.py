@@ -94,6 +94,9 @@ def generate(
         str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
     ] = "logit_ratio",
     k: KOpt = DEFAULT_K,
+    adaptive_k: Annotated[
+        bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")
+    ] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Upper bound on new tokens.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
@@ -113,6 +116,7 @@ def generate(
             theta=theta,
             margin=margin,
             k=k,
+            adaptive_k=adaptive_k,
             temperature=temperature,
             seed=seed,
             max_new_tokens=max_new_tokens,

@@ -29,6 +29,9 @@ class DecodeConfig:
 
     rule: Rule = STRICT
     k: int = 5
+    # Grow the draft length by 2 after a step that accepted its whole draft, shrink it by 1 after a
+    # rejection, within [1, k] (the schedule transformers' assisted generation uses). Off: always k.
+    adaptive_k: bool = False
     temperature: float = 0.0
     max_new_tokens: int = 128
     eos_token_ids: frozenset[int] = frozenset()
@@ -36,6 +39,8 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise MarspecError(f"k (draft length) must be an integer >= 1, got {self.k!r}")
+        if not isinstance(self.adaptive_k, bool):
+            raise MarspecError(f"adaptive_k must be true or false, got {self.adaptive_k!r}")
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
             raise MarspecError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.temperature < 0:
@@ -94,9 +99,10 @@ def decode(
     stats.prefill_s = target.forward_seconds - target_s0
 
     produced = 0
+    draft_len = config.k
     while produced < budget:
         # One token always comes from the target (correction or bonus): never draft past the budget.
-        k = min(config.k, budget - produced - 1)
+        k = min(draft_len, budget - produced - 1)
         if drafter is not None and k > 0:
             draft = drafter.propose(seq[:length], k, config.temperature, generator)
         else:
@@ -120,6 +126,9 @@ def decode(
             if tok in config.eos_token_ids:
                 tokens, relaxed, finished = tokens[:i], relaxed[:i], True
                 break
+        if config.adaptive_k and n_draft:
+            all_accepted = verdict.n_accepted == n_draft
+            draft_len = min(config.k, draft_len + 2) if all_accepted else max(1, draft_len - 1)
         keep = min(len(tokens), budget - produced)
         tokens, relaxed = tokens[:keep], relaxed[:keep]
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from marspec.api import Decoder, GenerationResult
+from marspec.defaults import DEFAULT_K
 
 # A handful of prompts across the kinds of work the paper measures: code, math and chat.
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
@@ -68,7 +69,7 @@ def run_demo(
     decoder: Decoder,
     prompts: Sequence[tuple[str, str]] = DEMO_PROMPTS,
     *,
-    k: int = 5,
+    k: int = DEFAULT_K,
     theta: float = 0.9,
     max_new_tokens: int = 128,
     on_result: Callable[[str, str, GenerationResult], None] | None = None,
