@@ -331,7 +331,7 @@ BAD_INPUTS = [
         "unsupported_parameter",
         "one",
     ),
-    ("empty-stop", TEXT, {**SHORT_BODY, "stop": [""]}, 400, None, None, "stop strings"),
+    ("empty-stop", TEXT, {**SHORT_BODY, "stop": [""]}, 400, "stop", None, "stop strings"),
     (
         "too-long-chat",
         CHAT,
