@@ -78,6 +78,11 @@ def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | Non
         return Decoder(target, draft, dtype=dtype, threads=threads, **drafting)
 
 
+def _drafting(draft_quant: str, draft_confidence: float, lookup: bool) -> dict:
+    """The drafter settings every model-loading command takes, as Decoder keyword arguments."""
+    return {"draft_quant": draft_quant, "draft_confidence": draft_confidence, "lookup": lookup}
+
+
 @app.command()
 def generate(
     prompt: Annotated[
@@ -127,7 +132,7 @@ def generate(
             None if rule == "plain" else draft,
             dtype,
             threads,
-            **dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup),
+            **_drafting(draft_quant, draft_confidence, lookup),
         )
         opts = asdict(options)
         if as_json:
@@ -173,7 +178,7 @@ def demo(
             draft,
             dtype,
             threads,
-            **dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup),
+            **_drafting(draft_quant, draft_confidence, lookup),
         )
         total = len(DEMO_PROMPTS) * len(METHODS)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -373,7 +378,7 @@ def bench(
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        drafting = dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup)
+        drafting = _drafting(draft_quant, draft_confidence, lookup)
         _run_bench(
             task,
             limit,
@@ -418,7 +423,7 @@ def sweep(
             except ValueError:
                 raise MarspecError(f"--thetas: {item!r} is not a number (use e.g. 0.85,0.9,1.0)") from None
         spec = ",".join(["plain", *(f"mars@{v:g}" for v in values)])
-        drafting = dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup)
+        drafting = _drafting(draft_quant, draft_confidence, lookup)
         _run_bench(
             task,
             limit,
@@ -467,13 +472,9 @@ def profile(
     from marspec.profile import profile_pair
 
     with user_errors():
-        for name, value, least in (
-            ("--max-tokens", max_tokens, 1),
-            ("--context", context, 1),
-            ("--repeats", repeats, 1),
-        ):
-            if value < least:
-                raise MarspecError(f"{name} must be >= {least}, got {value}")
+        for name, value in (("--max-tokens", max_tokens), ("--context", context), ("--repeats", repeats)):
+            if value < 1:
+                raise MarspecError(f"{name} must be >= 1, got {value}")
         decoder = _load_decoder(
             target, None if draft in ("none", "ngram") else draft, dtype, threads, draft_quant=draft_quant
         )
@@ -567,7 +568,7 @@ def serve(
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
-            drafting = dict(draft_quant=draft_quant, draft_confidence=draft_confidence, lookup=lookup)
+            drafting = _drafting(draft_quant, draft_confidence, lookup)
             decoder = _load_decoder(target, draft, dtype, threads, **drafting)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
             url = f"http://{where}:{sock.getsockname()[1]}"

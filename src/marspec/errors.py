@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class MarspecError(ValueError):
     """A user-facing error: the message says what is wrong and how to fix it."""
+
+
+class ChatTemplateError(MarspecError):
+    """The model's chat template refused the messages (e.g. roles that do not alternate)."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jinja2
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from marspec.errors import MarspecError
+from marspec.errors import ChatTemplateError, MarspecError
 
 Prompt = str | Sequence[dict[str, Any]]
 
@@ -56,7 +57,10 @@ def encode_prompt(
             raise MarspecError(
                 f"model {model_name!r} has no chat template: pass a plain string prompt with chat=False"
             )
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except jinja2.TemplateError as exc:  # templates raise on what they do not accept
+            raise ChatTemplateError(f"the model's chat template refused the messages: {exc}") from None
         # The template already wrote the special tokens; do not let the tokenizer add a second BOS.
         ids = tokenizer(text, add_special_tokens=False).input_ids
     if not ids:

@@ -20,10 +20,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import jinja2
-
 from marspec.api import Decoder, GenerationOptions
-from marspec.errors import MarspecError
+from marspec.errors import ChatTemplateError, MarspecError
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
 from marspec.serve.metrics import ServerMetrics
@@ -294,10 +292,8 @@ class Engine:
         param = "prompt" if isinstance(job.prompt, str) else "messages"
         try:
             n = int(encode_prompt(self._decoder.tokenizer, job.prompt, chat, target.name).shape[0])
-        except jinja2.TemplateError as exc:  # some chat templates refuse e.g. roles that do not alternate
-            raise ApiError(
-                400, f"the model's chat template refused the messages: {exc}", param=param
-            ) from None
+        except ChatTemplateError as exc:  # a 400 like any MarspecError, but naming the parameter
+            raise ApiError(400, str(exc), param=param) from None
         if target.context_length and n >= target.context_length:
             raise ApiError(
                 400,
