@@ -152,6 +152,22 @@ def is_close_call(z1: torch.Tensor, z2: torch.Tensor, rule: Rule, temperature: f
     return measure < rule.theta
 
 
+def close_call_accepts(
+    top_values: torch.Tensor, top_tokens: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule
+) -> torch.Tensor:
+    """Bool ``[N]``: where MARS accepts a draft token because the target's top two are a close call.
+
+    Row-wise over ``N`` independent positions (no block structure, so a batch of ragged blocks can be
+    passed flattened): the draft token is the target's top-1 or top-2 (``top_tokens``, ``long[N, 2]``
+    from :func:`top2`) and ``rule`` finds ``top_values`` (``[N, 2]``, already divided by the temperature
+    when sampling) a close call. This is the whole of MARS's relaxation; callers decide what a top-1
+    accept means (greedy: an exact match, counted separately; sampling: it skips the random test).
+    """
+    z1, z2 = top_values.float().unbind(-1)  # [N], [N]
+    in_top2 = (top_tokens == draft_tokens.to(top_tokens.dtype)[:, None]).any(-1)  # [N]
+    return in_top2 & is_close_call(z1, z2, rule)
+
+
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule) -> Verification:
     """Greedy (temperature 0) verification: exact match, plus MARS's top-2 relaxation on close calls.
 
@@ -166,7 +182,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
 
     exact = draft == v1[:k]  # [K]
-    relaxed = (draft == tokens[:k, 1]) & is_close_call(z1, z2, rule) & ~exact  # [K]
+    relaxed = close_call_accepts(values[:k], tokens[:k], draft, rule) & ~exact  # [K]
     n = _leading_true(exact | relaxed)  # 0-dim long
     n_accepted, next_token = _to_ints(n, v1.index_select(0, n.view(1)))
     return Verification(
@@ -212,9 +228,9 @@ def verify_sampling(
     draft = draft_tokens.to(device=device, dtype=torch.long)  # [K]
 
     values, tokens = top2(target_logits[:k])  # [K, 2], [K, 2]
-    z1, z2 = (values.float() / temperature).unbind(-1)  # [K], [K]
-    in_top2 = (tokens == draft[:, None]).any(-1)  # [K]
-    relaxed = in_top2 & is_close_call(z1, z2, rule)  # [K]
+    scaled = values.float() / temperature  # [K, 2]
+    z1, z2 = scaled.unbind(-1)  # [K], [K]
+    relaxed = close_call_accepts(scaled, tokens, draft, rule)  # [K]
 
     u = torch.rand(k + 1, generator=generator, device=device)  # [K+1]: K accept tests, 1 token draw
     p_d = p[:k].gather(1, draft[:, None])[:, 0]  # [K]
