@@ -1,0 +1,1 @@
+"""Integrations of marspec's accept rules into other inference engines."""
