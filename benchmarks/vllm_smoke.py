@@ -22,7 +22,9 @@ PROMPTS = [
 ]
 
 
-def run_one(model: str, draft: str | None, marspec: dict | None, max_tokens: int, k: int) -> dict:
+def run_one(
+    model: str, draft: str | None, marspec: dict | None, max_tokens: int, k: int, memory_share: float
+) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
@@ -33,7 +35,7 @@ def run_one(model: str, draft: str | None, marspec: dict | None, max_tokens: int
         model=model,
         dtype="float32",
         max_model_len=1024,
-        gpu_memory_utilization=0.3,  # on CPU: the share of RAM vLLM reserves
+        gpu_memory_utilization=memory_share,  # on CPU: the share of RAM vLLM reserves
         distributed_executor_backend="uni",
         speculative_config=(
             {"model": draft, "num_speculative_tokens": k}
@@ -63,12 +65,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="a Hugging Face checkpoint directory")
     parser.add_argument("--draft", help="a draft checkpoint directory (default: n-gram drafting)")
+    parser.add_argument(
+        "--memory-share", type=float, default=0.3, help="share of RAM vLLM reserves (weights + KV cache)"
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration
     args = parser.parse_args()
     if args.one is not None:
-        result = run_one(args.model, args.draft, json.loads(args.one), args.max_tokens, args.k)
+        marspec = json.loads(args.one)
+        result = run_one(args.model, args.draft, marspec, args.max_tokens, args.k, args.memory_share)
         print("RESULT " + json.dumps(result))
         return
     configs = {"vllm strict": None, "marspec theta=1.0": {"theta": 1.0}, "marspec theta=0.9": {"theta": 0.9}}
@@ -77,6 +83,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--model", args.model, "--max-tokens", str(args.max_tokens)]
         cmd += ["--k", str(args.k), "--one", json.dumps(marspec)]
         cmd += ["--draft", args.draft] if args.draft else []
+        cmd += ["--memory-share", str(args.memory_share)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
