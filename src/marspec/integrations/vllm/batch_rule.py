@@ -48,14 +48,30 @@ def relax_close_calls(target_logits: torch.Tensor, draft_token_ids: torch.Tensor
     return RelaxedBatch(forced, relaxed, exact)
 
 
+def accepted_lengths(output_token_ids: torch.Tensor) -> torch.Tensor:
+    """Long ``[B]``: draft tokens accepted per request, from vLLM's ``[B, S+1]`` output (accepted drafts,
+    then the correction or bonus token, then ``-1``)."""
+    return (output_token_ids != PLACEHOLDER_TOKEN_ID).sum(1) - 1
+
+
+def counts_from_cumulative(cu_num_tokens: torch.Tensor) -> torch.Tensor:
+    """Long ``[B]`` per-request counts from vLLM's cumulative ``[B]`` (e.g. ``cu_num_draft_tokens``)."""
+    cu = cu_num_tokens.long()
+    return torch.diff(cu, prepend=cu.new_zeros(1))
+
+
 def accepted_drafts(output_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor) -> torch.Tensor:
     """Bool ``[T]``: which flattened draft tokens vLLM accepted.
 
-    ``output_token_ids``: ``[B, S+1]`` as vLLM's rejection sampler returns it (accepted drafts, then the
-    correction or bonus token, then ``-1``); ``num_draft_tokens``: ``long[B]`` on the same device.
+    ``output_token_ids``: ``[B, S+1]`` as vLLM's rejection sampler returns it; ``num_draft_tokens``:
+    ``long[B]`` on the same device.
     """
+    return _accepted_mask(accepted_lengths(output_token_ids), num_draft_tokens)
+
+
+def _accepted_mask(n_accepted: torch.Tensor, num_draft_tokens: torch.Tensor) -> torch.Tensor:
+    # n_accepted, num_draft_tokens: long[B] -> bool[T]
     batch = num_draft_tokens.shape[0]
-    n_accepted = (output_token_ids != PLACEHOLDER_TOKEN_ID).sum(1) - 1  # [B]
     request = torch.repeat_interleave(torch.arange(batch, device=num_draft_tokens.device), num_draft_tokens)
     starts = torch.cumsum(num_draft_tokens, 0) - num_draft_tokens  # [B]
     position = torch.arange(request.shape[0], device=request.device) - starts[request]  # [T]
@@ -88,12 +104,12 @@ class AcceptCounters:
         greedy_rows: torch.Tensor | None,
     ) -> None:
         """Add one batch. ``greedy_rows``: bool ``[T]``, or None when every request is greedy."""
-        accepted = accepted_drafts(output_token_ids, num_draft_tokens)  # [T]
+        n_accepted = accepted_lengths(output_token_ids)  # [B]
+        accepted = _accepted_mask(n_accepted, num_draft_tokens)  # [T]
         counted_relaxed = batch.relaxed & ~batch.exact
         if greedy_rows is not None:
             counted_relaxed = torch.where(greedy_rows, counted_relaxed, batch.relaxed)
         relaxed = (accepted & counted_relaxed).sum()
-        n_accepted = (output_token_ids != PLACEHOLDER_TOKEN_ID).sum(1) - 1  # [B]
         step = torch.stack(
             [
                 (num_draft_tokens > 0).sum(),

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from marspec.errors import MarspecError
-from marspec.verify import MARGINS, RULES, Rule
+from marspec.verify import Rule
 
 CONFIG_KEY = "marspec"
-_KEYS = ("rule", "theta", "margin", "log_every")
+_RULE_FIELDS = (("rule", "name"), ("theta", "theta"), ("margin", "margin"))  # config key -> Rule field
+_KEYS = (*(key for key, _ in _RULE_FIELDS), "log_every")
 DEFAULT_LOG_EVERY = 500  # verification steps between two counter log lines in the engine process
 
 
@@ -51,19 +52,10 @@ def parse_plugin_config(additional_config: Any) -> PluginConfig | None:
             f'unknown key(s) {", ".join(map(repr, unknown))} in additional_config["{CONFIG_KEY}"]; '
             f"use: {', '.join(_KEYS)}"
         )
-    name = settings.get("rule", "mars")
-    if name not in RULES:
-        raise VllmPluginConfigError(
-            f'additional_config["{CONFIG_KEY}"]["rule"]={name!r} is unknown; use one of: {", ".join(RULES)}'
-        )
-    margin = settings.get("margin", "logit_ratio")
-    if margin not in MARGINS:
-        raise VllmPluginConfigError(
-            f'additional_config["{CONFIG_KEY}"]["margin"]={margin!r} is unknown; '
-            f"use one of: {', '.join(MARGINS)}"
-        )
+    # Rule validates rule, theta and margin itself; absent keys take Rule's defaults.
+    rule_args = {field: settings[key] for key, field in _RULE_FIELDS if key in settings}
     try:
-        rule = Rule(name=name, theta=settings.get("theta", 0.9), margin=margin)
+        rule = Rule(**rule_args)
     except MarspecError as exc:
         raise VllmPluginConfigError(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
     log_every = settings.get("log_every", DEFAULT_LOG_EVERY)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from marspec.integrations.vllm.batch_rule import AcceptCounters, relax_close_calls
+from marspec.integrations.vllm.batch_rule import AcceptCounters, counts_from_cumulative, relax_close_calls
 from marspec.integrations.vllm.config import PluginConfig, VllmPluginConfigError, parse_plugin_config
 
 logger = logging.getLogger("vllm.marspec")  # a child of vLLM's logger, so it shares its handlers
@@ -149,7 +149,7 @@ def _mars_rejection_sample(
         *args,
         **kwargs,
     )  # [B, max_spec_len + 1]
-    counts = torch.tensor(num_draft_tokens, dtype=torch.long, device=output.device)  # [B]
+    counts = counts_from_cumulative(cu_num_draft_tokens)  # [B], already on the device: no copy from the list
     greedy_rows = None
     if not sampling_metadata.all_greedy:
         greedy_requests = sampling_metadata.temperature == 0  # vLLM's GREEDY_TEMPERATURE
@@ -180,18 +180,16 @@ def fix_cpu_expand_kernel() -> bool:
         from vllm.utils import cpu_triton_utils
     except ImportError:  # not a CPU build
         return False
-    registered = dispatcher._registry.get(_EXPAND_KERNEL)
     broken = getattr(cpu_triton_utils, "_expand_kernel_impl", None)
-    override = rejection_sampler.expand_kernel
-    if registered is None or broken is None or registered[1] is not broken:
-        return False
-    if getattr(override, "_impl", None) is not broken:
+    override = rejection_sampler.expand_kernel  # vLLM's KernelOverride once the CPU platform registered it
+    if broken is None or getattr(override, "_impl", None) is not broken:
         return False
     # Swap the implementation inside vLLM's own override object, so every holder of it (the warmup
     # dispatcher keeps references) calls the fixed one; vLLM launches it with positional arguments.
     override._impl = override.func = expand_by_repeat_interleave
     override._forward_by_name = False
-    dispatcher._registry[_EXPAND_KERNEL] = (registered[0], expand_by_repeat_interleave)
+    original_kernel, _ = dispatcher._registry[_EXPAND_KERNEL]
+    dispatcher._registry[_EXPAND_KERNEL] = (original_kernel, expand_by_repeat_interleave)
     return True
 
 
@@ -204,7 +202,7 @@ def expand_by_repeat_interleave(
     MAX_NUM_TOKENS: int | None = None,  # the kernel's own argument name, passed by vLLM
 ) -> None:
     """vLLM's expand kernel in torch: ``output[t] = values[request of t]``, ``replace_from -> replace_to``."""
-    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))  # [B]
+    counts = counts_from_cumulative(cu_num_tokens)  # [B]
     replaced = torch.where(values == replace_from, torch.as_tensor(replace_to, dtype=values.dtype), values)
     output.copy_(torch.repeat_interleave(replaced, counts, output_size=output.shape[0]))
 
