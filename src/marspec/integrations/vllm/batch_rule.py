@@ -66,13 +66,17 @@ def accepted_drafts(output_token_ids: torch.Tensor, num_draft_tokens: torch.Tens
     ``output_token_ids``: ``[B, S+1]`` as vLLM's rejection sampler returns it; ``num_draft_tokens``:
     ``long[B]`` on the same device.
     """
-    return _accepted_mask(accepted_lengths(output_token_ids), num_draft_tokens)
+    total = int(num_draft_tokens.sum())
+    return _accepted_mask(accepted_lengths(output_token_ids), num_draft_tokens, total)
 
 
-def _accepted_mask(n_accepted: torch.Tensor, num_draft_tokens: torch.Tensor) -> torch.Tensor:
-    # n_accepted, num_draft_tokens: long[B] -> bool[T]
+def _accepted_mask(n_accepted: torch.Tensor, num_draft_tokens: torch.Tensor, total: int) -> torch.Tensor:
+    # n_accepted, num_draft_tokens: long[B] -> bool[T]; ``total`` = T, known to the caller, so that
+    # repeat_interleave need not read the counts back from the device.
     batch = num_draft_tokens.shape[0]
-    request = torch.repeat_interleave(torch.arange(batch, device=num_draft_tokens.device), num_draft_tokens)
+    request = torch.repeat_interleave(
+        torch.arange(batch, device=num_draft_tokens.device), num_draft_tokens, output_size=total
+    )
     starts = torch.cumsum(num_draft_tokens, 0) - num_draft_tokens  # [B]
     position = torch.arange(request.shape[0], device=request.device) - starts[request]  # [T]
     return position < n_accepted[request]
@@ -105,7 +109,7 @@ class AcceptCounters:
     ) -> None:
         """Add one batch. ``greedy_rows``: bool ``[T]``, or None when every request is greedy."""
         n_accepted = accepted_lengths(output_token_ids)  # [B]
-        accepted = _accepted_mask(n_accepted, num_draft_tokens)  # [T]
+        accepted = _accepted_mask(n_accepted, num_draft_tokens, batch.relaxed.shape[0])  # [T]
         counted_relaxed = batch.relaxed & ~batch.exact
         if greedy_rows is not None:
             counted_relaxed = torch.where(greedy_rows, counted_relaxed, batch.relaxed)
@@ -113,7 +117,7 @@ class AcceptCounters:
         step = torch.stack(
             [
                 (num_draft_tokens > 0).sum(),
-                torch.tensor(accepted.shape[0], device=relaxed.device),
+                num_draft_tokens.sum(),  # on the device already: no per-step copy of T from the host
                 accepted.sum() - relaxed,
                 relaxed,
                 (n_accepted < num_draft_tokens).sum(),

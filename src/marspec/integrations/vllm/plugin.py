@@ -153,7 +153,9 @@ def _mars_rejection_sample(
     greedy_rows = None
     if not sampling_metadata.all_greedy:
         greedy_requests = sampling_metadata.temperature == 0  # vLLM's GREEDY_TEMPERATURE
-        greedy_rows = torch.repeat_interleave(greedy_requests, counts)  # [T]
+        greedy_rows = torch.repeat_interleave(
+            greedy_requests, counts, output_size=draft_token_ids.shape[0]
+        )  # [T]
     counters.record(batch, output, counts, greedy_rows)
     _steps_since_log += 1
     if _active.log_every and _steps_since_log >= _active.log_every:

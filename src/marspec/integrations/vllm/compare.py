@@ -1,0 +1,190 @@
+"""Run vLLM with and without marspec's rule on the same requests: tokens, time and accept counters.
+
+Each engine runs in a child process of its own (vLLM expects one engine per process, and the plugin's
+state is per process), so one configuration cannot leak into the next. The tests in ``tests_vllm/`` and
+the command below use it::
+
+    python -m marspec.integrations.vllm.compare --model TARGET_DIR [--draft DRAFT_DIR] --k 4
+
+prints, for vLLM as shipped (no plugin loaded), the plugin at theta 1.0 and at theta 0.9: tokens per
+second, how many outputs equal vLLM's own strict speculative output, and the plugin's counters.
+Needs vLLM in the running interpreter's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_PROMPTS = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "Question: A shop sells pens at 3 dollars each. Tom buys 7 pens and pays with a 50 dollar bill. "
+    "How much change does he get?\nAnswer: Let's think step by step.",
+    "Write a Python function that checks whether a string is a palindrome.\n",
+    "List the planets of the solar system in order from the Sun, one per line, with one fact about each.\n",
+)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One vLLM deployment: the models, the speculative settings and marspec's part in it."""
+
+    model: str  # a Hugging Face checkpoint directory (vLLM cannot reach a hub here)
+    draft: str | None = None  # a draft checkpoint directory; None: vLLM's n-gram drafting
+    k: int = 4  # num_speculative_tokens
+    marspec: dict[str, Any] | None = None  # additional_config["marspec"]; None: the plugin stays inert
+    load_plugin: bool = True  # False: VLLM_PLUGINS="" so vLLM runs exactly as shipped
+    memory_share: float = 0.3  # gpu_memory_utilization: on CPU, the share of RAM vLLM reserves
+    max_model_len: int = 1024
+    dtype: str = "float32"  # fp32: a many-token forward rounds like a one-token forward
+    eager: bool = False  # enforce_eager: skip torch.compile (minutes of C++ builds per engine on CPU)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt with its sampling settings; temperature 0 is greedy."""
+
+    prompt: str
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class BatchResult:
+    """What one ``LLM.generate`` call over a batch of requests gave."""
+
+    tokens: list[list[int]]  # new token ids, one list per request, in request order
+    seconds: float
+    counters: dict[str, float] | None = None  # the plugin's counters for this batch alone; None if inert
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(map(len, self.tokens))
+
+
+@dataclass
+class EngineRun:
+    """One engine's results, batch by batch."""
+
+    spec: EngineSpec
+    batches: list[BatchResult] = field(default_factory=list)
+
+
+_RESULT = "MARSPEC_RESULT "  # marks the child's result line among vLLM's own output
+_MODULE = "marspec.integrations.vllm.compare"  # not __name__, which is "__main__" under python -m
+
+
+def run_engine(spec: EngineSpec, batches: list[list[Request]]) -> EngineRun:
+    """Start ``spec``'s engine in a child process, run ``batches`` one after another, return the results."""
+    env = dict(os.environ)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in the child itself, so counters are readable
+    if not spec.load_plugin:
+        env["VLLM_PLUGINS"] = ""  # an allowlist matching no plugin
+    job = json.dumps({"spec": asdict(spec), "batches": [[asdict(r) for r in batch] for batch in batches]})
+    done = subprocess.run(
+        [sys.executable, "-m", _MODULE, "--child"], input=job, capture_output=True, text=True, env=env
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith(_RESULT)), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"vLLM engine {spec} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    results = json.loads(line[len(_RESULT) :])
+    return EngineRun(spec, [BatchResult(**r) for r in results])
+
+
+def _child() -> None:
+    """The child's side of :func:`run_engine`: the job on stdin, one result line on stdout."""
+    job = json.load(sys.stdin)
+    spec = EngineSpec(**job["spec"])
+    batches = [[Request(**r) for r in batch] for batch in job["batches"]]
+    from vllm import LLM, SamplingParams
+
+    from marspec.integrations.vllm.plugin import read_counters, reset_counters
+
+    extra = {"additional_config": {"marspec": spec.marspec}} if spec.marspec is not None else {}
+    speculative = (
+        {"model": spec.draft, "num_speculative_tokens": spec.k}
+        if spec.draft
+        else {"method": "ngram", "num_speculative_tokens": spec.k, "prompt_lookup_max": 4}
+    )
+    llm = LLM(
+        model=spec.model,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        gpu_memory_utilization=spec.memory_share,
+        distributed_executor_backend="uni",
+        speculative_config=speculative,
+        seed=0,
+        enforce_eager=spec.eager,
+        **extra,
+    )
+    counting = spec.marspec is not None
+    llm.generate(
+        [DEFAULT_PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False
+    )  # warm-up
+    results = []
+    for batch in batches:
+        params = [
+            SamplingParams(temperature=r.temperature, seed=r.seed, max_tokens=r.max_tokens) for r in batch
+        ]
+        if counting:
+            reset_counters(llm)
+        start = time.perf_counter()
+        outputs = llm.generate([r.prompt for r in batch], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        counters = read_counters(llm) if counting else None
+        results.append(asdict(BatchResult(tokens, seconds, counters)))
+    print(_RESULT + json.dumps(results), flush=True)
+
+
+def compare(model: str, draft: str | None, k: int, max_tokens: int, memory_share: float, eager: bool) -> None:
+    """Print vLLM as shipped against the plugin at theta 1.0 and 0.9 on :data:`DEFAULT_PROMPTS` (greedy)."""
+    batch = [Request(p, max_tokens=max_tokens) for p in DEFAULT_PROMPTS]
+    common = {"memory_share": memory_share, "eager": eager}
+    configs = {
+        "vLLM, no plugin": EngineSpec(model, draft, k, load_plugin=False, **common),
+        "marspec theta=1.0": EngineSpec(model, draft, k, {"theta": 1.0}, **common),
+        "marspec theta=0.9": EngineSpec(model, draft, k, {"theta": 0.9}, **common),
+    }
+    runs = {name: run_engine(spec, [batch]).batches[0] for name, spec in configs.items()}
+    base = runs["vLLM, no plugin"].tokens
+    print(f"{'configuration':20s} {'tok/s':>7s}  same as vLLM  mean accepted  relaxed/accepted")
+    for name, r in runs.items():
+        same = sum(a == b for a, b in zip(r.tokens, base, strict=True))
+        c = r.counters
+        accepted = f"{c['mean_accepted']:13.2f}" if c else f"{'—':>13s}"
+        relaxed = f"{c['accepted_relaxed']}/{c['accepted_exact'] + c['accepted_relaxed']}" if c else "—"
+        print(f"{name:20s} {r.new_tokens / r.seconds:7.2f}  {same}/{len(base):<10d}  {accepted}  {relaxed}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="target checkpoint directory")
+    parser.add_argument("--draft", help="draft checkpoint directory (default: n-gram drafting)")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--memory-share", type=float, default=0.3, help="share of RAM vLLM reserves on CPU")
+    parser.add_argument(
+        "--eager", action="store_true", help="skip torch.compile (faster start, slower steps)"
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child()
+    elif not args.model:
+        parser.error("--model is required (a Hugging Face checkpoint directory)")
+    else:
+        compare(args.model, args.draft, args.k, args.max_tokens, args.memory_share, args.eager)
+
+
+if __name__ == "__main__":
+    main()

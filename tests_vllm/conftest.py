@@ -1,0 +1,37 @@
+"""The vLLM tests run in vLLM's own environment (``make test-vllm``), on real checkpoints given by path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def checkpoint(variable: str) -> str:
+    """A checkpoint directory from the environment; ``make test-vllm`` sets both variables."""
+    path = os.environ.get(variable)
+    if not path or not os.path.isdir(path):
+        pytest.fail(
+            f"{variable} must name a Hugging Face checkpoint directory (got {path!r}); "
+            f"`make test-vllm` converts the default models and sets it"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def target_dir() -> str:
+    return checkpoint("MARSPEC_VLLM_TARGET")
+
+
+@pytest.fixture(scope="session")
+def draft_dir() -> str | None:
+    """The draft checkpoint, or None for vLLM's n-gram drafting (``MARSPEC_VLLM_DRAFT=ngram``)."""
+    if os.environ.get("MARSPEC_VLLM_DRAFT") == "ngram":
+        return None
+    return checkpoint("MARSPEC_VLLM_DRAFT")
+
+
+@pytest.fixture(scope="session")
+def memory_share(draft_dir: str | None) -> float:
+    """vLLM's RAM reservation on CPU: it must hold the weights of target and draft plus the KV cache."""
+    return float(os.environ.get("MARSPEC_VLLM_MEMORY_SHARE", 0.6 if draft_dir else 0.3))

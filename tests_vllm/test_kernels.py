@@ -1,0 +1,158 @@
+"""The plugin's decision on vLLM's own rejection sampler equals marspec's rule on the same logits.
+
+Random ragged batches (0-5 draft tokens per request) mixing greedy and sampled requests go through
+vLLM's ``rejection_sample`` (CPU kernels, with the plugin active); each request's block goes through
+``verify_greedy`` or ``verify_sampling``. Sampled rows are built so that every decision is certain (the
+draft token holds nearly all the target's mass, or next to none, or is a close call that MARS accepts
+without a draw): then the two implementations, with different random numbers, must still agree token
+for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.platforms.cpu import CpuPlatform
+from vllm.v1.sample import rejection_sampler
+from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.sample.metadata import SamplingMetadata
+
+from marspec.integrations.vllm import plugin
+from marspec.integrations.vllm.config import PluginConfig
+from marspec.verify import Rule, verify_greedy, verify_sampling
+
+VOCAB = 64
+TOP, CLOSE, FAR = 40.0, 39.0, 20.0  # top-1 logit; a runner-up at ratio 0.975 (close call) or 0.5
+SAMPLED_TEMPERATURE = 1.0  # rejection_sample receives logits already divided by the temperature
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_kernels() -> None:
+    """The CPU platform's kernel overrides, as a vLLM CPU worker registers them (no Triton here)."""
+    CpuPlatform.register_triton_kernel_overrides()
+
+
+@dataclass
+class Block:
+    """One request's part of a batch: K draft rows plus the bonus row."""
+
+    logits: torch.Tensor  # [K+1, V]
+    drafts: torch.Tensor  # long[K]
+    draft_probs: torch.Tensor  # [K, V]
+    greedy: bool
+
+
+def random_block(g: torch.Generator, k: int, greedy: bool, relaxes: bool) -> Block:
+    logits = torch.rand(k + 1, VOCAB, generator=g) * 10  # [K+1, V]
+    drafts = []
+    for row in range(k + 1):
+        first, second, third = torch.randperm(VOCAB, generator=g)[:3].tolist()
+        choice = torch.rand((), generator=g)
+        draft = first if choice < 0.6 else second if choice < 0.9 else third
+        # A sampled row may be a close call only where MARS accepts it without a draw: elsewhere a close
+        # runner-up would make the correction (or bonus) token a coin toss between top-1 and top-2.
+        decided_by_mars = relaxes and row < k and draft != third
+        close = torch.rand((), generator=g) < 0.5 and (greedy or decided_by_mars)
+        logits[row, first] = TOP
+        logits[row, second] = CLOSE if close else FAR
+        drafts.append(draft)
+    drafts_t = torch.tensor(drafts[:k], dtype=torch.long)
+    # The drafter's distribution: half its mass on the draft token, so p(d)/q(d) >= 1 wherever p(d) ~ 1.
+    draft_probs = torch.full((k, VOCAB), 0.5 / (VOCAB - 1))
+    draft_probs[torch.arange(k), drafts_t] = 0.5
+    return Block(logits, drafts_t, draft_probs, greedy)
+
+
+def sampling_metadata(blocks: list[Block]) -> SamplingMetadata:
+    greedy = torch.tensor([b.greedy for b in blocks])
+    return SamplingMetadata(
+        temperature=torch.where(greedy, 0.0, SAMPLED_TEMPERATURE).float(),
+        all_greedy=bool(greedy.all()),
+        all_random=bool((~greedy).all()),
+        top_p=None,
+        top_k=None,
+        generators={},
+        max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(len(blocks)),
+        presence_penalties=torch.zeros(len(blocks)),
+        repetition_penalties=torch.ones(len(blocks)),
+        output_token_ids=[[] for _ in blocks],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
+    )
+
+
+def vllm_verify(blocks: list[Block], with_draft_probs: bool) -> list[list[int]]:
+    """Every block at once through vLLM's rejection sampler (the plugin's wrapper around it)."""
+    counts = [len(b.drafts) for b in blocks]
+    output = rejection_sampler.rejection_sample(
+        torch.cat([b.drafts for b in blocks]).int(),  # [T]
+        counts,
+        max(counts),
+        torch.tensor(counts).cumsum(0).int(),  # [B]
+        torch.cat([b.draft_probs for b in blocks]) if with_draft_probs else None,  # [T, V]
+        torch.cat([b.logits[:-1] for b in blocks]),  # [T, V]
+        torch.stack([b.logits[-1].argmax() for b in blocks])[:, None].int(),  # [B, 1]: the bonus tokens
+        sampling_metadata(blocks),
+    )  # [B, max(counts) + 1]
+    return [[t for t in row if t != -1] for row in output.tolist()]
+
+
+def marspec_verify(
+    block: Block, rule: Rule, with_draft_probs: bool, g: torch.Generator
+) -> tuple[list[int], int]:
+    if block.greedy:
+        result = verify_greedy(block.logits, block.drafts, rule)
+    else:
+        probs = block.draft_probs if with_draft_probs else None
+        result = verify_sampling(block.logits, block.drafts, probs, rule, SAMPLED_TEMPERATURE, g)
+    return result.emitted(block.drafts), result.n_relaxed
+
+
+@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["ngram", "draft-model"])
+@pytest.mark.parametrize("theta", [0.9, 1.0])
+@pytest.mark.parametrize("greedy_share", [0.0, 0.5, 1.0], ids=["all-sampled", "mixed", "all-greedy"])
+def test_vllm_kernels_with_plugin_equal_marspec_rule(
+    theta: float, greedy_share: float, with_draft_probs: bool
+) -> None:
+    rule = Rule("mars", theta)
+    plugin.activate(PluginConfig(rule, log_every=0))
+    g = torch.Generator().manual_seed(int(theta * 100 + greedy_share * 10 + with_draft_probs))
+    relaxed_total = 0
+    for _ in range(20):
+        n = int(torch.randint(1, 7, (), generator=g))
+        greedy = (torch.rand(n, generator=g) < greedy_share).tolist()
+        counts = torch.randint(0, 6, (n,), generator=g).tolist()
+        blocks = [random_block(g, k, gr, rule.relaxes) for k, gr in zip(counts, greedy, strict=True)]
+        plugin.counters.reset()
+        ours = vllm_verify(blocks, with_draft_probs)
+        expected = [marspec_verify(b, rule, with_draft_probs, g) for b in blocks]
+        assert ours == [tokens for tokens, _ in expected], f"counts {counts}, greedy {greedy}"
+        snapshot = plugin.counters.snapshot()
+        relaxed = sum(n_relaxed for _, n_relaxed in expected)
+        accepted = sum(len(tokens) - 1 for tokens, _ in expected)
+        assert snapshot["accepted_relaxed"] == relaxed
+        assert snapshot["accepted_exact"] + snapshot["accepted_relaxed"] == accepted
+        relaxed_total += relaxed
+    if rule.relaxes:
+        assert relaxed_total > 0, "no close call was accepted: the test did not exercise MARS"
+
+
+def test_mixed_batch_temperatures_reach_every_draft_token_on_cpu() -> None:
+    """vLLM issue 55005: its CPU expand override left the per-token temperatures of a mixed batch
+    uninitialised, so even greedy rows were divided by garbage; the plugin's replacement must not."""
+    plugin.activate(PluginConfig(Rule("mars"), log_every=0))  # applies the fix where the override is broken
+    temperatures = torch.tensor([0.0, 0.7, 0.0, 1.3])  # [B]: 0 is greedy
+    counts = torch.tensor([2, 0, 3, 1])  # [B]
+    expanded = rejection_sampler.expand_batch_to_tokens(
+        temperatures, counts.cumsum(0).int(), int(counts.sum()), replace_from=0, replace_to=1
+    )  # [T]
+    assert expanded.tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.3])
