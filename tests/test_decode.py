@@ -68,7 +68,7 @@ class RunnerUpDrafter(ModelDrafter):
     """Proposes the draft model's second choice at every position: with the target's own weights that is
     exactly the target's runner-up, the token MARS may relax to."""
 
-    def propose(self, context, k, temperature, generator):
+    def propose(self, context, k, temperature, generator, alternatives=0):
         logits = self.lm.forward(context[self.lm.cached_len :], last_only=True)[-1]
         tokens = torch.empty(k, dtype=torch.long)
         for i in range(k):

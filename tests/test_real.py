@@ -28,7 +28,8 @@ def decoder() -> Decoder:
 
 @pytest.fixture(scope="module")
 def runs(decoder):
-    """Every prompt decoded with plain, strict, MARS(theta=1) and MARS(theta=0.9)."""
+    """Every prompt decoded with plain, strict, MARS(theta=1) and MARS(theta=0.9), and with token trees
+    under strict and MARS(theta=1)."""
     out = {}
     for prompt in PROMPTS:
         for name, opts in {
@@ -36,6 +37,8 @@ def runs(decoder):
             "strict": {"rule": "strict"},
             "mars1": {"rule": "mars", "theta": 1.0},
             "mars09": {"rule": "mars", "theta": 0.9},
+            "strict_tree": {"rule": "strict", "tree": "2,2"},
+            "mars1_tree": {"rule": "mars", "theta": 1.0, "tree": "2,2"},
         }.items():
             out[prompt, name] = decoder.generate(prompt, k=5, max_new_tokens=NEW_TOKENS, **opts)
     return out
@@ -49,6 +52,16 @@ def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
     assert runs[prompt, "mars1"].token_ids == plain.token_ids
     assert runs[prompt, "mars1"].stats.accepted_relaxed == 0
     assert runs[prompt, "strict"].stats.target_forwards < plain.stats.target_forwards
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_tree_drafting_with_strict_and_mars_theta_one_reproduces_plain(runs, prompt):
+    plain = runs[prompt, "plain"]
+    for name in ("strict_tree", "mars1_tree"):
+        assert runs[prompt, name].token_ids == plain.token_ids, name
+    stats = runs[prompt, "strict_tree"].stats
+    assert sum(step.siblings for step in stats.steps) > 0  # the tree's runner-ups were verified
+    assert stats.target_forwards < plain.stats.target_forwards
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -26,6 +26,8 @@ _LAZY = {
     "Rule": "marspec.verify",
     "verify_greedy": "marspec.verify",
     "verify_sampling": "marspec.verify",
+    "verify_tree_greedy": "marspec.verify",
+    "DraftTree": "marspec.tree",
     "MODELS": "marspec.models",
     "DEFAULT_TARGET": "marspec.models",
     "DEFAULT_DRAFT": "marspec.models",
@@ -36,6 +38,7 @@ __all__ = [
     "DEFAULT_TARGET",
     "MODELS",
     "Decoder",
+    "DraftTree",
     "GenerationOptions",
     "GenerationResult",
     "GenerationStats",
@@ -46,13 +49,15 @@ __all__ = [
     "generate",
     "verify_greedy",
     "verify_sampling",
+    "verify_tree_greedy",
 ]
 
 if TYPE_CHECKING:
     from marspec.api import Decoder, GenerationOptions, GenerationResult, GenerationStream, generate
     from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
     from marspec.stats import GenerationStats
-    from marspec.verify import Rule, verify_greedy, verify_sampling
+    from marspec.tree import DraftTree
+    from marspec.verify import Rule, verify_greedy, verify_sampling, verify_tree_greedy
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.prompting import Prompt, encode_prompt
 from marspec.stats import GenerationStats
+from marspec.tree import parse_tree_shape
 from marspec.verify import Rule
 
 RULES = ("plain", "strict", "mars")
@@ -238,6 +239,9 @@ class GenerationOptions:
         max_new_tokens: upper bound on generated tokens (>= 1).
         stop: strings that end generation; the text is cut before the stop string.
         chat: apply the chat template to a string prompt (default: yes for instruct models).
+        tree: token-tree drafting (greedy only, needs a draft model): candidates per depth, e.g.
+            ``"3,2"`` also verifies the draft's two runner-up tokens at depth 1 and one at depth 2, in
+            the same target forward; ``None`` drafts a plain chain.
     """
 
     rule: str = "mars"
@@ -250,6 +254,7 @@ class GenerationOptions:
     max_new_tokens: int = 128
     stop: Sequence[str] | str | None = None
     chat: bool | None = None
+    tree: str | Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -282,6 +287,7 @@ class GenerationOptions:
             temperature=self.temperature,
             max_new_tokens=self.max_new_tokens,
             eos_token_ids=eos_token_ids,
+            tree=parse_tree_shape(self.tree),
         )
 
 

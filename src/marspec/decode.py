@@ -18,7 +18,15 @@ from marspec.backends.hf import HFCausalLM
 from marspec.drafters.base import Draft, Drafter
 from marspec.errors import MarspecError
 from marspec.stats import GenerationStats, StepRecord
-from marspec.verify import Rule, verify_greedy, verify_sampling
+from marspec.tree import build_tree, parse_tree_shape
+from marspec.verify import (
+    Rule,
+    TreeVerification,
+    Verification,
+    verify_greedy,
+    verify_sampling,
+    verify_tree_greedy,
+)
 
 STRICT = Rule(name="strict")
 
@@ -35,6 +43,9 @@ class DecodeConfig:
     temperature: float = 0.0
     max_new_tokens: int = 128
     eos_token_ids: frozenset[int] = frozenset()
+    # Token-tree drafting: candidates per depth, e.g. (3, 2) scores the draft's two runner-ups as extra
+    # leaves at depth 1 and one at depth 2, all in the one verification forward. None: a plain chain.
+    tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -53,6 +64,11 @@ class DecodeConfig:
             or self.max_new_tokens < 1
         ):
             raise MarspecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        object.__setattr__(self, "tree", parse_tree_shape(self.tree))
+        if self.tree is not None and self.temperature > 0:
+            raise MarspecError(
+                "tree drafting verifies greedily only (temperature 0); use temperature=0 or drop the tree"
+            )
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,7 @@ def decode(
     length = prompt_len
     sampling = config.temperature > 0
     draft_lm: HFCausalLM | None = getattr(drafter, "lm", None)
+    alternatives = max(config.tree) - 1 if config.tree else 0
 
     target.reset()
     if drafter is not None:
@@ -104,18 +121,24 @@ def decode(
         # One token always comes from the target (correction or bonus): never draft past the budget.
         k = min(draft_len, budget - produced - 1)
         if drafter is not None and k > 0:
-            draft = drafter.propose(seq[:length], k, config.temperature, generator)
+            draft = drafter.propose(seq[:length], k, config.temperature, generator, alternatives)
         else:
             draft = Draft(tokens=seq.new_empty(0))
         n_draft = len(draft)
 
-        logits = target.forward(torch.cat((seq[length - 1 : length], draft.tokens)))  # [1 + k, V]
-        if sampling:
-            verdict = verify_sampling(
-                logits, draft.tokens, draft.probs, config.rule, config.temperature, generator
-            )
+        tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
+        verdict: Verification
+        if tree is not None:
+            logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
+            verdict = verify_tree_greedy(logits, tree, config.rule)
         else:
-            verdict = verify_greedy(logits, draft.tokens, config.rule)
+            logits = target.forward(torch.cat((seq[length - 1 : length], draft.tokens)))  # [1 + k, V]
+            if sampling:
+                verdict = verify_sampling(
+                    logits, draft.tokens, draft.probs, config.rule, config.temperature, generator
+                )
+            else:
+                verdict = verify_greedy(logits, draft.tokens, config.rule)
 
         tokens = verdict.emitted(draft.tokens)
         relaxed_flags = verdict.relaxed.tolist()  # the step's one read of the relaxed mask
@@ -134,15 +157,21 @@ def decode(
 
         seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         # Accepted drafts are cached already; the newest token stays pending.
-        target.rollback(length + verdict.n_accepted)
+        if isinstance(verdict, TreeVerification):
+            target.keep_path(length - 1, verdict.path)
+            draft_valid = length + verdict.chain_prefix  # the draft cache holds the chain, not siblings
+        else:
+            target.rollback(length + verdict.n_accepted)
+            draft_valid = length + verdict.n_accepted
         length += len(tokens)
         produced += len(tokens)
         if drafter is not None:
-            drafter.rollback(length - 1)
+            drafter.rollback(min(length - 1, draft_valid))
 
         stats.record(
             StepRecord(
                 drafted=n_draft,
+                siblings=len(tree) - n_draft if tree is not None else 0,
                 accepted_exact=verdict.n_accepted - len(relaxed_at),
                 accepted_relaxed=len(relaxed_at),
                 rejected=verdict.n_accepted < n_draft,

@@ -15,6 +15,7 @@ class StepRecord:
     rejected: bool  # a draft token was rejected (False when all were accepted, or none drafted)
     emitted: int  # tokens kept from this step (accepted + correction/bonus, cut at EOS/limits)
     margins: tuple[float, ...] = ()  # the rule's margin measure at each drafted position
+    siblings: int = 0  # extra tree nodes scored beside the drafted chain (token-tree drafting)
     relaxed_at: tuple[int, ...] = ()  # draft positions accepted by relaxation
 
 
@@ -96,11 +97,12 @@ class GenerationStats:
         return [a / r for a, r in zip(accepted, reached, strict=True)]
 
     def verify_sizes(self) -> dict[int, int]:
-        """How many verification forwards scored each number of tokens (1 + drafted): with a forward-cost
-        profile this gives the ideal time of the run (see :mod:`marspec.profile`)."""
+        """How many verification forwards scored each number of tokens (1 + drafted + siblings): with a
+        forward-cost profile this gives the ideal time of the run (see :mod:`marspec.profile`)."""
         sizes: dict[int, int] = {}
         for step in self.steps:
-            sizes[1 + step.drafted] = sizes.get(1 + step.drafted, 0) + 1
+            scored = 1 + step.drafted + step.siblings
+            sizes[scored] = sizes.get(scored, 0) + 1
         return sizes
 
     def margins_by_outcome(self) -> dict[str, list[float]]:

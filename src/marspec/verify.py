@@ -20,11 +20,14 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
 from marspec.errors import MarspecError
+
+if TYPE_CHECKING:
+    from marspec.tree import DraftTree
 
 MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
 RuleName = Literal["strict", "mars"]
@@ -190,6 +193,77 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
         next_token=next_token,
         relaxed=relaxed[:n_accepted],
         margins=margin_measure(z1, z2, rule.margin).float(),
+    )
+
+
+@dataclass(frozen=True)
+class TreeVerification(Verification):
+    """The outcome of verifying a token tree: ``Verification`` along the accepted path.
+
+    ``path`` lists the accepted nodes root-down (``n_accepted`` of them); ``tokens`` their tokens.
+    ``chain_prefix`` is how many leading path nodes are chain nodes (the draft model's cache holds the
+    chain, so that much of it stays valid). ``margins`` are measured at the rows the walk judged: the
+    root's and each path node's except a leaf's, so entry ``i`` is where depth ``i + 1`` was decided.
+    """
+
+    path: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    chain_prefix: int = 0
+
+    def emitted(self, draft_tokens: torch.Tensor | None = None) -> list[int]:
+        """The tokens this step commits: the accepted path followed by ``next_token``."""
+        return [*self.tokens, self.next_token]
+
+
+def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule) -> TreeVerification:
+    """Greedy verification of a token tree: walk down from the root, taking at each node its first child
+    (in node order) that the rule accepts, i.e. the target's top-1 or, on a close call, its top-2.
+
+    ``target_logits``: ``[N+1, V]``, row 0 scoring what follows the root and row ``i`` what follows node
+    ``i``. The walk ends at a node none of whose children is accepted (``next_token`` is the target's
+    top-1 there: the correction) or at a leaf (``next_token`` is the bonus). With a rule that cannot relax
+    only a top-1 child is ever accepted, so the path is exactly plain greedy decoding's tokens.
+    """
+    n_nodes = len(tree)
+    if target_logits.dim() != 2 or target_logits.shape[0] != n_nodes + 1:
+        shape = list(target_logits.shape)
+        raise ValueError(f"target_logits must be [N+1, V] = [{n_nodes + 1}, V], got {shape}")
+    values, top = top2(target_logits)  # [N+1, 2], [N+1, 2]
+    values = values.float()
+    parents = torch.tensor(tree.parents, dtype=torch.long)  # [N]
+    node_tokens = tree.tokens.to(dtype=top.dtype)  # [N]
+    parent_top = top.index_select(0, parents)  # [N, 2]: the target's top two where each node stands
+    exact = node_tokens == parent_top[:, 0]  # [N]
+    relaxed = close_call_accepts(values.index_select(0, parents), parent_top, node_tokens, rule) & ~exact
+    # One host copy for the walk: accept flags, relaxed flags, every row's top-1, the tokens.
+    n = n_nodes + 1
+    flags = torch.cat([exact | relaxed, relaxed, top[:, 0], node_tokens]).tolist()
+    accepted, relaxed_flags = flags[:n_nodes], flags[n_nodes : 2 * n_nodes]
+    top1, token_list = flags[2 * n_nodes : 2 * n_nodes + n], flags[2 * n_nodes + n :]
+
+    children = tree.children()
+    path: list[int] = []
+    node = 0
+    while True:
+        nxt = next((child for child in children[node] if accepted[child - 1]), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    chain_prefix = 0
+    while chain_prefix < len(path) and path[chain_prefix] <= tree.chain_len:
+        chain_prefix += 1
+    # The rows the walk judged: the root's and each path node's, but not a leaf's (its row is the bonus).
+    judged = [0, *path] if children[node] else [0, *path[:-1]]
+    z1, z2 = values.index_select(0, torch.tensor(judged, dtype=torch.long)).unbind(-1)
+    return TreeVerification(
+        n_accepted=len(path),
+        next_token=int(top1[node]),
+        relaxed=torch.tensor([bool(relaxed_flags[p - 1]) for p in path], dtype=torch.bool),
+        margins=margin_measure(z1, z2, rule.margin).float(),
+        path=tuple(path),
+        tokens=tuple(int(token_list[p - 1]) for p in path),
+        chain_prefix=chain_prefix,
     )
 
 

@@ -8,9 +8,13 @@ verification). Keeping that interface tiny is what lets drafters and targets sha
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from marspec.tree import DraftTree
 
 
 class HFCausalLM:
@@ -62,6 +66,47 @@ class HFCausalLM:
         self.forward_seconds += time.perf_counter() - start
         self.forward_calls += 1
         return logits
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: DraftTree, root: torch.Tensor) -> torch.Tensor:
+        """Score ``root`` (long[1]) and ``tree``'s nodes in one forward; returns float32 logits [N+1, V].
+
+        Each node sits at the position of its depth and attends to the cache and its own ancestors only,
+        so its row equals what a chain forward along its path would give. The cache then holds every
+        node: :meth:`keep_path` must follow.
+        """
+        start = time.perf_counter()
+        cached = self._cached
+        tokens = torch.cat((root, tree.tokens))  # [N+1]
+        positions = cached + tree.position_offsets()  # [N+1]
+        out = self.model(
+            input_ids=tokens.unsqueeze(0),
+            attention_mask=tree.attention_mask(cached, self.dtype),
+            position_ids=positions.unsqueeze(0),
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cached += int(tokens.shape[0])
+        logits = out.logits[0].float()  # [N+1, V]
+        self.forward_seconds += time.perf_counter() - start
+        self.forward_calls += 1
+        return logits
+
+    @torch.inference_mode()
+    def keep_path(self, base: int, path: tuple[int, ...]) -> None:
+        """After :meth:`forward_tree` with the root at position ``base``: keep the root and the nodes of
+        ``path`` (node numbers, root-down) as positions ``base + 1 ...``; drop the rest of the tree.
+
+        Chain nodes are already where they belong; only a node off the chain moves, one position per
+        layer and tensor, so the compaction never copies the cache.
+        """
+        for i, node in enumerate(path, start=1):
+            if node != i:
+                src, dst = base + node, base + i
+                for layer in self._cache.layers:
+                    layer.keys[..., dst, :] = layer.keys[..., src, :]
+                    layer.values[..., dst, :] = layer.values[..., src, :]
+        self.rollback(base + 1 + len(path))
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions."""

@@ -15,10 +15,14 @@ class Draft:
     ``probs`` is the drafter's real distribution q over the target's vocabulary at each drafted position
     ([k, V], float32), present only when the drafter sampled its tokens (temperature > 0); lossless
     speculative sampling needs it. ``None`` means the tokens were chosen deterministically.
+
+    ``alternatives`` are the drafter's next-best tokens at each drafted position, best first, present
+    when it was asked for them (token-tree drafting) and has them; a lookup drafter has none.
     """
 
     tokens: torch.Tensor  # long[k], k may be 0 when the drafter has nothing to offer
     probs: torch.Tensor | None = None  # float32[k, V]
+    alternatives: torch.Tensor | None = None  # long[k, A]
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -30,9 +34,15 @@ class Drafter(Protocol):
     name: str
 
     def propose(
-        self, context: torch.Tensor, k: int, temperature: float, generator: torch.Generator | None
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
     ) -> Draft:
-        """Propose up to ``k`` tokens to follow ``context`` (long[L], the whole committed sequence)."""
+        """Propose up to ``k`` tokens to follow ``context`` (long[L], the whole committed sequence), and,
+        if it can, its ``alternatives`` next-best tokens at each position (greedy drafting only)."""
         ...
 
     def rollback(self, valid_len: int) -> None:

@@ -26,13 +26,18 @@ class HybridDrafter:
         self.name = f"{self.lookup.name}+{model.name}"
 
     def propose(
-        self, context: torch.Tensor, k: int, temperature: float, generator: torch.Generator | None
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
     ) -> Draft:
         # A lookup draft is deterministic (q one-hot), which sampling verification handles losslessly too.
         draft = self.lookup.propose(context, k, temperature, generator)
         if len(draft):
             return draft
-        return self.model.propose(context, k, temperature, generator)
+        return self.model.propose(context, k, temperature, generator, alternatives)
 
     def rollback(self, valid_len: int) -> None:
         self.model.rollback(valid_len)

@@ -31,16 +31,28 @@ class ModelDrafter:
         self.min_confidence = min_confidence
 
     def propose(
-        self, context: torch.Tensor, k: int, temperature: float, generator: torch.Generator | None
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
     ) -> Draft:
         # The draft cache never holds the newest token (the target's last correction or bonus): feed it,
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
         logits = self.lm.forward(context[self.lm.cached_len :], last_only=True)[-1]  # [V_draft]
         tokens = torch.empty(k, dtype=torch.long)
         probs = torch.empty(k, self.target_vocab_size) if temperature > 0 else None
+        # Next-best tokens come from the logits each chain token is drafted from: no extra forward.
+        ranked = None
+        if alternatives and probs is None:
+            ranked = torch.empty(k, 1 + alternatives, dtype=torch.long)  # [k, 1 + A], best first
         n = 0
         while n < k:
-            if probs is None:
+            if ranked is not None:
+                ranked[n] = torch.topk(logits, 1 + alternatives).indices
+                tokens[n] = ranked[n, 0]
+            elif probs is None:
                 tokens[n] = torch.argmax(logits)
             else:
                 q = self._to_target_vocab(torch.softmax(logits / temperature, dim=-1))
@@ -50,7 +62,11 @@ class ModelDrafter:
             if n == k or self._unsure(logits):
                 break
             logits = self.lm.forward(tokens[n - 1 : n])[-1]
-        return Draft(tokens=tokens[:n], probs=None if probs is None else probs[:n])
+        return Draft(
+            tokens=tokens[:n],
+            probs=None if probs is None else probs[:n],
+            alternatives=None if ranked is None else ranked[:n, 1:],
+        )
 
     def _unsure(self, logits: torch.Tensor) -> bool:
         if self.min_confidence <= 0.0:

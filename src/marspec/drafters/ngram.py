@@ -26,8 +26,14 @@ class NgramDrafter:
         self.min_ngram = min_ngram
 
     def propose(
-        self, context: torch.Tensor, k: int, temperature: float, generator: torch.Generator | None
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
     ) -> Draft:
+        # A copied continuation has no runner-up tokens: ``alternatives`` is ignored.
         length = int(context.shape[0])
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             tail = context[length - n :]
