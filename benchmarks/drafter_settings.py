@@ -1,11 +1,12 @@
 """Drafter settings side by side: how marspec's drafting defaults were chosen.
 
 Runs plain decoding and MARS with several drafter settings (draft precision, maximum draft length k,
-confidence stop, prompt lookup) on the same questions, interleaved question by question in one process,
-and prints time per token and speedup against plain. All settings share one int8 copy and one fp32 copy
-of the draft model.
+confidence stop, prompt lookup, adaptive k, token trees) on the same questions, interleaved question by
+question in one process, and prints time per token and speedup against plain. All settings share one
+int8 copy and one fp32 copy of the draft model.
 
     python benchmarks/drafter_settings.py humaneval:3:256 gsm8k:2:320   # task:questions:max_new_tokens
+    python benchmarks/drafter_settings.py humaneval:3:256 --settings "int8 k8 c.4; int8 k8 c.4 tree 2,2"
 """
 
 from __future__ import annotations
@@ -22,16 +23,26 @@ from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 
 
-def settings(fp32_draft: HFCausalLM, int8_draft: HFCausalLM, vocab: int) -> dict[str, tuple[Drafter, int]]:
-    """Name -> (drafter, k)."""
+def settings(fp32_draft: HFCausalLM, int8_draft: HFCausalLM, vocab: int) -> dict[str, tuple[Drafter, dict]]:
+    """Name -> (drafter, generation options beyond the rule)."""
+    confident = ModelDrafter(int8_draft, vocab, 0.4)
     return {
-        "fp32 k5": (ModelDrafter(fp32_draft, vocab), 5),
-        "int8 k5": (ModelDrafter(int8_draft, vocab), 5),
-        "int8 k8 c.4": (ModelDrafter(int8_draft, vocab, 0.4), 8),
-        "int8 k8 c.4 +lookup": (HybridDrafter(ModelDrafter(int8_draft, vocab, 0.4)), 8),
-        "int8 k12 c.4": (ModelDrafter(int8_draft, vocab, 0.4), 12),
-        "int8 k12 c.6": (ModelDrafter(int8_draft, vocab, 0.6), 12),
+        "fp32 k5": (ModelDrafter(fp32_draft, vocab), {"k": 5}),
+        "int8 k5": (ModelDrafter(int8_draft, vocab), {"k": 5}),
+        "int8 k8 c.4": (confident, {"k": 8}),
+        "int8 k8 c.4 +lookup": (HybridDrafter(ModelDrafter(int8_draft, vocab, 0.4)), {"k": 8}),
+        "int8 k12 c.4": (confident, {"k": 12}),
+        "int8 k12 c.6": (ModelDrafter(int8_draft, vocab, 0.6), {"k": 12}),
+        "int8 k16 c.4": (confident, {"k": 16}),
+        "int8 k20 c.4": (confident, {"k": 20}),
+        "int8 k16 c.4 adaptive": (confident, {"k": 16, "adaptive_k": True}),
+        "int8 k8 c.4 tree 2": (confident, {"k": 8, "tree": "2"}),
+        "int8 k8 c.4 tree 2,2": (confident, {"k": 8, "tree": "2,2"}),
+        "int8 k8 c.4 tree 3,2": (confident, {"k": 8, "tree": "3,2"}),
     }
+
+
+DEFAULT_SETTINGS = "fp32 k5; int8 k5; int8 k8 c.4; int8 k8 c.4 +lookup; int8 k12 c.4; int8 k12 c.6"
 
 
 def main() -> None:
@@ -41,6 +52,11 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="task:questions:max_new_tokens, e.g. gsm8k:2:320")
     parser.add_argument("--rule", default="mars", choices=("strict", "mars"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--settings",
+        default=DEFAULT_SETTINGS,
+        help="Names from settings(), separated by semicolons (default: the first table in docs/results.md)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -48,7 +64,12 @@ def main() -> None:
     fp32_draft = decoder.drafter.lm
     model, tokenizer, _ = load_model(DEFAULT_DRAFT, dtype=torch.float32)
     int8_draft = HFCausalLM(quantize_int8(model), tokenizer, f"{DEFAULT_DRAFT}-int8")
-    table = settings(fp32_draft, int8_draft, decoder.target.vocab_size)
+    every = settings(fp32_draft, int8_draft, decoder.target.vocab_size)
+    chosen = [name.strip() for name in args.settings.split(";")]
+    unknown = [name for name in chosen if name not in every]
+    if unknown:
+        parser.error(f"unknown setting(s) {unknown}: choose from {list(every)}")
+    table = {name: every[name] for name in chosen}
     totals = {name: [0.0, 0, 0.0] for name in ["plain", *table]}  # wall s, tokens, draft forward s
 
     for run in args.runs:
@@ -58,8 +79,8 @@ def main() -> None:
                 if name == "plain":
                     decoder.drafter, opts = None, {"rule": "plain"}
                 else:
-                    decoder.drafter, k = table[name]
-                    opts = {"rule": args.rule, "k": k}
+                    decoder.drafter, extra = table[name]
+                    opts = {"rule": args.rule, **extra}
                 result = decoder.generate(question.turns[0], max_new_tokens=int(new_tokens), **opts)
                 s = result.stats
                 totals[name][0] += s.wall_s

@@ -123,6 +123,19 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     assert len(load_records(tmp_path)) == 4
 
 
+def test_tree_methods_run_in_the_bench_and_strict_tree_equals_plain(decoder, tmp_path):
+    spec = "plain,strict+tree,mars@0.5+tree"
+    cfg = replace(config(spec), tree="2,2")
+    profile_once(decoder, cfg, tmp_path)
+    summary = run_bench(
+        decoder, load_task("gsm8k", 1), parse_methods(spec, 0.9), cfg, tmp_path, grader_for("gsm8k")
+    )
+    assert summary["methods"]["strict+tree"]["same_as_baseline"] == 1
+    assert summary["methods"]["mars@0.5+tree"]["tau"] > 1.0
+    # The profile covers a full tree's forward: chain of k = 3, the root and 2 siblings.
+    assert max(int(n) for n in json.loads((tmp_path / "profile.json").read_text())["target"]) >= 6
+
+
 def test_refuses_to_mix_configurations(tmp_path):
     prepare_out_dir(tmp_path, config("plain,strict"))
     with pytest.raises(MarspecError, match=r"different configuration.*k"):
@@ -140,8 +153,16 @@ def test_refuses_to_mix_configurations(tmp_path):
         ("mars@x", "number"),
         ("", "no methods"),
         ("plain,plain", "twice"),
+        ("plain+tree", "only strict and mars"),
+        ("mars+fast", r"suffix is \+tree"),
     ],
 )
 def test_bad_method_lists(spec, needle):
     with pytest.raises(MarspecError, match=needle):
         parse_methods(spec, 0.9)
+
+
+def test_tree_suffix_keeps_the_theta():
+    plain, tree = parse_methods("plain,mars@0.95+tree", 0.9)
+    assert not plain.tree
+    assert (tree.name, tree.kind, tree.theta, tree.tree) == ("mars@0.95+tree", "mars", 0.95, True)

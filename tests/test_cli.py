@@ -39,6 +39,10 @@ runner = CliRunner()
         (["generate", "hi", "--draft-quant", "fp4"], "unknown draft_quant"),
         (["generate", "hi", "--draft-confidence", "1.5"], "draft_confidence"),
         (["profile", "--max-tokens", "0"], "--max-tokens"),
+        (["generate", "hi", "--tree", "2,0"], "tree shape"),
+        (["generate", "hi", "--tree", "2", "--temperature", "0.5"], "greedily only"),
+        (["bench", "--tree", "2"], "no method drafts a tree"),
+        (["bench", "--methods", "plain,mars+tree"], "needs a tree shape"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):

@@ -45,6 +45,14 @@ ThetaOpt = Annotated[float, typer.Option("--theta", help="MARS threshold on z2/z
 KOpt = Annotated[
     int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
 ]
+TreeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tree",
+        help="Token-tree drafting (greedy): candidates per depth, e.g. 2,2 also verifies the draft's "
+        "runner-up at depths 1 and 2 in the same forward.",
+    ),
+]
 DraftQuantOpt = Annotated[
     str, typer.Option("--draft-quant", help="int8 (default: ~3x cheaper draft forwards) or none.")
 ]
@@ -102,6 +110,7 @@ def generate(
     adaptive_k: Annotated[
         bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")
     ] = False,
+    tree: TreeOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Upper bound on new tokens.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
@@ -126,6 +135,7 @@ def generate(
             seed=seed,
             max_new_tokens=max_new_tokens,
             stop=stop or None,
+            tree=tree,
         )
         decoder = _load_decoder(
             target,
@@ -282,6 +292,7 @@ def _run_bench(
     threads: int | None,
     max_new_tokens: int | None,
     drafting: dict,
+    tree: str | None = None,
 ) -> dict:
     import torch
 
@@ -296,12 +307,18 @@ def _run_bench(
     from marspec.eval.datasets import TASKS, load_task
     from marspec.eval.grading import grader_for
     from marspec.eval.methods import parse_methods
+    from marspec.tree import parse_tree_shape
 
     if task not in TASKS:
         raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
     if limit is not None and limit < 1:
         raise MarspecError(f"--limit must be >= 1, got {limit}")
     methods = parse_methods(method_spec, theta)
+    tree_shape = parse_tree_shape(tree)
+    if tree_shape is not None and not any(m.tree for m in methods):
+        raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
+    if tree_shape is None and any(m.tree for m in methods):
+        raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
     GenerationOptions(theta=theta, margin=margin, k=k, max_new_tokens=new_tokens)
     questions = load_task(task, limit)
@@ -322,6 +339,7 @@ def _run_bench(
         lookup=drafting["lookup"] if needs_draft else False,
         dtype=dtype,
         threads=torch.get_num_threads(),
+        tree=",".join(map(str, tree_shape)) if tree_shape else None,
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
     decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **drafting)
@@ -375,6 +393,7 @@ def bench(
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
+    tree: TreeOpt = None,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -393,6 +412,7 @@ def bench(
             threads,
             max_new_tokens,
             drafting,
+            tree,
         )
 
 

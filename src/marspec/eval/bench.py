@@ -20,6 +20,7 @@ from marspec.eval.grading import Grader, agreement
 from marspec.eval.methods import Method, TurnOutput, run_method
 from marspec.profile import ForwardCosts, ideal_seconds, profile_pair
 from marspec.stats import GenerationStats
+from marspec.tree import parse_tree_shape
 
 # Long enough for answers to finish: GSM8K chain-of-thought needs several hundred tokens.
 DEFAULT_MAX_NEW_TOKENS = {"humaneval": 512, "gsm8k": 512, "mtbench": 512}
@@ -44,6 +45,11 @@ class BenchConfig:
     lookup: bool
     dtype: str
     threads: int
+    tree: str | None = None  # the shape "+tree" methods draft, e.g. "2,2" (None in runs without one)
+
+    @property
+    def tree_shape(self) -> tuple[int, ...] | None:
+        return parse_tree_shape(self.tree)
 
 
 def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[tuple[str, str], dict]:
@@ -160,7 +166,9 @@ def profile_once(decoder: Decoder, config: BenchConfig, out_dir: Path) -> Forwar
     costs = load_costs(out_dir)
     if costs is None:
         draft_lm = getattr(decoder.drafter, "lm", None)
-        costs = profile_pair(decoder.target, draft_lm, max_tokens=config.k + 1)
+        shape = config.tree_shape
+        siblings = sum(width - 1 for width in shape) if shape else 0
+        costs = profile_pair(decoder.target, draft_lm, max_tokens=config.k + 1 + siblings)
         (out_dir / PROFILE_FILE).write_text(json.dumps(costs.to_dict(), indent=2) + "\n")
     return costs
 
@@ -172,7 +180,13 @@ def _run_turns(decoder: Decoder, method: Method, question: Question, config: Ben
     for user_turn in question.turns:
         messages.append({"role": "user", "content": user_turn})
         out = run_method(
-            decoder, method, messages, k=config.k, max_new_tokens=config.max_new_tokens, margin=config.margin
+            decoder,
+            method,
+            messages,
+            k=config.k,
+            max_new_tokens=config.max_new_tokens,
+            margin=config.margin,
+            tree=config.tree_shape,
         )
         messages.append({"role": "assistant", "content": out.text})
         outputs.append(out)

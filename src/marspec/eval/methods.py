@@ -1,7 +1,8 @@
 """The decoding methods a benchmark compares: marspec's own rules and transformers' peers.
 
 A method name is ``plain``, ``strict``, ``mars`` (at the run's theta), ``mars@0.95`` (an explicit
-theta), ``hf-assisted`` (transformers ``generate(assistant_model=draft)``) or ``hf-prompt-lookup``
+theta), any of the last three with ``+tree`` (token-tree drafting with the run's tree shape),
+``hf-assisted`` (transformers ``generate(assistant_model=draft)``) or ``hf-prompt-lookup``
 (transformers ``generate(prompt_lookup_num_tokens=k)``). All run greedily on the same loaded models.
 """
 
@@ -19,7 +20,7 @@ from marspec.errors import MarspecError
 from marspec.stats import GenerationStats
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
-METHOD_HELP = "plain, strict, mars, mars@THETA, hf-assisted, hf-prompt-lookup"
+METHOD_HELP = "plain, strict, mars, mars@THETA (the last three also +tree), hf-assisted, hf-prompt-lookup"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Method:
     name: str  # as given, e.g. "mars@0.95"
     kind: str  # plain | strict | mars | hf-assisted | hf-prompt-lookup
     theta: float | None = None  # mars only
+    tree: bool = False  # strict or mars with token-tree drafting
 
     @property
     def needs_draft_model(self) -> bool:
@@ -42,7 +44,13 @@ def parse_methods(spec: str, theta: float) -> list[Method]:
         raise MarspecError(f"no methods given: pass a comma-separated list of {METHOD_HELP}")
     methods = []
     for name in names:
-        kind, _, arg = name.partition("@")
+        base, plus, suffix = name.partition("+")
+        tree = plus == "+" and suffix == "tree"
+        if plus and not tree:
+            raise MarspecError(f"unknown method {name!r}: the one suffix is +tree; choose from {METHOD_HELP}")
+        kind, _, arg = base.partition("@")
+        if tree and kind not in ("strict", "mars"):
+            raise MarspecError(f"method {name!r}: only strict and mars can draft a tree")
         if kind == "mars":
             value = theta
             if arg:
@@ -51,11 +59,11 @@ def parse_methods(spec: str, theta: float) -> list[Method]:
                 except ValueError:
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
             GenerationOptions(rule="mars", theta=value)  # validates the range
-            methods.append(Method(name if arg else "mars", "mars", value))
+            methods.append(Method(name, "mars", value, tree))
         elif arg or kind not in ("plain", "strict", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
-            methods.append(Method(name, kind))
+            methods.append(Method(name, kind, tree=tree))
     if len({m.name for m in methods}) != len(methods):
         raise MarspecError(f"a method is listed twice in {spec!r}")
     return methods
@@ -79,8 +87,10 @@ def run_method(
     k: int,
     max_new_tokens: int,
     margin: str = "logit_ratio",
+    tree: tuple[int, ...] | None = None,
 ) -> TurnOutput:
-    """Generate one assistant turn for ``messages`` with ``method``."""
+    """Generate one assistant turn for ``messages`` with ``method`` (``tree``: the shape a ``+tree``
+    method drafts)."""
     if method.kind in PEERS:
         return _run_hf_peer(decoder, method, messages, k=k, max_new_tokens=max_new_tokens)
     options: dict[str, Any] = {
@@ -91,6 +101,10 @@ def run_method(
     }
     if method.theta is not None:
         options["theta"] = method.theta
+    if method.tree:
+        if tree is None:
+            raise MarspecError(f"method {method.name!r} needs a tree shape: pass --tree, e.g. --tree 2,2")
+        options["tree"] = tree
     result = decoder.generate(messages, **options)
     return TurnOutput(result.text, result.token_ids, result.stats, result.finish_reason == "length")
 
