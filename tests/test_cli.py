@@ -35,6 +35,7 @@ runner = CliRunner()
         (["bench", "--theta", "2"], "theta"),
         (["sweep", "--thetas", "0.9,1.2"], "theta"),
         (["sweep", "--thetas", "abc"], "not a number"),
+        (["sweep", "--margin", "vibes"], "unknown margin"),
         (["report", "/nonexistent/run"], "no summary.json"),
         (["generate", "hi", "--draft-quant", "fp4"], "unknown draft_quant"),
         (["generate", "hi", "--draft-confidence", "1.5"], "draft_confidence"),

@@ -42,6 +42,7 @@ DraftOpt = Annotated[
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact; default) or bf16 (half the memory).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
 ThetaOpt = Annotated[float, typer.Option("--theta", help="MARS threshold on z2/z1, in [0, 1]; 1 = strict.")]
+MarginOpt = Annotated[str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")]
 KOpt = Annotated[
     int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
 ]
@@ -103,9 +104,7 @@ def generate(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     rule: Annotated[str, typer.Option("--rule", help="plain | strict | mars")] = "mars",
     theta: ThetaOpt = 0.9,
-    margin: Annotated[
-        str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
-    ] = "logit_ratio",
+    margin: MarginOpt = "logit_ratio",
     k: KOpt = DEFAULT_K,
     adaptive_k: Annotated[
         bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")
@@ -380,9 +379,7 @@ def bench(
         ),
     ] = "plain,strict,mars,hf-assisted",
     theta: ThetaOpt = 0.9,
-    margin: Annotated[
-        str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")
-    ] = "logit_ratio",
+    margin: MarginOpt = "logit_ratio",
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/bench"),
     target: TargetOpt = DEFAULT_TARGET,
@@ -423,6 +420,7 @@ def sweep(
         "0.80,0.84,0.88,0.90,0.92,0.96,1.0"
     ),
     limit: LimitOpt = None,
+    margin: MarginOpt = "logit_ratio",
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/sweep"),
     target: TargetOpt = DEFAULT_TARGET,
@@ -449,7 +447,7 @@ def sweep(
             limit,
             spec,
             0.9,
-            "logit_ratio",
+            margin,
             k,
             out,
             target,

@@ -63,7 +63,7 @@ def _theta_curve(summary: dict, out_dir: Path) -> Path | None:
     thetas, speedups, recoveries = zip(*points, strict=True)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(thetas, speedups, "o-", color="tab:blue", label="speedup over plain")
-    ax.set_xlabel("theta (1.0 = strict)")
+    ax.set_xlabel(f"theta on the {summary['config']['margin']} (1.0 = strict)")
     ax.set_ylabel("speedup (x)", color="tab:blue")
     if all(r is not None for r in recoveries):
         ax2 = ax.twinx()
