@@ -3,7 +3,7 @@
 Runs plain decoding and MARS with several drafter settings (draft precision, maximum draft length k,
 confidence stop, prompt lookup, adaptive k, token trees) on the same questions, interleaved question by
 question in one process, and prints time per token and speedup against plain. All settings share one
-int8 copy and one fp32 copy of the draft model.
+int8 copy and one fp32 copy of the draft model; --no-prepack measures torch's default linear kernels.
 
     python benchmarks/drafter_settings.py humaneval:3:256 gsm8k:2:320   # task:questions:max_new_tokens
     python benchmarks/drafter_settings.py humaneval:3:256 --settings "int8 k8 c.4; int8 k8 c.4 tree 2,2"
@@ -31,7 +31,10 @@ def settings(fp32_draft: HFCausalLM, int8_draft: HFCausalLM, vocab: int) -> dict
         "int8 k5": (ModelDrafter(int8_draft, vocab), {"k": 5}),
         "int8 k8 c.4": (confident, {"k": 8}),
         "int8 k8 c.4 +lookup": (HybridDrafter(ModelDrafter(int8_draft, vocab, 0.4)), {"k": 8}),
+        "int8 k10 c.4": (confident, {"k": 10}),
         "int8 k12 c.4": (confident, {"k": 12}),
+        "int8 k12 c.4 adaptive": (confident, {"k": 12, "adaptive_k": True}),
+        "int8 k12 c.4 tree 2": (confident, {"k": 12, "tree": "2"}),
         "int8 k12 c.6": (ModelDrafter(int8_draft, vocab, 0.6), {"k": 12}),
         "int8 k16 c.4": (confident, {"k": 16}),
         "int8 k20 c.4": (confident, {"k": 20}),
@@ -53,6 +56,12 @@ def main() -> None:
     parser.add_argument("--rule", default="mars", choices=("strict", "mars"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
+        "--prepack",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="oneDNN-prepacked linear layers in the target and the fp32 draft (default: on)",
+    )
+    parser.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
         help="Names from settings(), separated by semicolons (default: the first table in docs/results.md)",
@@ -60,7 +69,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="none", draft_confidence=0.0, lookup=False)
+    decoder = Decoder(
+        DEFAULT_TARGET,
+        DEFAULT_DRAFT,
+        draft_quant="none",
+        draft_confidence=0.0,
+        lookup=False,
+        prepack=args.prepack,
+    )
     fp32_draft = decoder.drafter.lm
     model, tokenizer, _ = load_model(DEFAULT_DRAFT, dtype=torch.float32)
     int8_draft = HFCausalLM(quantize_int8(model), tokenizer, f"{DEFAULT_DRAFT}-int8")

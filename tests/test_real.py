@@ -1,12 +1,15 @@
 """The project's invariants on the REAL Qwen2.5-Coder pair (1.5B target, 0.5B draft), in fp32.
 
-fp32 matters: in bf16 a forward over several tokens rounds differently from a one-token forward, so a
-near-tie can flip and strict speculative decoding may legitimately drift from plain decoding.
+The target runs with oneDNN-prepacked linear layers (the default), so the invariants are checked on the
+kernels the benchmarks use. fp32 matters: in bf16 a forward over several tokens rounds differently from a
+one-token forward, so a near-tie can flip and strict speculative decoding may legitimately drift from
+plain decoding.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from marspec import Decoder, MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -42,6 +45,11 @@ def runs(decoder):
         }.items():
             out[prompt, name] = decoder.generate(prompt, k=5, max_new_tokens=NEW_TOKENS, **opts)
     return out
+
+
+def test_the_invariants_run_on_prepacked_kernels(decoder):
+    linears = [m for m in decoder.target.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert not linears, "the target should hold oneDNN-prepacked layers, not nn.Linear"
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

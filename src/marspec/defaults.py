@@ -7,3 +7,4 @@ DEFAULT_K = 8  # most draft tokens per step; confidence-stopped drafts are usual
 DEFAULT_DRAFT_QUANT = "int8"
 DEFAULT_DRAFT_CONFIDENCE = 0.4
 DEFAULT_LOOKUP = False  # measured: 3-gram lookups drafted worse than the model (tau 7.2-8.0 vs 8.7-9.0)
+DEFAULT_PREPACK = True  # measured: a 21-token target forward 1289 -> 424 ms, a 1-token one 395 -> 317 ms

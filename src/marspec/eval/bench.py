@@ -46,6 +46,7 @@ class BenchConfig:
     dtype: str
     threads: int
     tree: str | None = None  # the shape "+tree" methods draft, e.g. "2,2" (None in runs without one)
+    prepack: bool = True  # oneDNN-prepacked linear layers (runs before this option had none)
 
     @property
     def tree_shape(self) -> tuple[int, ...] | None:
@@ -308,7 +309,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# {cfg['task']}: {summary['questions']} questions",
         "",
-        f"target `{cfg['target']}`, draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}, "
+        f"target `{cfg['target']}`, draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}"
+        f"{', oneDNN-prepacked' if cfg.get('prepack') else ''}, "
         f"{cfg['threads']} threads, "
         f"k={cfg['k']}, theta={cfg['theta']} ({cfg['margin']}), max_new_tokens={cfg['max_new_tokens']}",
         "",
