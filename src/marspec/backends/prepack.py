@@ -35,7 +35,8 @@ class PrepackedLinear(torch.nn.Module):
         self.out_features = linear.out_features
         # An opaque oneDNN tensor: [out, in] logically, blocked in memory; it replaces the dense weight.
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        # A copy: a view would keep the whole checkpoint file mapped (see prepack_linears).
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
@@ -49,7 +50,8 @@ def prepack_linears(model: torch.nn.Module) -> int:
 
     Returns how many layers were replaced (0 where oneDNN is unavailable: the model is then left as it
     was). Quantised layers are not ``nn.Linear`` and are left alone. A weight tied to the input
-    embeddings (Qwen's LM head) is copied into the packed layout, so the embedding keeps its own.
+    embeddings (Qwen's LM head) is copied into the packed layout, so the embedding keeps its own. Memory
+    stays about what the unpacked model takes.
     """
     if not prepack_available():
         return 0
@@ -65,4 +67,11 @@ def prepack_linears(model: torch.nn.Module) -> int:
                 )
             setattr(module, name, PrepackedLinear(child))
             replaced += 1
+    if replaced:
+        # transformers maps the checkpoint file into memory and its tensors are views of that mapping.
+        # The packed weights are copies, so any tensor still viewing the file (embeddings, norms) would
+        # keep the whole file resident beside them: copy those few out and let the mapping go.
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                tensor.data = tensor.data.clone()
     return replaced
