@@ -74,11 +74,14 @@ class GenerationStream:
         self._gen.close()
 
 
-def load_lm(model: str | HFCausalLM, dtype: torch.dtype) -> tuple[HFCausalLM, bool]:
-    """Load a model by name or path (or take a loaded one); return it and whether prompts default to chat."""
+def load_lm(model: str | HFCausalLM, dtype: torch.dtype, prepack: bool = False) -> tuple[HFCausalLM, bool]:
+    """Load a model by name or path (or take a loaded one, left as it is); return it and whether prompts
+    default to chat. ``prepack`` holds the linear weights of a model loaded here in oneDNN's layout."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
     hf_model, tokenizer, spec = load_model(model, dtype=dtype)
+    if prepack:
+        prepack_linears(hf_model)
     return HFCausalLM(hf_model, tokenizer, model), is_instruct(spec, tokenizer)
 
 
@@ -138,9 +141,7 @@ class Decoder:
         if not isinstance(prepack, bool):
             raise MarspecError(f"prepack must be true or false, got {prepack!r}")
         torch_dtype = parse_dtype(dtype)
-        self.target, self.chat_default = load_lm(target, torch_dtype)
-        if prepack and not isinstance(target, HFCausalLM):
-            prepack_linears(self.target.model)
+        self.target, self.chat_default = load_lm(target, torch_dtype, prepack)
         self.drafter: Drafter | None = None
         if draft is None or draft == "none":
             pass
@@ -149,12 +150,10 @@ class Decoder:
         else:
             quantize = draft_quant == "int8" and not isinstance(draft, HFCausalLM)
             # int8 kernels take fp32 activations; the draft's dtype does not bear on exactness anyway.
-            draft_lm, _ = load_lm(draft, torch.float32 if quantize else torch_dtype)
+            draft_lm, _ = load_lm(draft, torch.float32 if quantize else torch_dtype, prepack and not quantize)
             check_same_tokenizer(self.target, draft_lm)
             if quantize:
                 quantize_int8(draft_lm.model)
-            elif prepack and not isinstance(draft, HFCausalLM):
-                prepack_linears(draft_lm.model)
             model_drafter = ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=draft_confidence)
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = _eos_ids(self.target)

@@ -91,12 +91,12 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, **drafting):
-    """Load the models; ``drafting`` are Decoder's draft_quant, draft_confidence, lookup and prepack."""
+def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, **load_settings):
+    """Load the models; ``load_settings`` are Decoder's draft_quant, draft_confidence, lookup and prepack."""
     from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
 
     with err.status(f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
-        return Decoder(target, draft, dtype=dtype, threads=threads, **drafting)
+        return Decoder(target, draft, dtype=dtype, threads=threads, **load_settings)
 
 
 def _load_settings(draft_quant: str, draft_confidence: float, lookup: bool, prepack: bool) -> dict:
@@ -309,7 +309,7 @@ def _run_bench(
     dtype: str,
     threads: int | None,
     max_new_tokens: int | None,
-    drafting: dict,
+    load_settings: dict,
     tree: str | None = None,
 ) -> dict:
     import torch
@@ -352,16 +352,16 @@ def _run_bench(
         max_new_tokens=new_tokens,
         target=target,
         draft=draft if needs_draft else "none",
-        draft_quant=drafting["draft_quant"] if needs_draft else "none",
-        draft_confidence=drafting["draft_confidence"] if needs_draft else 0.0,
-        lookup=drafting["lookup"] if needs_draft else False,
+        draft_quant=load_settings["draft_quant"] if needs_draft else "none",
+        draft_confidence=load_settings["draft_confidence"] if needs_draft else 0.0,
+        lookup=load_settings["lookup"] if needs_draft else False,
         dtype=dtype,
         threads=torch.get_num_threads(),
         tree=",".join(map(str, tree_shape)) if tree_shape else None,
-        prepack=drafting["prepack"],
+        prepack=load_settings["prepack"],
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
-    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **drafting)
+    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **load_settings)
     with err.status("profiling forward costs (for achieved/ideal)"):
         profile_once(decoder, config, out)
     columns = (
@@ -415,7 +415,7 @@ def bench(
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        drafting = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
         _run_bench(
             task,
             limit,
@@ -429,7 +429,7 @@ def bench(
             dtype,
             threads,
             max_new_tokens,
-            drafting,
+            load_settings,
             tree,
         )
 
@@ -463,7 +463,7 @@ def sweep(
             except ValueError:
                 raise MarspecError(f"--thetas: {item!r} is not a number (use e.g. 0.85,0.9,1.0)") from None
         spec = ",".join(["plain", *(f"mars@{v:g}" for v in values)])
-        drafting = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
         _run_bench(
             task,
             limit,
@@ -477,7 +477,7 @@ def sweep(
             dtype,
             threads,
             max_new_tokens,
-            drafting,
+            load_settings,
         )
     report(out)
 
@@ -615,8 +615,8 @@ def serve(
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
-            drafting = _load_settings(draft_quant, draft_confidence, lookup, prepack)
-            decoder = _load_decoder(target, draft, dtype, threads, **drafting)
+            load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+            decoder = _load_decoder(target, draft, dtype, threads, **load_settings)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
             url = f"http://{where}:{sock.getsockname()[1]}"
             err.print(f"marspec serve: {settings.model_name} on {url}", highlight=False, soft_wrap=True)

@@ -5,7 +5,7 @@ torch's default CPU path (MKL sgemm, which repacks the weight matrix on every ca
 1.5B Qwen target over 9-21 tokens cost 3-4 one-token steps on this machine's AMD EPYC. Reordering each
 weight once into oneDNN's blocked layout, as torch's own inductor does when it freezes a model for CPU,
 brings a 21-token forward down to ~1.3 one-token steps and makes the one-token step itself ~20% cheaper
-(docs/results.md, "Forward costs"). The arithmetic is the same matrix product in fp32 (bf16 for a bf16
+(docs/results.md, "Prepacked kernels"). The arithmetic is the same matrix product in fp32 (bf16 for a bf16
 model), summed in a different order: logits move by ~1e-4, as between any two BLAS libraries.
 """
 
