@@ -3,8 +3,10 @@ peers, summary and plots."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -77,7 +79,24 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
         assert 0.05 < summary["methods"][name]["achieved_vs_ideal"] < 3.0
     for name in ("plain", "strict", "mars"):
         assert summary["methods"][name]["score"] is not None
+    # Where the wall time went: target forwards, draft forwards and the loop itself add up to it.
+    for name in ("strict", "mars"):
+        m = summary["methods"][name]
+        assert 0 < m["draft_share"] < 1 and 0 < m["target_share"] < 1
+        assert m["target_share"] + m["draft_share"] + m["overhead_share"] == pytest.approx(1.0)
+    assert plain["draft_share"] == 0 and summary["methods"]["hf-prompt-lookup"]["draft_share"] == 0
+    assert 0 < summary["methods"]["hf-assisted"]["draft_share"] < 1  # the assistant's forwards, timed
     assert (tmp_path / "summary.md").read_text().count("|") > 20
+    assert "draft share" in (tmp_path / "summary.md").read_text()
+
+    # benchmarks/time_budget.py prices the same run: its drafting is the measured draft time.
+    budget = _time_budget_module()
+    seconds = budget.budget(tmp_path)
+    assert set(seconds) == {"plain", "strict", "mars", "mars@0.5"}  # the peers record no steps
+    assert seconds["strict"]["draft"] == pytest.approx(strict["draft_share"] * strict["wall_s"])
+    assert seconds["strict"]["verify"] > 0 and seconds["plain"]["draft"] == 0
+    table = budget.report(tmp_path)
+    assert table.count("\n| ") == 5  # header and four methods
 
     # A second run over the same directory resumes: nothing is generated again.
     calls.clear()
@@ -100,6 +119,14 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
         "theta_sweep.png",
     }
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def _time_budget_module():
+    path = Path(__file__).parents[1] / "benchmarks" / "time_budget.py"
+    spec = importlib.util.spec_from_file_location("time_budget", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):

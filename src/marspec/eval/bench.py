@@ -107,6 +107,9 @@ def turn_record(out: TurnOutput) -> dict[str, Any]:
         "accepted_relaxed": s.accepted_relaxed,
         "rejected": s.rejected,
         "overhead_s": s.overhead_s if s.steps else None,
+        # Measured inside the forwards (prefill included), for every method: where the wall time went.
+        "target_forward_s": s.target_forward_s,
+        "draft_forward_s": s.draft_forward_s,
         # For the ideal time (marspec.profile); a peer's loop (hf-*) records no steps.
         "prefill_s": s.prefill_s if s.steps else None,
         "verify_sizes": s.verify_sizes() if s.steps else None,
@@ -268,12 +271,22 @@ def _method_metrics(recs: list[dict], base_recs: list[dict]) -> dict[str, Any]:
         "relaxed_share": relaxed / (exact + relaxed) if exact + relaxed else 0.0,
         "acceptance_by_position": [a / n for a, n in zip(accepted, reached, strict=True)],
         "overhead_share": sum(overheads) / wall if overheads and wall else None,
+        "target_share": _share(turns, "target_forward_s", wall),
+        "draft_share": _share(turns, "draft_forward_s", wall),
         "hit_limit": sum(t["hit_limit"] for t in turns),
         "turns": len(turns),
         "same_as_baseline": same,
         "score": sum(scores) / len(scores) if scores and None not in scores else None,
         "agreement": turn_agreement,
     }
+
+
+def _share(turns: list[dict], key: str, wall: float) -> float | None:
+    """Share of the wall time spent in one model's forwards (None for records written before it was
+    kept)."""
+    if not wall or any(key not in t for t in turns):
+        return None
+    return sum(t[key] for t in turns) / wall
 
 
 def _achieved_vs_ideal(recs: list[dict], costs: ForwardCosts | None) -> float | None:
@@ -315,8 +328,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         f"k={cfg['k']}, theta={cfg['theta']} ({cfg['margin']}), max_new_tokens={cfg['max_new_tokens']}",
         "",
         "| method | tok/s | speedup | tau | exact | relaxed | rejected | relaxed share | score | recovery "
-        f"| same as {summary['baseline']} | hit limit | overhead | achieved/ideal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| same as {summary['baseline']} | hit limit | draft share | overhead | achieved/ideal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, spec: str) -> str:
@@ -327,7 +340,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup'], '.2f')}x | {fmt(m['tau'], '.2f')} "
             f"| {m['accepted_exact']} | {m['accepted_relaxed']} | {m['rejected']} | {m['relaxed_share']:.1%} "
             f"| {fmt(m['score'], '.3f')} | {fmt(m['recovery'], '.1%')} | {m['same_as_baseline']}/"
-            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m['overhead_share'], '.1%')} "
+            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m.get('draft_share'), '.1%')} "
+            f"| {fmt(m['overhead_share'], '.1%')} "
             f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
         )
     return "\n".join(lines) + "\n"
