@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from marspec.eval.bench import load_costs, load_records
+from marspec.profile import verify_seconds
 
 
 def budget(run: Path) -> dict[str, dict[str, float]]:
@@ -35,7 +36,7 @@ def budget(run: Path) -> dict[str, dict[str, float]]:
             t["tokens"] += turn["new_tokens"]
             t["prefill"] += turn["prefill_s"]
             t["overhead"] += turn["overhead_s"]
-            t["verify"] += sum(c * costs.target_s(int(n)) for n, c in turn["verify_sizes"].items())
+            t["verify"] += verify_seconds(turn["verify_sizes"], costs)
             measured = turn.get("draft_forward_s")
             t["draft"] += measured if measured is not None else turn["draft_forwards"] * costs.draft_s(1)
     return totals

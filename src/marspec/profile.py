@@ -97,5 +97,9 @@ def profile_pair(
 def ideal_seconds(verify_sizes: Mapping[int | str, int], draft_forwards: int, costs: ForwardCosts) -> float:
     """The time a run's forwards would take at the profiled costs: each verification at its size, each
     draft forward at one token. Prefill is left out (it is the same for every method)."""
-    verify = sum(count * costs.target_s(int(n)) for n, count in verify_sizes.items())
-    return verify + draft_forwards * costs.draft_s(1)
+    return verify_seconds(verify_sizes, costs) + draft_forwards * costs.draft_s(1)
+
+
+def verify_seconds(verify_sizes: Mapping[int | str, int], costs: ForwardCosts) -> float:
+    """The time a run's verification forwards would take at the profiled costs (count by size)."""
+    return sum(count * costs.target_s(int(n)) for n, count in verify_sizes.items())

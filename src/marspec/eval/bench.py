@@ -340,7 +340,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup'], '.2f')}x | {fmt(m['tau'], '.2f')} "
             f"| {m['accepted_exact']} | {m['accepted_relaxed']} | {m['rejected']} | {m['relaxed_share']:.1%} "
             f"| {fmt(m['score'], '.3f')} | {fmt(m['recovery'], '.1%')} | {m['same_as_baseline']}/"
-            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m.get('draft_share'), '.1%')} "
+            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m['draft_share'], '.1%')} "
             f"| {fmt(m['overhead_share'], '.1%')} "
             f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
         )
