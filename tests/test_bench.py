@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,8 +76,10 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     assert summary["methods"]["hf-assisted"]["tau"] is not None
     assert summary["methods"]["hf-assisted"]["achieved_vs_ideal"] is None  # its loop records no steps
     for name in ("plain", "strict", "mars"):
-        # Loose bounds (the machine may be busy): the ideal is a real fraction of the measured time.
-        assert 0.05 < summary["methods"][name]["achieved_vs_ideal"] < 3.0
+        # Its value depends on how busy the machine is (the profile and the run are timed apart): a
+        # benchmark's finding, so only its presence and sign are checked here.
+        ratio = summary["methods"][name]["achieved_vs_ideal"]
+        assert math.isfinite(ratio) and ratio > 0
     for name in ("plain", "strict", "mars"):
         assert summary["methods"][name]["score"] is not None
     # Where the wall time went: target forwards, draft forwards and the loop itself add up to it.

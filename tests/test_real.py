@@ -91,10 +91,14 @@ def test_mars_relaxes_and_accepts_at_least_as_much_as_strict(runs):
     assert tokens["mars09"] / forwards["mars09"] >= tokens["strict"] / forwards["strict"]
 
 
-def test_overhead_is_small_next_to_the_forwards(runs):
+def test_wall_time_splits_into_forwards_and_overhead(runs):
+    # How small the overhead is, is a benchmark's finding (time_budget.py); here only its bookkeeping.
     for prompt in PROMPTS:
         stats = runs[prompt, "mars09"].stats
-        assert 0 <= stats.overhead_s < 0.25 * stats.wall_s
+        assert stats.target_forward_s > 0 and stats.draft_forward_s > 0 and stats.overhead_s >= 0
+        forwards = stats.target_forward_s + stats.draft_forward_s
+        assert forwards <= stats.wall_s * (1 + 1e-6)
+        assert stats.overhead_s == pytest.approx(stats.wall_s - forwards, abs=1e-6)
 
 
 def test_sampling_runs_and_is_reproducible(decoder):

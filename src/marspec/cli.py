@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,14 +13,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from marspec.defaults import (
@@ -31,6 +24,7 @@ from marspec.defaults import (
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+from marspec.progress import progress, status
 
 app = typer.Typer(
     help="Speculative decoding with margin-aware verification (MARS).",
@@ -95,7 +89,7 @@ def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | Non
     """Load the models; ``load_settings`` are Decoder's draft_quant, draft_confidence, lookup and prepack."""
     from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
 
-    with err.status(f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
+    with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
         return Decoder(target, draft, dtype=dtype, threads=threads, **load_settings)
 
 
@@ -192,7 +186,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Also print the summary as JSON.")] = False,
 ) -> None:
     """Plain vs strict speculative vs MARS decoding side by side on built-in prompts (code, math, chat)."""
-    from marspec.api import GenerationOptions
+    from marspec.api import GenerationOptions, GenerationResult
     from marspec.demo import DEMO_PROMPTS, METHODS, run_demo
 
     with user_errors():
@@ -209,14 +203,13 @@ def demo(
             **_load_settings(draft_quant, draft_confidence, lookup, prepack),
         )
         total = len(DEMO_PROMPTS) * len(METHODS)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=err) as progress:
-            task = progress.add_task("generating", total=total)
+        with progress(err, "generating", total) as advance:
 
-            def advance(kind: str, method: str, result) -> None:
-                progress.update(task, advance=1, description=f"{kind:<4} {method:<6}")
+            def done(kind: str, method: str, result: GenerationResult) -> None:
+                s = result.stats
+                advance(f"{kind:<4} {method:<6} {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s")
 
-            summaries = run_demo(decoder, k=k, theta=theta, max_new_tokens=max_new_tokens, on_result=advance)
+            summaries = run_demo(decoder, k=k, theta=theta, max_new_tokens=max_new_tokens, on_result=done)
 
     plain = summaries[0]
     table = Table(
@@ -362,23 +355,12 @@ def _run_bench(
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
     decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **load_settings)
-    with err.status("profiling forward costs (for achieved/ideal)"):
+    with status(err, "profiling forward costs (for achieved/ideal)"):
         profile_once(decoder, config, out)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err) as progress:
-        bar = progress.add_task(task, total=len(questions) * len(methods))
+    with progress(err, task, len(questions) * len(methods), eta=True) as advance:
 
         def done(question, method, skipped: bool) -> None:
-            progress.update(
-                bar, advance=1, description=f"{question.qid} {method.name}" + (" (done)" * skipped)
-            )
+            advance(f"{question.qid} {method.name}" + (" (done before)" * skipped))
 
         summary = run_bench(decoder, questions, methods, config, out, grader_for(task), on_done=done)
     from marspec.eval.bench import summary_markdown
@@ -525,7 +507,7 @@ def profile(
             prepack=prepack,
         )
         draft_lm = getattr(decoder.drafter, "lm", None)
-        with err.status("measuring forwards"):
+        with status(err, "measuring forwards"):
             costs = profile_pair(decoder.target, draft_lm, max_tokens, context, repeats)
     if as_json:
         print(json.dumps(costs.to_dict()))
@@ -583,6 +565,13 @@ def serve(
     shutdown_grace: Annotated[
         float, typer.Option("--shutdown-grace", help="Seconds work may still finish after SIGTERM.")
     ] = 20.0,
+    max_request_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-request-mb",
+            help="Largest request body in MB (2**20 bytes); a larger one gets 413 before it is parsed.",
+        ),
+    ] = 4.0,
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="The `model` clients send (default: --target).")
     ] = None,
@@ -612,6 +601,7 @@ def serve(
             max_queue=max_queue,
             request_timeout=request_timeout or None,
             shutdown_grace=shutdown_grace,
+            max_request_bytes=round(max_request_mb * 2**20) if math.isfinite(max_request_mb) else 0,
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:

@@ -33,36 +33,59 @@ def validate_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
     return checked
 
 
-def encode_prompt(
+def render_prompt(
     tokenizer: PreTrainedTokenizerBase, prompt: Prompt, chat: bool, model_name: str
-) -> torch.Tensor:
-    """Return the prompt's token ids (long[L]).
+) -> tuple[str, bool]:
+    """Return the text to tokenize and whether the tokenizer should add its special tokens to it.
 
     With ``chat``, a string becomes one user message and the model's chat template is applied with the
-    assistant turn opened; without it the text is tokenized as is.
+    assistant turn opened; without it the text is used as is.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
             raise MarspecError("empty prompt: give some text to continue")
-        messages = [{"role": "user", "content": prompt}] if chat else None
+        if not chat:
+            return prompt, True
+        messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, Sequence):
         messages = validate_messages(prompt)
     else:
         raise MarspecError(f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise MarspecError(
+            f"model {model_name!r} has no chat template: pass a plain string prompt with chat=False"
+        )
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateError as exc:  # templates raise on what they do not accept
+        raise ChatTemplateError(f"the model's chat template refused the messages: {exc}") from None
+    # The template already wrote the special tokens; do not let the tokenizer add a second BOS.
+    return text, False
 
-    if messages is None:
-        ids = tokenizer(prompt).input_ids
-    else:
-        if not getattr(tokenizer, "chat_template", None):
-            raise MarspecError(
-                f"model {model_name!r} has no chat template: pass a plain string prompt with chat=False"
-            )
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except jinja2.TemplateError as exc:  # templates raise on what they do not accept
-            raise ChatTemplateError(f"the model's chat template refused the messages: {exc}") from None
-        # The template already wrote the special tokens; do not let the tokenizer add a second BOS.
-        ids = tokenizer(text, add_special_tokens=False).input_ids
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: Prompt, chat: bool, model_name: str
+) -> torch.Tensor:
+    """Return the prompt's token ids (long[L]); see :func:`render_prompt` for ``chat``."""
+    text, add_special_tokens = render_prompt(tokenizer, prompt, chat, model_name)
+    ids = tokenizer(text, add_special_tokens=add_special_tokens).input_ids
     if not ids:
         raise MarspecError("empty prompt: it encodes to no tokens")
     return torch.tensor(ids, dtype=torch.long)
+
+
+def longest_token_bytes(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most UTF-8 bytes any single token of the vocabulary (special tokens included) stands for.
+
+    A text of B bytes therefore needs at least ceil(B / this) tokens, which bounds a prompt's length
+    without tokenizing it. A token that is a fragment of a multi-byte character decodes to U+FFFD (3
+    bytes), which can only overstate the maximum: the bound stays a lower bound.
+    """
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    return max(1, *(len(piece.encode("utf-8")) for piece in pieces))
+
+
+def fewest_tokens(text: str, bytes_per_token: int) -> int:
+    """A lower bound on the number of tokens ``text`` encodes to (``bytes_per_token`` from
+    :func:`longest_token_bytes`)."""
+    return -(-len(text.encode("utf-8")) // bytes_per_token)

@@ -23,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from marspec import __version__
 from marspec.api import Decoder
 from marspec.errors import MarspecError
-from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job
+from marspec.prompting import Prompt, fewest_tokens, longest_token_bytes, render_prompt
+from marspec.serve.body_limit import BodySizeLimit
+from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job, context_length_error
 from marspec.serve.errors import ApiError, error_body
 from marspec.serve.metrics import CONTENT_TYPE, ServerMetrics
 from marspec.serve.responses import Responder, sse
@@ -44,6 +46,7 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
         decoder, max_queue=settings.max_queue, shutdown_grace=settings.shutdown_grace, metrics=metrics
     )
     context_length = decoder.target.context_length
+    bytes_per_token = longest_token_bytes(decoder.tokenizer)
     has_drafter = decoder.drafter is not None
     started = int(time.time())
 
@@ -58,7 +61,8 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="marspec", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)  # added last: outermost, so it counts 413s too
     _install_error_handlers(app)
 
     async def wait_for_event(request: Request, job: Job, first: bool) -> Event:
@@ -77,6 +81,21 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
                 if await request.is_disconnected():
                     engine.cancel(job, "disconnect")
                     raise ApiError(499, "the client closed the request", code="client_closed_request")
+
+    def refuse_if_surely_too_long(prompt: Prompt, chat: bool | None) -> None:
+        """Refuse a prompt whose byte count alone proves it cannot fit the context, here on the event
+        loop, so that it never occupies the worker with tokenizing it (the worker counts exactly)."""
+        if not context_length:
+            return
+        chat = decoder.chat_default if chat is None else chat
+        try:
+            text, _ = render_prompt(decoder.tokenizer, prompt, chat, decoder.target.name)
+        except MarspecError:
+            return  # the worker reports it, naming the parameter
+        fewest = fewest_tokens(text, bytes_per_token)
+        if fewest >= context_length:
+            param = "prompt" if isinstance(prompt, str) else "messages"
+            raise context_length_error(context_length, f"at least {fewest:,}", param)
 
     async def stream_events(job: Job, event: Event, out: Responder) -> AsyncIterator[bytes]:
         ended = False
@@ -103,6 +122,7 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
 
     async def complete(request: Request, body: ChatCompletionRequest | CompletionRequest) -> Response:
         gen = parse_request(body, settings, context_length=context_length, has_drafter=has_drafter)
+        refuse_if_surely_too_long(gen.prompt, gen.options.chat)
         job = Job(gen.prompt, gen.options, timeout=gen.timeout)
         engine.submit(job)
         out = Responder(

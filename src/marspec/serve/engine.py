@@ -295,13 +295,7 @@ class Engine:
         except ChatTemplateError as exc:  # a 400 like any MarspecError, but naming the parameter
             raise ApiError(400, str(exc), param=param) from None
         if target.context_length and n >= target.context_length:
-            raise ApiError(
-                400,
-                f"this model's maximum context length is {target.context_length} tokens and the prompt has "
-                f"{n}: shorten it",
-                param=param,
-                code="context_length_exceeded",
-            )
+            raise context_length_error(target.context_length, f"{n}", param)
         return n
 
     def _stop(self, job: Job, reason: StopReason, prompt_tokens: int = 0) -> None:
@@ -329,3 +323,14 @@ class Engine:
             else:
                 self._metrics.observe_generation(label, prompt_tokens, 0, None)
         job.post(event)
+
+
+def context_length_error(context_length: int, prompt_tokens: str, param: str) -> ApiError:
+    """The 400 for a prompt that leaves no room in the context (``prompt_tokens`` as said to the user)."""
+    return ApiError(
+        400,
+        f"this model's maximum context length is {context_length} tokens and the prompt has "
+        f"{prompt_tokens}: shorten it",
+        param=param,
+        code="context_length_exceeded",
+    )

@@ -9,6 +9,7 @@ ERROR_TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     499: "client_closed_request",
     500: "server_error",

@@ -23,6 +23,8 @@ class ServerSettings:
             ``marspec.timed_out``); a request still waiting in the queue is answered 503.
         shutdown_grace: seconds in-flight and queued work may still run after SIGTERM before it is
             cancelled.
+        max_request_bytes: the largest request body accepted; a larger one is answered 413 before it
+            is parsed.
     """
 
     model_name: str
@@ -30,6 +32,7 @@ class ServerSettings:
     max_queue: int = 8
     request_timeout: float | None = 300.0
     shutdown_grace: float = 20.0
+    max_request_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         if not self.model_name.strip():
@@ -43,6 +46,12 @@ class ServerSettings:
         if not (_positive(self.shutdown_grace) or self.shutdown_grace == 0):
             raise MarspecError(
                 f"--shutdown-grace must be a number of seconds >= 0, got {self.shutdown_grace}"
+            )
+        if isinstance(self.max_request_bytes, bool) or not (
+            isinstance(self.max_request_bytes, int) and self.max_request_bytes >= 1024
+        ):
+            raise MarspecError(
+                f"--max-request-mb must be at least 0.001 (1 KB), got {self.max_request_bytes / 2**20:g}"
             )
 
 

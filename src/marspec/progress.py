@@ -1,0 +1,70 @@
+"""Progress for long CLI runs: a live bar in a terminal, plain dated lines in a log.
+
+A rich bar redraws one line in place; written to a file or a CI log it shows nothing until it ends and
+then leaves a single cryptic line. So when stderr is not a terminal, each finished item is one line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+Advance = Callable[[str], None]
+
+
+@contextmanager
+def progress(console: Console, title: str, total: int, *, eta: bool = False) -> Iterator[Advance]:
+    """Yield ``advance(description)``, to be called once per finished item of ``total``."""
+    if console.is_terminal:
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        if eta:
+            columns += [TextColumn("ETA"), TimeRemainingColumn()]
+        with Progress(*columns, console=console) as bar:
+            task = bar.add_task(title, total=total)
+            yield lambda description: bar.update(task, advance=1, description=description)
+        return
+
+    start = time.monotonic()
+    done = 0
+    console.print(f"{title}: {total} to run", highlight=False, soft_wrap=True)
+
+    def log_line(description: str) -> None:
+        nonlocal done
+        done += 1
+        elapsed = time.monotonic() - start
+        line = f"[{done}/{total}] {description}  ({_clock(elapsed)} elapsed"
+        if eta and done < total:
+            line += f", ~{_clock(elapsed / done * (total - done))} left"
+        console.print(line + ")", highlight=False, soft_wrap=True)
+
+    yield log_line
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+@contextmanager
+def status(console: Console, message: str) -> Iterator[None]:
+    """A spinner in a terminal; in a log, one line with the step's duration once it succeeded (a failed
+    step leaves only its error, which stays a single line)."""
+    if console.is_terminal:
+        with console.status(message):
+            yield
+        return
+    start = time.monotonic()
+    yield
+    console.print(f"{message}: done in {time.monotonic() - start:.1f} s", highlight=False, soft_wrap=True)
