@@ -27,7 +27,7 @@ def budget(run: Path) -> dict[str, dict[str, float]]:
     if costs is None:
         raise SystemExit(f"{run} has no profile.json: run `marspec bench` to the end once")
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for (_, method), record in load_records(run).items():
+    for (_, method, _), record in load_records(run).items():
         for turn in record["turns"]:
             if turn.get("verify_sizes") is None:
                 break

@@ -66,7 +66,7 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
         config(spec),
         tmp_path,
         grader_for("gsm8k"),
-        on_done=lambda q, m, skipped: calls.append(skipped),
+        on_done=lambda q, m, sample, skipped: calls.append(skipped),
     )
     assert calls == [False] * 12
     assert summary["questions"] == 2
@@ -110,7 +110,7 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
         config(spec),
         tmp_path,
         grader_for("gsm8k"),
-        on_done=lambda q, m, skipped: calls.append(skipped),
+        on_done=lambda q, m, sample, skipped: calls.append(skipped),
     )
     assert calls == [True] * 12
     assert again["methods"]["strict"]["tau"] == strict["tau"]
@@ -147,7 +147,7 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
         config(spec),
         tmp_path,
         grader_for("gsm8k"),
-        on_done=lambda q, m, skipped: done.append((q.qid, m.name, skipped)),
+        on_done=lambda q, m, sample, skipped: done.append((q.qid, m.name, skipped)),
     )
     assert [d[2] for d in done] == [True, True, False, False]
     assert len(load_records(tmp_path)) == 4
@@ -185,6 +185,9 @@ def test_refuses_to_mix_configurations(tmp_path):
         ("plain,plain", "twice"),
         ("plain+tree", "only strict and mars"),
         ("mars+fast", r"suffix is \+tree"),
+        ("mars-prob", "needs its theta"),
+        ("mars-prob@1.5", "theta"),
+        ("mars-gap@-1", "theta"),
     ],
 )
 def test_bad_method_lists(spec, needle):
@@ -196,3 +199,73 @@ def test_tree_suffix_keeps_the_theta():
     plain, tree = parse_methods("plain,mars@0.95+tree", 0.9)
     assert not plain.tree
     assert (tree.name, tree.kind, tree.theta, tree.tree) == ("mars@0.95+tree", "mars", 0.95, True)
+
+
+def test_sampled_bench_shares_seeds_limits_plain_and_reports_intervals(decoder, tmp_path):
+    spec = "plain,strict,mars-prob@0.3,hf-assisted"
+    cfg = replace(config(spec), temperature=0.8, samples=2, plain_limit=1)
+    questions = load_task("gsm8k", 2)
+    seen = []
+
+    def length_score(question, texts):  # 12 tokens solve no GSM8K question; any positive score will do
+        return {"score": min(1.0, len(texts[0]) / 100)}
+
+    summary = run_bench(
+        decoder,
+        questions,
+        parse_methods(spec, 0.9),
+        cfg,
+        tmp_path,
+        length_score,
+        on_done=lambda q, m, sample, skipped: seen.append((q.qid, m.name, sample)),
+    )
+    # 2 questions x 2 samples x 4 methods, less plain's 2 decodes of the second question.
+    assert len(seen) == len(load_records(tmp_path)) == 14
+    assert not any(m == "plain" and q == questions[1].qid for q, m, _ in seen)
+    records = load_records(tmp_path)
+    for q in questions:
+        for sample in range(2):
+            seeds = {tuple(records[q.qid, m, sample]["seeds"]) for m in ("strict", "mars-prob@0.3")}
+            assert len(seeds) == 1 and None not in next(iter(seeds))  # one seed per (question, sample)
+    assert records[questions[0].qid, "strict", 0]["seeds"] != records[questions[0].qid, "strict", 1]["seeds"]
+    assert records[questions[0].qid, "mars-prob@0.3", 0]["margin"] == "prob_ratio"
+
+    assert summary["quality_reference"] == "strict" and summary["baseline"] == "plain"
+    assert summary["questions"] == 2 and summary["samples"] == 2
+    strict, plain = summary["methods"]["strict"], summary["methods"]["plain"]
+    assert strict["questions"] == 2 and strict["decodes"] == 4 and plain["questions"] == 1
+    assert summary["methods"]["mars-prob@0.3"]["speed_questions"] == 1  # paired with plain's question
+    for m in summary["methods"].values():
+        lo, hi = m["score_ci"]
+        assert lo <= m["score"] <= hi
+    assert strict["recovery"] == 1.0 and strict["recovery_ci"] == [1.0, 1.0]
+    check = summary["strict_minus_plain"]
+    assert check["questions"] == 1 and check["lo"] <= check["value"] <= check["hi"]
+    text = (tmp_path / "summary.md").read_text()
+    assert "temperature 0.8, 2 samples" in text and "Strict minus plain" in text
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"samples": 0}, "--samples"),
+        ({"samples": 2}, "needs --temperature"),
+        ({"plain_limit": 0}, "--plain-limit"),
+    ],
+)
+def test_bad_sampling_settings(changes, needle):
+    with pytest.raises(MarspecError, match=needle):
+        replace(config("plain,strict"), **changes)
+
+
+def test_old_configs_without_sampling_fields_still_resume(tmp_path):
+    cfg = config("plain,strict")
+    prepare_out_dir(tmp_path, cfg)
+    path = tmp_path / "config.json"
+    old = json.loads(path.read_text())
+    for key in ("temperature", "samples", "plain_limit"):
+        del old[key]
+    path.write_text(json.dumps(old))
+    prepare_out_dir(tmp_path, cfg)  # a greedy run from before sampling existed is the same configuration
+    with pytest.raises(MarspecError, match="temperature"):
+        prepare_out_dir(tmp_path, replace(cfg, temperature=1.0))

@@ -7,7 +7,7 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -277,6 +277,28 @@ def models(
     Console().print(table)
 
 
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a benchmark decodes: greedily (temperature 0) or sampled ``samples`` times per question."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    plain_limit: int | None = None
+
+
+TemperatureOpt = Annotated[
+    float, typer.Option("--temperature", help="0 = greedy; > 0 samples (seeds shared by all methods).")
+]
+SamplesOpt = Annotated[
+    int, typer.Option("--samples", help="Decodes per question and method (needs --temperature > 0).")
+]
+PlainLimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--plain-limit",
+        help="Run plain on the first N questions only (the speed baseline); strict is the quality reference.",
+    ),
+]
 LimitOpt = Annotated[
     int | None, typer.Option("--limit", help="First N questions of the task (default: all).")
 ]
@@ -304,6 +326,7 @@ def _run_bench(
     max_new_tokens: int | None,
     load_settings: dict,
     tree: str | None = None,
+    sampling: SamplingSettings | None = None,
 ) -> dict:
     import torch
 
@@ -311,6 +334,7 @@ def _run_bench(
     from marspec.eval.bench import (
         DEFAULT_MAX_NEW_TOKENS,
         BenchConfig,
+        planned_runs,
         prepare_out_dir,
         profile_once,
         run_bench,
@@ -331,7 +355,10 @@ def _run_bench(
     if tree_shape is None and any(m.tree for m in methods):
         raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
-    GenerationOptions(theta=theta, margin=margin, k=k, max_new_tokens=new_tokens)
+    sampling = sampling or SamplingSettings()
+    GenerationOptions(
+        theta=theta, margin=margin, k=k, max_new_tokens=new_tokens, temperature=sampling.temperature
+    )
     questions = load_task(task, limit)
     needs_draft = any(m.needs_draft_model for m in methods)
     if threads is not None:
@@ -352,15 +379,19 @@ def _run_bench(
         threads=torch.get_num_threads(),
         tree=",".join(map(str, tree_shape)) if tree_shape else None,
         prepack=load_settings["prepack"],
+        temperature=sampling.temperature,
+        samples=sampling.samples,
+        plain_limit=sampling.plain_limit,
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
     decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **load_settings)
     with status(err, "profiling forward costs (for achieved/ideal)"):
         profile_once(decoder, config, out)
-    with progress(err, task, len(questions) * len(methods), eta=True) as advance:
+    with progress(err, task, planned_runs(questions, methods, config), eta=True) as advance:
 
-        def done(question, method, skipped: bool) -> None:
-            advance(f"{question.qid} {method.name}" + (" (done before)" * skipped))
+        def done(question, method, sample: int, skipped: bool) -> None:
+            which = f" sample {sample}" if config.samples > 1 else ""
+            advance(f"{question.qid}{which} {method.name}" + (" (done before)" * skipped))
 
         summary = run_bench(decoder, questions, methods, config, out, grader_for(task), on_done=done)
     from marspec.eval.bench import summary_markdown
@@ -377,7 +408,9 @@ def bench(
     methods: Annotated[
         str,
         typer.Option(
-            "--methods", help="Comma-separated: plain,strict,mars,mars@THETA,hf-assisted,hf-prompt-lookup"
+            "--methods",
+            help="Comma-separated: plain, strict, mars, mars@THETA, mars-ratio@THETA, mars-prob@THETA, "
+            "mars-gap@THETA (marspec's with +tree too), hf-assisted, hf-prompt-lookup",
         ),
     ] = "plain,strict,mars,hf-assisted",
     theta: ThetaOpt = 0.9,
@@ -394,6 +427,9 @@ def bench(
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
     tree: TreeOpt = None,
+    temperature: TemperatureOpt = 0.0,
+    samples: SamplesOpt = 1,
+    plain_limit: PlainLimitOpt = None,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -413,6 +449,7 @@ def bench(
             max_new_tokens,
             load_settings,
             tree,
+            SamplingSettings(temperature, samples, plain_limit),
         )
 
 
@@ -435,8 +472,18 @@ def sweep(
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
+    reference: Annotated[
+        str,
+        typer.Option(
+            "--reference",
+            help="plain, or strict: its equal in quality (token for token when greedy) at a fraction "
+            "of plain's CPU time; speedups are then against strict.",
+        ),
+    ] = "plain",
+    temperature: TemperatureOpt = 0.0,
+    samples: SamplesOpt = 1,
 ) -> None:
-    """The speed/quality curve: plain and MARS at each theta in one run, then the plots."""
+    """The speed/quality curve: a reference and MARS at each theta in one run, then the plots."""
     with user_errors():
         values = []
         for item in thetas.split(","):
@@ -444,7 +491,9 @@ def sweep(
                 values.append(float(item))
             except ValueError:
                 raise MarspecError(f"--thetas: {item!r} is not a number (use e.g. 0.85,0.9,1.0)") from None
-        spec = ",".join(["plain", *(f"mars@{v:g}" for v in values)])
+        if reference not in ("plain", "strict"):
+            raise MarspecError(f"--reference must be plain or strict, got {reference!r}")
+        spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
         load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
         _run_bench(
             task,
@@ -460,6 +509,7 @@ def sweep(
             threads,
             max_new_tokens,
             load_settings,
+            sampling=SamplingSettings(temperature, samples),
         )
     report(out)
 

@@ -1,15 +1,23 @@
 """The side-by-side benchmark: every method on the same questions, in one process, interleaved.
 
-Results stream to ``DIR/records.jsonl`` (one line per question and method), so an interrupted run
-resumes where it stopped; ``DIR/config.json`` guards against mixing configurations; ``summary.json``
-and ``summary.md`` hold the metrics of SPEC ("What is measured").
+Results stream to ``DIR/records.jsonl`` (one line per question, sample and method), so an interrupted
+run resumes where it stopped; ``DIR/config.json`` guards against mixing configurations; ``summary.json``
+and ``summary.md`` hold the metrics of SPEC ("What is measured") with 95% bootstrap intervals over
+questions for scores and recovery.
+
+Under sampling (``temperature > 0``) each question is decoded ``samples`` times per method, with seeds
+derived from (question, sample, turn) and shared by all methods; a question's score is its mean over
+samples. Plain decoding may run on the first ``plain_limit`` questions only: it is needed for the speed
+baseline, while strict speculative decoding (plain's equal, token for token when greedy and in
+distribution when sampling) is the quality reference.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +25,7 @@ from marspec.api import Decoder
 from marspec.errors import MarspecError
 from marspec.eval.datasets import Question
 from marspec.eval.grading import Grader, agreement
+from marspec.eval.intervals import Estimate, difference_interval, mean_interval, ratio_interval
 from marspec.eval.methods import Method, TurnOutput, run_method
 from marspec.profile import ForwardCosts, ideal_seconds, profile_pair
 from marspec.stats import GenerationStats
@@ -47,20 +56,34 @@ class BenchConfig:
     threads: int
     tree: str | None = None  # the shape "+tree" methods draft, e.g. "2,2" (None in runs without one)
     prepack: bool = True  # oneDNN-prepacked linear layers (runs before this option had none)
+    temperature: float = 0.0  # 0: greedy (runs before sampling was measured were all greedy)
+    samples: int = 1  # decodes per question and method (more than 1 only makes sense when sampling)
+    plain_limit: int | None = None  # plain runs on the first N questions only (None: on all)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise MarspecError(f"--samples must be an integer >= 1, got {self.samples!r}")
+        if self.samples > 1 and self.temperature == 0:
+            raise MarspecError(
+                "--samples > 1 needs --temperature > 0: greedy decoding gives the same output every time"
+            )
+        if self.plain_limit is not None and self.plain_limit < 1:
+            raise MarspecError(f"--plain-limit must be >= 1, got {self.plain_limit}")
 
     @property
     def tree_shape(self) -> tuple[int, ...] | None:
         return parse_tree_shape(self.tree)
 
 
-def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[tuple[str, str], dict]:
+def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[RecordKey, dict]:
     """Create ``out_dir`` or check it holds the same configuration; return the records already there."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / CONFIG_FILE
     wanted = asdict(config)
     wanted["methods"] = list(config.methods)
     if config_path.exists():
-        have = json.loads(config_path.read_text())
+        # A field missing from an older run's config had its default value then.
+        have = {**{f.name: f.default for f in fields(BenchConfig)}, **json.loads(config_path.read_text())}
         diff = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
         if diff:
             detail = "; ".join(f"{k}: {have.get(k)!r} there, {wanted.get(k)!r} now" for k in diff)
@@ -73,10 +96,13 @@ def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[tuple[str, str],
     return load_records(out_dir)
 
 
-def load_records(out_dir: Path) -> dict[tuple[str, str], dict]:
-    """Records by (question id, method). A torn last line left by an interrupted run is cut off, so the
-    next record starts on a line of its own."""
-    records: dict[tuple[str, str], dict] = {}
+RecordKey = tuple[str, str, int]  # (question id, method, sample index)
+
+
+def load_records(out_dir: Path) -> dict[RecordKey, dict]:
+    """Records by (question id, method, sample). A torn last line left by an interrupted run is cut off,
+    so the next record starts on a line of its own."""
+    records: dict[RecordKey, dict] = {}
     path = out_dir / RECORDS_FILE
     if not path.exists():
         return records
@@ -89,7 +115,7 @@ def load_records(out_dir: Path) -> dict[tuple[str, str], dict]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        records[rec["qid"], rec["method"]] = rec
+        records[rec["qid"], rec["method"], rec.get("sample", 0)] = rec
     return records
 
 
@@ -121,6 +147,23 @@ def turn_record(out: TurnOutput) -> dict[str, Any]:
     }
 
 
+def sample_seed(qid: str, sample: int, turn: int) -> int:
+    """The seed of one sampled turn: the same for every method, different across questions, samples
+    and turns, and stable across runs and machines."""
+    digest = hashlib.sha256(f"{qid}|{sample}|{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits
+
+
+def runs_on(method: str, index: int, config: BenchConfig) -> bool:
+    """Whether ``method`` runs on the question at ``index`` (plain may be limited to the first few)."""
+    return not (method == "plain" and config.plain_limit is not None and index >= config.plain_limit)
+
+
+def planned_runs(questions: Sequence[Question], methods: Sequence[Method], config: BenchConfig) -> int:
+    """How many (question, sample, method) decodes the run consists of."""
+    return sum(config.samples for i in range(len(questions)) for m in methods if runs_on(m.name, i, config))
+
+
 def run_bench(
     decoder: Decoder,
     questions: Sequence[Question],
@@ -128,31 +171,38 @@ def run_bench(
     config: BenchConfig,
     out_dir: Path,
     grade: Grader,
-    on_done: Callable[[Question, Method, bool], None] | None = None,
+    on_done: Callable[[Question, Method, int, bool], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark and write its summary. ``grade(question, turn_texts)`` returns at
-    least ``{"score": float | None}``; ``on_done(question, method, skipped)`` reports progress."""
+    least ``{"score": float | None}``; ``on_done(question, method, sample, skipped)`` reports progress."""
     records = prepare_out_dir(out_dir, config)
     with (out_dir / RECORDS_FILE).open("a") as sink:
-        for question in questions:
-            for method in methods:
-                if (question.qid, method.name) in records:
+        for index, question in enumerate(questions):
+            for sample in range(config.samples):
+                for method in methods:
+                    if not runs_on(method.name, index, config):
+                        continue
+                    key = (question.qid, method.name, sample)
+                    if key in records:
+                        if on_done:
+                            on_done(question, method, sample, True)
+                        continue
+                    turns = _run_turns(decoder, method, question, sample, config)
+                    rec = {
+                        "qid": question.qid,
+                        "method": method.name,
+                        "sample": sample,
+                        "theta": method.theta,
+                        "margin": method.margin or config.margin,
+                        "turns": [turn_record(t) for t in turns],
+                        "seeds": [t.seed for t in turns],
+                        **grade(question, [t.text for t in turns]),
+                    }
+                    sink.write(json.dumps(rec) + "\n")
+                    sink.flush()
+                    records[key] = rec
                     if on_done:
-                        on_done(question, method, True)
-                    continue
-                turns = _run_turns(decoder, method, question, config)
-                rec = {
-                    "qid": question.qid,
-                    "method": method.name,
-                    "theta": method.theta,
-                    "turns": [turn_record(t) for t in turns],
-                    **grade(question, [t.text for t in turns]),
-                }
-                sink.write(json.dumps(rec) + "\n")
-                sink.flush()
-                records[question.qid, method.name] = rec
-                if on_done:
-                    on_done(question, method, False)
+                        on_done(question, method, sample, False)
     qids = [q.qid for q in questions]
     summary = summarize(config, [m.name for m in methods], qids, records, load_costs(out_dir))
     (out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
@@ -177,11 +227,13 @@ def profile_once(decoder: Decoder, config: BenchConfig, out_dir: Path) -> Forwar
     return costs
 
 
-def _run_turns(decoder: Decoder, method: Method, question: Question, config: BenchConfig) -> list[TurnOutput]:
+def _run_turns(
+    decoder: Decoder, method: Method, question: Question, sample: int, config: BenchConfig
+) -> list[TurnOutput]:
     """Multi-turn questions continue the method's own conversation, as a user of that method would."""
     messages: list[dict[str, str]] = []
     outputs = []
-    for user_turn in question.turns:
+    for turn, user_turn in enumerate(question.turns):
         messages.append({"role": "user", "content": user_turn})
         out = run_method(
             decoder,
@@ -191,39 +243,107 @@ def _run_turns(decoder: Decoder, method: Method, question: Question, config: Ben
             max_new_tokens=config.max_new_tokens,
             margin=config.margin,
             tree=config.tree_shape,
+            temperature=config.temperature,
+            seed=sample_seed(question.qid, sample, turn) if config.temperature > 0 else None,
         )
         messages.append({"role": "assistant", "content": out.text})
         outputs.append(out)
     return outputs
 
 
+def references(config: BenchConfig, methods: Sequence[str]) -> tuple[str, str]:
+    """(speed baseline, quality reference) of a run: plain for speed when it ran; for quality plain when
+    it ran on every question, else strict (plain's equal), else the first method."""
+    speed = "plain" if "plain" in methods else methods[0]
+    if "plain" in methods and config.plain_limit is None:
+        return speed, "plain"
+    return speed, "strict" if "strict" in methods else methods[0]
+
+
 def summarize(
     config: BenchConfig,
     methods: Sequence[str],
     qids: Sequence[str],
-    records: dict[tuple[str, str], dict],
+    records: dict[RecordKey, dict],
     costs: ForwardCosts | None = None,
 ) -> dict[str, Any]:
     """Metrics per method over the questions every method has finished (so ratios compare like with
-    like). With ``costs``, marspec's own methods also get ``achieved_vs_ideal``."""
-    done = [q for q in qids if all((q, m) in records for m in methods)]
-    base = "plain" if "plain" in methods else methods[0]
+    like; plain, when limited, over its own first questions). With ``costs``, marspec's own methods
+    also get ``achieved_vs_ideal``. Scores and recovery come with 95% bootstrap intervals."""
+    index = {q: i for i, q in enumerate(qids)}
+    samples = range(config.samples)
+
+    def ran(q: str, m: str) -> bool:
+        return runs_on(m, index[q], config)
+
+    done = [q for q in qids if all((q, m, s) in records for m in methods if ran(q, m) for s in samples)]
+    speed_base, quality_base = references(config, methods)
+    by_q = {m: {q: [records[q, m, s] for s in samples] for q in done if ran(q, m)} for m in methods}
+    quality_recs = by_q[quality_base]
     per_method: dict[str, dict[str, Any]] = {}
+    scores: dict[str, dict[str, float | None]] = {}
     for m in methods:
-        recs = [records[q, m] for q in done]
-        base_recs = [records[q, base] for q in done]
-        per_method[m] = _method_metrics(recs, base_recs)
-        per_method[m]["achieved_vs_ideal"] = _achieved_vs_ideal(recs, costs)
-    base_rate = per_method[base]["tokens_per_s"] if done else 0.0
-    base_score = per_method[base]["score"] if done else None
-    for metrics in per_method.values():
-        metrics["speedup"] = metrics["tokens_per_s"] / base_rate if base_rate else None
-        score = metrics["score"]
-        metrics["recovery"] = score / base_score if (score is not None and base_score) else None
-    return {"config": asdict(config), "baseline": base, "questions": len(done), "methods": per_method}
+        per_method[m], scores[m] = _method_metrics(by_q[m], quality_recs)
+        per_method[m]["achieved_vs_ideal"] = _achieved_vs_ideal(
+            [r for recs in by_q[m].values() for r in recs], costs
+        )
+    for m, metrics in per_method.items():
+        common = [q for q in by_q[m] if q in by_q[speed_base]]
+        base_rate = _mean([_rate(by_q[speed_base][q]) for q in common])
+        rate = _mean([_rate(by_q[m][q]) for q in common])
+        metrics["speedup"] = rate / base_rate if base_rate else None
+        metrics["speed_questions"] = len(common)
+        paired = [
+            q for q in by_q[m] if scores[m].get(q) is not None and scores[quality_base].get(q) is not None
+        ]
+        recovery = ratio_interval([scores[m][q] for q in paired], [scores[quality_base][q] for q in paired])
+        metrics["recovery"] = recovery.value
+        metrics["recovery_ci"] = [recovery.lo, recovery.hi] if recovery.lo is not None else None
+    summary = {
+        "config": asdict(config),
+        "baseline": speed_base,
+        "quality_reference": quality_base,
+        "questions": len(done),
+        "samples": config.samples,
+        "methods": per_method,
+    }
+    if "strict" in methods and "plain" in methods:
+        summary["strict_minus_plain"] = _strict_minus_plain(scores, by_q["plain"])
+    return summary
 
 
-def _method_metrics(recs: list[dict], base_recs: list[dict]) -> dict[str, Any]:
+def _strict_minus_plain(scores: dict[str, dict[str, float | None]], plain_qs: dict[str, list]) -> dict | None:
+    """Strict speculative decoding must equal plain decoding (token for token when greedy, in
+    distribution when sampling): their score difference on the questions both ran, with its interval,
+    and whether the interval excludes 0 (a red flag)."""
+    qs = [q for q in plain_qs if scores["strict"].get(q) is not None and scores["plain"].get(q) is not None]
+    if not qs:
+        return None
+    diff = difference_interval([scores["strict"][q] for q in qs], [scores["plain"][q] for q in qs])
+    return {**diff.to_dict(), "questions": len(qs), "excludes_zero": not diff.contains(0.0)}
+
+
+def _rate(recs: list[dict]) -> float:
+    """A question's tokens per second: the mean over its samples of new tokens / wall time."""
+    return _mean(
+        [
+            sum(t["new_tokens"] for t in r["turns"]) / max(1e-9, sum(t["wall_s"] for t in r["turns"]))
+            for r in recs
+        ]
+    )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _method_metrics(
+    by_q: dict[str, list[dict]], quality_by_q: dict[str, list[dict]]
+) -> tuple[dict[str, Any], dict[str, float | None]]:
+    """The metrics of one method's records (by question, each a list over samples) and its score per
+    question (the mean over samples; for a task without a grader, chrF agreement with the quality
+    reference's same sample)."""
+    recs = [r for rs in by_q.values() for r in rs]
     turns = [t for r in recs for t in r["turns"]]
     tokens = sum(t["new_tokens"] for t in turns)
     forwards = sum(t["target_forwards"] for t in turns)
@@ -231,38 +351,49 @@ def _method_metrics(recs: list[dict], base_recs: list[dict]) -> dict[str, Any]:
     exact = sum(t["accepted_exact"] for t in turns)
     relaxed = sum(t["accepted_relaxed"] for t in turns)
     drafted = sum(t["drafted"] for t in turns)
-    # Spec-Bench speedup numerator: the per-question mean of tokens / wall time.
-    rates = [
-        sum(t["new_tokens"] for t in r["turns"]) / max(1e-9, sum(t["wall_s"] for t in r["turns"]))
-        for r in recs
-    ]
     reached, accepted = (
         _sum_lists([t["position_reached"] for t in turns]),
         _sum_lists([t["position_accepted"] for t in turns]),
     )
-    scores = [r.get("score") for r in recs]
+    graded = bool(recs) and any(r.get("score") is not None for r in recs)
     turn_agreement = None
-    if scores and all(s is None for s in scores):
-        # No task score (MT-Bench): agreement with the baseline's text is the quality measure.
-        per_q = [
-            agreement([t["text"] for t in r["turns"]], [t["text"] for t in b["turns"]])
-            for r, b in zip(recs, base_recs, strict=True)
+    q_scores: dict[str, float | None] = {}
+    pairs = [
+        (r, b)
+        for q, rs in by_q.items()
+        if q in quality_by_q
+        for r, b in zip(rs, quality_by_q[q], strict=True)
+    ]
+    if graded:
+        for q, rs in by_q.items():
+            values = [r.get("score") for r in rs]
+            q_scores[q] = None if None in values else _mean([float(v) for v in values])
+    elif pairs:
+        # No task score (MT-Bench): agreement with the quality reference's text is the quality measure.
+        per_pair = [
+            agreement([t["text"] for t in r["turns"]], [t["text"] for t in b["turns"]]) for r, b in pairs
         ]
-        n_turns = len(per_q[0]["chrf"])
+        n_turns = len(per_pair[0]["chrf"])
         turn_agreement = {
-            "chrf_by_turn": [sum(a["chrf"][i] for a in per_q) / len(per_q) for i in range(n_turns)],
-            "exact_by_turn": [sum(a["exact"][i] for a in per_q) / len(per_q) for i in range(n_turns)],
+            "chrf_by_turn": [_mean([a["chrf"][i] for a in per_pair]) for i in range(n_turns)],
+            "exact_by_turn": [_mean([a["exact"][i] for a in per_pair]) for i in range(n_turns)],
         }
-        scores = [sum(a["chrf"]) / len(a["chrf"]) / 100 for a in per_q]
+        pair_scores = iter(sum(a["chrf"]) / len(a["chrf"]) / 100 for a in per_pair)
+        for q, rs in by_q.items():
+            if q in quality_by_q:
+                q_scores[q] = _mean([next(pair_scores) for _ in rs])
     overheads = [t["overhead_s"] for t in turns if t["overhead_s"] is not None]
     same = sum(
-        all(a["text"] == b["text"] for a, b in zip(r["turns"], b_r["turns"], strict=True))
-        for r, b_r in zip(recs, base_recs, strict=True)
+        all(a["text"] == b["text"] for a, b in zip(r["turns"], b_r["turns"], strict=True)) for r, b_r in pairs
     )
-    return {
+    known = [v for v in q_scores.values() if v is not None]
+    score: Estimate = (
+        mean_interval(known) if known and len(known) == len(q_scores) else Estimate(None, None, None)
+    )
+    metrics = {
         "tokens": tokens,
         "wall_s": wall,
-        "tokens_per_s": sum(rates) / len(rates) if rates else 0.0,
+        "tokens_per_s": _mean([_rate(rs) for rs in by_q.values()]),
         "tau": (tokens + sum(t["stopped_at_eos"] for t in turns)) / forwards if forwards else None,
         "accepted_exact": exact,
         "accepted_relaxed": relaxed,
@@ -275,10 +406,14 @@ def _method_metrics(recs: list[dict], base_recs: list[dict]) -> dict[str, Any]:
         "draft_share": _share(turns, "draft_forward_s", wall),
         "hit_limit": sum(t["hit_limit"] for t in turns),
         "turns": len(turns),
+        "questions": len(by_q),
+        "decodes": len(recs),
         "same_as_baseline": same,
-        "score": sum(scores) / len(scores) if scores and None not in scores else None,
+        "score": score.value,
+        "score_ci": [score.lo, score.hi] if score.lo is not None else None,
         "agreement": turn_agreement,
     }
+    return metrics, q_scores
 
 
 def _share(turns: list[dict], key: str, wall: float) -> float | None:
@@ -317,18 +452,36 @@ def _drafting(cfg: dict[str, Any]) -> str:
     return f" ({cfg['draft_quant']}, confidence stop {cfg['draft_confidence']}{lookup})"
 
 
+def _interval_text(value: float | None, ci: list[float] | None, spec: str) -> str:
+    if value is None:
+        return "—"
+    text = format(value, spec)
+    return text if ci is None else f"{text} [{format(ci[0], spec)}, {format(ci[1], spec)}]"
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     cfg = summary["config"]
+    temperature = cfg.get("temperature", 0.0)
+    samples = summary.get("samples", 1)
+    decoding = "greedy" if not temperature else f"temperature {temperature:g}, {samples} samples per question"
+    reference = summary.get("quality_reference", summary["baseline"])
     lines = [
-        f"# {cfg['task']}: {summary['questions']} questions",
+        f"# {cfg['task']}: {summary['questions']} questions, {decoding}",
         "",
         f"target `{cfg['target']}`, draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}"
         f"{', oneDNN-prepacked' if cfg.get('prepack') else ''}, "
         f"{cfg['threads']} threads, "
         f"k={cfg['k']}, theta={cfg['theta']} ({cfg['margin']}), max_new_tokens={cfg['max_new_tokens']}",
         "",
-        "| method | tok/s | speedup | tau | exact | relaxed | rejected | relaxed share | score | recovery "
-        f"| same as {summary['baseline']} | hit limit | draft share | overhead | achieved/ideal |",
+        f"Speedup is against {summary['baseline']}; score and recovery (against {reference}) carry 95% "
+        "bootstrap intervals over questions.",
+    ]
+    if cfg.get("plain_limit"):
+        lines.append(f"Plain ran on the first {cfg['plain_limit']} questions only (the speed baseline).")
+    lines += [
+        "",
+        "| method | tok/s | speedup | tau | exact | relaxed | rejected | relaxed share | score [95% CI] "
+        f"| recovery [95% CI] | same as {reference} | hit limit | draft share | overhead | achieved/ideal |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -339,9 +492,23 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup'], '.2f')}x | {fmt(m['tau'], '.2f')} "
             f"| {m['accepted_exact']} | {m['accepted_relaxed']} | {m['rejected']} | {m['relaxed_share']:.1%} "
-            f"| {fmt(m['score'], '.3f')} | {fmt(m['recovery'], '.1%')} | {m['same_as_baseline']}/"
-            f"{summary['questions']} | {m['hit_limit']}/{m['turns']} | {fmt(m['draft_share'], '.1%')} "
+            f"| {_interval_text(m['score'], m.get('score_ci'), '.3f')} "
+            f"| {_interval_text(m['recovery'], m.get('recovery_ci'), '.1%')} "
+            f"| {m['same_as_baseline']}/{m.get('decodes', summary['questions'])} "
+            f"| {m['hit_limit']}/{m['turns']} | {fmt(m['draft_share'], '.1%')} "
             f"| {fmt(m['overhead_share'], '.1%')} "
             f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
         )
+    check = summary.get("strict_minus_plain")
+    if check is not None and check["value"] is not None:
+        verdict = (
+            "**the interval excludes 0: strict and plain differ, which lossless verification must not**"
+            if check["excludes_zero"]
+            else "the interval includes 0, as lossless verification requires"
+        )
+        lines += [
+            "",
+            f"Strict minus plain score on the {check['questions']} questions both ran: "
+            f"{check['value']:+.3f} [{check['lo']:+.3f}, {check['hi']:+.3f}]; {verdict}.",
+        ]
     return "\n".join(lines) + "\n"

@@ -1,9 +1,12 @@
 """The decoding methods a benchmark compares: marspec's own rules and transformers' peers.
 
-A method name is ``plain``, ``strict``, ``mars`` (at the run's theta), ``mars@0.95`` (an explicit
-theta), any of the last three with ``+tree`` (token-tree drafting with the run's tree shape),
-``hf-assisted`` (transformers ``generate(assistant_model=draft)``) or ``hf-prompt-lookup``
-(transformers ``generate(prompt_lookup_num_tokens=k)``). All run greedily on the same loaded models.
+A method name is ``plain``, ``strict``, ``mars`` (at the run's theta and margin), ``mars@0.95`` (an
+explicit theta, the run's margin), ``mars-ratio@0.95`` / ``mars-prob@0.5`` / ``mars-gap@2`` (an explicit
+margin, logit_ratio / prob_ratio / logit_gap, and its theta), any of the marspec methods with ``+tree``
+(token-tree drafting with the run's tree shape), ``hf-assisted`` (transformers
+``generate(assistant_model=draft)``) or ``hf-prompt-lookup`` (transformers
+``generate(prompt_lookup_num_tokens=k)``). All run on the same loaded models, greedily or all at the
+run's temperature with the same seed per question and sample.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from marspec.errors import MarspecError
 from marspec.stats import GenerationStats
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
-METHOD_HELP = "plain, strict, mars, mars@THETA (the last three also +tree), hf-assisted, hf-prompt-lookup"
+METHOD_HELP = (
+    "plain, strict, mars, mars@THETA, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA (marspec's also "
+    "+tree), hf-assisted, hf-prompt-lookup"
+)
+# mars-<short>@THETA names the margin explicitly, so one run can compare margins.
+MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,7 @@ class Method:
     kind: str  # plain | strict | mars | hf-assisted | hf-prompt-lookup
     theta: float | None = None  # mars only
     tree: bool = False  # strict or mars with token-tree drafting
+    margin: str | None = None  # mars only: None takes the run's margin
 
     @property
     def needs_draft_model(self) -> bool:
@@ -49,17 +58,20 @@ def parse_methods(spec: str, theta: float) -> list[Method]:
         if plus and not tree:
             raise MarspecError(f"unknown method {name!r}: the one suffix is +tree; choose from {METHOD_HELP}")
         kind, _, arg = base.partition("@")
-        if tree and kind not in ("strict", "mars"):
+        if tree and kind not in ("strict", "mars", *MARGIN_KINDS):
             raise MarspecError(f"method {name!r}: only strict and mars can draft a tree")
-        if kind == "mars":
+        if kind == "mars" or kind in MARGIN_KINDS:
+            if kind in MARGIN_KINDS and not arg:
+                raise MarspecError(f"method {name!r} needs its theta: write it as {kind}@THETA")
             value = theta
             if arg:
                 try:
                     value = float(arg)
                 except ValueError:
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
-            GenerationOptions(rule="mars", theta=value)  # validates the range
-            methods.append(Method(name, "mars", value, tree))
+            margin = MARGIN_KINDS.get(kind)
+            GenerationOptions(rule="mars", theta=value, margin=margin or "logit_ratio")  # validates
+            methods.append(Method(name, "mars", value, tree, margin))
         elif arg or kind not in ("plain", "strict", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
@@ -77,6 +89,7 @@ class TurnOutput:
     token_ids: list[int]
     stats: GenerationStats
     hit_limit: bool
+    seed: int | None = None  # the sampling seed (None: greedy)
 
 
 def run_method(
@@ -88,16 +101,22 @@ def run_method(
     max_new_tokens: int,
     margin: str = "logit_ratio",
     tree: tuple[int, ...] | None = None,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> TurnOutput:
     """Generate one assistant turn for ``messages`` with ``method`` (``tree``: the shape a ``+tree``
-    method drafts)."""
+    method drafts; ``seed`` makes a sampled turn reproducible)."""
     if method.kind in PEERS:
-        return _run_hf_peer(decoder, method, messages, k=k, max_new_tokens=max_new_tokens)
+        return _run_hf_peer(
+            decoder, method, messages, k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
     options: dict[str, Any] = {
         "rule": method.kind,
         "k": k,
         "max_new_tokens": max_new_tokens,
-        "margin": margin,
+        "margin": method.margin or margin,
+        "temperature": temperature,
+        "seed": seed,
     }
     if method.theta is not None:
         options["theta"] = method.theta
@@ -106,7 +125,7 @@ def run_method(
             raise MarspecError(f"method {method.name!r} needs a tree shape: pass --tree, e.g. --tree 2,2")
         options["tree"] = tree
     result = decoder.generate(messages, **options)
-    return TurnOutput(result.text, result.token_ids, result.stats, result.finish_reason == "length")
+    return TurnOutput(result.text, result.token_ids, result.stats, result.finish_reason == "length", seed)
 
 
 class _ForwardCounter:
@@ -134,15 +153,28 @@ class _ForwardCounter:
 
 
 def _run_hf_peer(
-    decoder: Decoder, method: Method, messages: list[dict[str, str]], *, k: int, max_new_tokens: int
+    decoder: Decoder,
+    method: Method,
+    messages: list[dict[str, str]],
+    *,
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
 ) -> TurnOutput:
     from marspec.prompting import encode_prompt
 
     target = decoder.target
     prompt_ids = encode_prompt(target.tokenizer, messages, True, target.name)
     eos = sorted(decoder.eos_token_ids)
+    sampling: dict[str, Any] = {"do_sample": False}
+    if temperature > 0:
+        # The target's own distribution at this temperature, as marspec samples it: no top-k/top-p
+        # truncation or penalties (a model's generation_config may carry some).
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": None}
+        sampling["repetition_penalty"] = 1.0
     config = GenerationConfig(
-        do_sample=False,
+        **sampling,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos,
         pad_token_id=target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0],
@@ -160,6 +192,8 @@ def _run_hf_peer(
 
     counter = _ForwardCounter(target.model)
     draft_counter = _ForwardCounter(draft_model) if draft_model is not None else None
+    if temperature > 0 and seed is not None:
+        torch.manual_seed(seed)  # transformers samples from torch's global generator
     start = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -191,4 +225,5 @@ def _run_hf_peer(
         draft_forward_s=draft_counter.seconds if draft_counter else 0.0,
     )
     text = target.tokenizer.decode(new, skip_special_tokens=True)
-    return TurnOutput(text, new, stats, hit_limit=not finished and len(new) >= max_new_tokens)
+    hit_limit = not finished and len(new) >= max_new_tokens
+    return TurnOutput(text, new, stats, hit_limit, seed if temperature > 0 else None)

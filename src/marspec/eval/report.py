@@ -93,7 +93,7 @@ def _margin_histogram(summary: dict, out_dir: Path) -> Path:
     mars = [n for n in summary["methods"] if _theta_of(n, summary["config"]["theta"]) not in (None, 1.0)]
     name = min(mars, key=lambda n: _theta_of(n, summary["config"]["theta"])) if mars else "strict"
     groups: dict[str, list[float]] = {"exact": [], "relaxed": [], "rejected": []}
-    for (_, method), rec in load_records(out_dir).items():
+    for (_, method, _), rec in load_records(out_dir).items():
         if method == name:
             for turn in rec["turns"]:
                 for outcome, values in turn["margins"].items():
