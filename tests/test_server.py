@@ -346,6 +346,16 @@ BAD_INPUTS = [
     ),
     ("empty-stop", TEXT, {**SHORT_BODY, "stop": [""]}, 400, "stop", None, "stop strings"),
     (
+        "theta-auto-uncalibrated",
+        TEXT,
+        {**SHORT_BODY, "marspec": {"rule": "mars", "theta": "auto"}},
+        400,
+        None,
+        None,
+        "marspec calibrate",
+    ),
+    ("theta-word", TEXT, {**SHORT_BODY, "marspec": {"theta": "high"}}, 400, "marspec.theta", None, "theta"),
+    (
         "too-long-chat",
         CHAT,
         body(messages=chat(TOO_LONG)),
@@ -636,3 +646,30 @@ def test_sigterm_drains_then_exits_0(short_server: ServerProcess) -> None:
 
     assert short_server.proc.wait(120) == 0
     assert "Traceback" not in short_server.log()
+
+
+def test_theta_auto_server_uses_the_pairs_calibration(tmp_path, monkeypatch) -> None:
+    from marspec.calibration import Choice, save_choice
+
+    monkeypatch.setenv("MARSPEC_CALIBRATION_DIR", str(tmp_path / "calibrations"))
+    flags = [*BASE_FLAGS, "--theta", "auto"]
+    refused = runner.invoke(app, ["serve", *flags])
+    assert refused.exit_code == 2 and "marspec calibrate" in refused.output  # no calibration yet
+    save_choice(MODEL, "ngram", Choice("prob_ratio", 0.05, 0.99, True, "test", 0.0, {}))
+    proc = launch(flags, tmp_path / "server.log")  # the child inherits MARSPEC_CALIBRATION_DIR
+    try:
+        with httpx.Client(base_url=proc.url, timeout=120) as c:
+            auto = c.post(TEXT, json={**SHORT_BODY, "prompt": LIST_PROMPT, "max_tokens": 24}).json()
+            explicit = c.post(
+                TEXT,
+                json={
+                    **SHORT_BODY,
+                    "prompt": LIST_PROMPT,
+                    "max_tokens": 24,
+                    "marspec": {"theta": 0.05, "margin": "prob_ratio"},
+                },
+            ).json()
+        assert auto["choices"][0]["text"] == explicit["choices"][0]["text"]
+        assert auto["marspec"]["accepted_relaxed"] == explicit["marspec"]["accepted_relaxed"]
+    finally:
+        assert proc.stop() == 0

@@ -6,7 +6,7 @@ import functools
 import secrets
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import torch
@@ -14,6 +14,7 @@ import torch
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.prepack import prepack_linears
 from marspec.backends.quantize import DRAFT_QUANTS, quantize_int8
+from marspec.calibration import AUTO, load_choice
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
@@ -143,10 +144,13 @@ class Decoder:
         torch_dtype = parse_dtype(dtype)
         self.target, self.chat_default = load_lm(target, torch_dtype, prepack)
         self.drafter: Drafter | None = None
+        # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
+        self.draft_name: str | None = None
         if draft is None or draft == "none":
             pass
         elif draft == "ngram":
             self.drafter = NgramDrafter()
+            self.draft_name = "ngram"
         else:
             quantize = draft_quant == "int8" and not isinstance(draft, HFCausalLM)
             # int8 kernels take fp32 activations; the draft's dtype does not bear on exactness anyway.
@@ -154,6 +158,7 @@ class Decoder:
             check_same_tokenizer(self.target, draft_lm)
             if quantize:
                 quantize_int8(draft_lm.model)
+            self.draft_name = draft_lm.name
             model_drafter = ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=draft_confidence)
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = _eos_ids(self.target)
@@ -161,6 +166,16 @@ class Decoder:
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    def resolve_theta(self, opts: GenerationOptions) -> GenerationOptions:
+        """``opts`` with ``theta="auto"`` replaced by this pair's calibrated margin and theta (for the
+        greedy or the sampling regime, by ``opts.temperature``); other options are returned as they are."""
+        if opts.theta != AUTO:
+            return opts
+        if opts.rule != "mars" or self.draft_name is None:
+            return replace(opts, theta=1.0)  # plain and strict never relax: theta plays no part
+        rule = load_choice(self.target.name, self.draft_name, opts.temperature)
+        return replace(opts, theta=rule.theta, margin=rule.margin)
 
     def generate(
         self, prompt: Prompt, *, on_text: Callable[[str], None] | None = None, **options: Any
@@ -192,6 +207,7 @@ class Decoder:
                 f"rule {opts.rule!r} needs a drafter: create the Decoder with draft=NAME or draft='ngram', "
                 "or use rule='plain'"
             )
+        opts = self.resolve_theta(opts)
         config = opts.decode_config(self.eos_token_ids)
         stops = _check_stops(opts.stop)
         chat = self.chat_default if opts.chat is None else opts.chat
@@ -246,6 +262,9 @@ class GenerationOptions:
     Attributes:
         rule: ``plain`` (no drafter), ``strict`` (lossless speculative) or ``mars`` (relax near-ties).
         theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
+            ``"auto"`` takes the margin and theta that ``marspec calibrate`` measured for this target and
+            drafter (greedy and sampling are calibrated apart); without a calibration, an error says
+            how to make one.
         margin: ``logit_ratio`` (the paper's z2/z1), ``prob_ratio`` (p2/p1) or ``logit_gap`` (z1 - z2,
             then theta is the largest gap in logits that still relaxes).
         k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
@@ -262,7 +281,7 @@ class GenerationOptions:
     """
 
     rule: str = "mars"
-    theta: float = 0.9
+    theta: float | Literal["auto"] = 0.9
     margin: str = "logit_ratio"
     k: int = DEFAULT_K
     adaptive_k: bool = False
@@ -276,7 +295,8 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise MarspecError(f"unknown rule {self.rule!r}: choose one of {', '.join(RULES)}")
-        self.decode_config(frozenset())  # validates k, temperature, max_new_tokens, theta and margin
+        # Validates k, temperature, max_new_tokens, theta and margin ("auto" is resolved per pair later).
+        (replace(self, theta=0.9) if self.theta == AUTO else self).decode_config(frozenset())
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
         ):
@@ -294,6 +314,8 @@ class GenerationOptions:
         return cls(**options)
 
     def decode_config(self, eos_token_ids: frozenset[int]) -> DecodeConfig:
+        if self.theta == AUTO:
+            raise MarspecError("theta='auto' must be resolved for a model pair first (Decoder does this)")
         rule = Rule(
             name="strict" if self.rule == "plain" else self.rule, theta=self.theta, margin=self.margin
         )

@@ -9,20 +9,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from marspec.calibration import AUTO, load_choice, parse_theta
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
+    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
+    DEFAULT_THETA,
 )
 from marspec.errors import MarspecError
+from marspec.eval.calibrate import DEFAULT_CANDIDATES as CALIBRATION_CANDIDATES
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress, status
 
@@ -41,7 +45,14 @@ DraftOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact; default) or bf16 (half the memory).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
-ThetaOpt = Annotated[float, typer.Option("--theta", help="MARS threshold on z2/z1, in [0, 1]; 1 = strict.")]
+ThetaOpt = Annotated[
+    str,
+    typer.Option(
+        "--theta",
+        help="MARS threshold on z2/z1 in [0, 1] (1 = strict), or 'auto': the setting `marspec calibrate` "
+        "chose for this target and draft.",
+    ),
+]
 MarginOpt = Annotated[str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")]
 KOpt = Annotated[
     int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
@@ -85,12 +96,19 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
+_loaded: dict[tuple, Any] = {}  # the last Decoder loaded, by its arguments (calibrate runs several tasks)
+
+
 def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, **load_settings):
     """Load the models; ``load_settings`` are Decoder's draft_quant, draft_confidence, lookup and prepack."""
     from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
 
-    with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
-        return Decoder(target, draft, dtype=dtype, threads=threads, **load_settings)
+    key = (target, draft, dtype, threads, *sorted(load_settings.items()))
+    if key not in _loaded:
+        _loaded.clear()  # hold one pair of models at a time
+        with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
+            _loaded[key] = Decoder(target, draft, dtype=dtype, threads=threads, **load_settings)
+    return _loaded[key]
 
 
 def _load_settings(draft_quant: str, draft_confidence: float, lookup: bool, prepack: bool) -> dict:
@@ -115,7 +133,7 @@ def generate(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     rule: Annotated[str, typer.Option("--rule", help="plain | strict | mars")] = "mars",
-    theta: ThetaOpt = 0.9,
+    theta: ThetaOpt = str(DEFAULT_THETA),
     margin: MarginOpt = "logit_ratio",
     k: KOpt = DEFAULT_K,
     adaptive_k: Annotated[
@@ -138,7 +156,7 @@ def generate(
             raise MarspecError("empty prompt: give some text to continue")
         options = GenerationOptions(
             rule=rule,
-            theta=theta,
+            theta=parse_theta(theta),
             margin=margin,
             k=k,
             adaptive_k=adaptive_k,
@@ -178,7 +196,7 @@ def demo(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
-    theta: ThetaOpt = 0.9,
+    theta: ThetaOpt = str(DEFAULT_THETA),
     k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
     dtype: DtypeOpt = "fp32",
@@ -190,7 +208,8 @@ def demo(
     from marspec.demo import DEMO_PROMPTS, METHODS, run_demo
 
     with user_errors():
-        GenerationOptions(theta=theta, k=k, max_new_tokens=max_new_tokens)  # fail fast, before loading
+        theta_value = parse_theta(theta)
+        GenerationOptions(theta=theta_value, k=k, max_new_tokens=max_new_tokens)  # fail fast, before loading
         if draft in ("none",):
             raise MarspecError(
                 "the demo compares speculative methods: give a drafter with --draft NAME|ngram"
@@ -202,6 +221,7 @@ def demo(
             threads,
             **_load_settings(draft_quant, draft_confidence, lookup, prepack),
         )
+        decoder.resolve_theta(GenerationOptions(theta=theta_value))  # theta=auto: calibrated? (fail fast)
         total = len(DEMO_PROMPTS) * len(METHODS)
         with progress(err, "generating", total) as advance:
 
@@ -209,7 +229,9 @@ def demo(
                 s = result.stats
                 advance(f"{kind:<4} {method:<6} {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s")
 
-            summaries = run_demo(decoder, k=k, theta=theta, max_new_tokens=max_new_tokens, on_result=done)
+            summaries = run_demo(
+                decoder, k=k, theta=theta_value, max_new_tokens=max_new_tokens, on_result=done
+            )
 
     plain = summaries[0]
     table = Table(
@@ -315,7 +337,7 @@ def _run_bench(
     task: str,
     limit: int | None,
     method_spec: str,
-    theta: float,
+    theta: str,
     margin: str,
     k: int,
     out: Path,
@@ -327,6 +349,7 @@ def _run_bench(
     load_settings: dict,
     tree: str | None = None,
     sampling: SamplingSettings | None = None,
+    offset: int = 0,
 ) -> dict:
     import torch
 
@@ -348,25 +371,33 @@ def _run_bench(
         raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
     if limit is not None and limit < 1:
         raise MarspecError(f"--limit must be >= 1, got {limit}")
-    methods = parse_methods(method_spec, theta)
+    sampling = sampling or SamplingSettings()
+    theta_value = parse_theta(theta)
+    auto = None
+    if theta_value == AUTO or "@auto" in method_spec:
+        auto = load_choice(target, draft, sampling.temperature)
+    if theta_value == AUTO:
+        assert auto is not None
+        theta_value, margin = auto.theta, auto.margin
+    assert isinstance(theta_value, float)
+    methods = parse_methods(method_spec, theta_value, auto)
     tree_shape = parse_tree_shape(tree)
     if tree_shape is not None and not any(m.tree for m in methods):
         raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
     if tree_shape is None and any(m.tree for m in methods):
         raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
-    sampling = sampling or SamplingSettings()
     GenerationOptions(
-        theta=theta, margin=margin, k=k, max_new_tokens=new_tokens, temperature=sampling.temperature
+        theta=theta_value, margin=margin, k=k, max_new_tokens=new_tokens, temperature=sampling.temperature
     )
-    questions = load_task(task, limit)
+    questions = load_task(task, limit, offset)
     needs_draft = any(m.needs_draft_model for m in methods)
     if threads is not None:
         torch.set_num_threads(threads)
     config = BenchConfig(
         task=task,
         methods=tuple(m.name for m in methods),
-        theta=theta,
+        theta=theta_value,
         margin=margin,
         k=k,
         max_new_tokens=new_tokens,
@@ -413,7 +444,7 @@ def bench(
             "mars-gap@THETA (marspec's with +tree too), hf-assisted, hf-prompt-lookup",
         ),
     ] = "plain,strict,mars,hf-assisted",
-    theta: ThetaOpt = 0.9,
+    theta: ThetaOpt = str(DEFAULT_THETA),
     margin: MarginOpt = "logit_ratio",
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/bench"),
@@ -430,6 +461,9 @@ def bench(
     temperature: TemperatureOpt = 0.0,
     samples: SamplesOpt = 1,
     plain_limit: PlainLimitOpt = None,
+    offset: Annotated[
+        int, typer.Option("--offset", help="Skip the first N questions (e.g. a calibration's slice).")
+    ] = 0,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -450,6 +484,7 @@ def bench(
             load_settings,
             tree,
             SamplingSettings(temperature, samples, plain_limit),
+            offset,
         )
 
 
@@ -499,7 +534,7 @@ def sweep(
             task,
             limit,
             spec,
-            0.9,
+            str(DEFAULT_THETA),
             margin,
             k,
             out,
@@ -512,6 +547,114 @@ def sweep(
             sampling=SamplingSettings(temperature, samples),
         )
     report(out)
+
+
+@app.command()
+def calibrate(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    prepack: PrepackOpt = DEFAULT_PREPACK,
+    task: Annotated[
+        str, typer.Option("--task", help="Comma-separated graded tasks: humaneval, gsm8k.")
+    ] = "humaneval,gsm8k",
+    limit: Annotated[int, typer.Option("--limit", help="Calibration questions per task (the first N).")] = 30,
+    budget: Annotated[
+        float,
+        typer.Option("--budget", help="Least recovery (95% lower bound, vs strict) to accept, in (0, 1]."),
+    ] = 0.99,
+    candidates: Annotated[
+        str, typer.Option("--candidates", help="Comma-separated settings: mars-ratio@T, mars-prob@T, ...")
+    ] = ",".join(CALIBRATION_CANDIDATES),
+    temperature: TemperatureOpt = 0.0,
+    samples: SamplesOpt = 1,
+    k: KOpt = DEFAULT_K,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    max_new_tokens: MaxNewOpt = None,
+    out: OutOpt = Path("runs/calibrate"),
+) -> None:
+    """Choose MARS's setting for a model pair by measurement, and store it for theta=auto.
+
+    Runs strict and each candidate on the first --limit questions of each task (resumable, in
+    OUT/TASK-tT), then keeps the fastest candidate whose recovery's 95% lower bound reaches --budget on
+    every task (theta 1, i.e. strict, if none does)."""
+    from marspec.calibration import calibration_path, read_calibration_file, save_choice, validate_budget
+    from marspec.eval.calibrate import candidates_of, make_choice
+    from marspec.eval.datasets import load_task
+    from marspec.eval.methods import parse_methods
+
+    with user_errors():
+        validate_budget(budget)
+        tasks = [t.strip() for t in task.split(",") if t.strip()]
+        for name in tasks:
+            if name not in ("humaneval", "gsm8k"):
+                raise MarspecError(
+                    f"cannot calibrate on {name!r}: calibration needs a graded task (humaneval, gsm8k)"
+                )
+        if not tasks:
+            raise MarspecError("--task is empty: give humaneval, gsm8k or both")
+        if limit < 1:
+            raise MarspecError(f"--limit must be >= 1, got {limit}")
+        if draft == "none":
+            raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
+        spec = f"strict,{candidates}"
+        methods = parse_methods(spec, DEFAULT_THETA)
+        if not any(m.kind == "mars" for m in methods):
+            raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
+        # A corrupt or foreign calibration file is refused now, not after hours of measuring.
+        load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+        save_path = calibration_path(target, draft)
+        read_calibration_file(save_path, target, draft)
+        rows = []
+        for name in tasks:
+            summary = _run_bench(
+                name,
+                limit,
+                spec,
+                str(DEFAULT_THETA),
+                DEFAULT_MARGIN,
+                k,
+                out / f"{name}-t{temperature:g}",
+                target,
+                draft,
+                dtype,
+                threads,
+                max_new_tokens,
+                load_settings,
+                sampling=SamplingSettings(temperature, samples),
+            )
+            rows += candidates_of(summary, methods, name)
+        questions = {name: [q.qid for q in load_task(name, limit)] for name in tasks}
+        drafting = {"k": k, "dtype": dtype, "samples": samples, **load_settings}
+        choice = make_choice(rows, budget, temperature, questions, drafting)
+        path = save_choice(target, draft, choice)
+    regime = "greedy" if not temperature else f"temperature {temperature:g}"
+    table = Table(title=f"calibration of {target} with {draft} ({regime})")
+    for col in ("setting", "task", "speedup vs strict", "tau vs strict", "recovery [95% CI]", "questions"):
+        table.add_column(col, justify="left" if col in ("setting", "task") else "right")
+    for r in rows:
+        chosen = (r.margin, r.theta) == (choice.margin, choice.theta)
+        recovery = (
+            "—" if r.recovery is None else f"{r.recovery:.1%} [{r.recovery_lo:.1%}, {r.recovery_hi:.1%}]"
+        )
+        table.add_row(
+            f"{r.method}{' (chosen)' if chosen else ''}",
+            r.task,
+            "—" if r.speedup_vs_strict is None else f"{r.speedup_vs_strict:.3f}x",
+            "—" if r.tau_vs_strict is None else f"{r.tau_vs_strict:.3f}x",
+            recovery,
+            str(r.questions),
+        )
+    Console().print(table)
+    err.print(
+        f"chose {choice.margin} theta={choice.theta:g}: {choice.reason}. Stored in {path}; "
+        "theta=auto (--theta auto) now uses it.",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -593,7 +736,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
     rule: Annotated[str, typer.Option("--rule", help="Default rule: plain | strict | mars")] = "mars",
-    theta: ThetaOpt = 0.9,
+    theta: ThetaOpt = str(DEFAULT_THETA),
     margin: Annotated[
         str, typer.Option("--margin", help="Default margin: logit_ratio | prob_ratio | logit_gap")
     ] = "logit_ratio",
@@ -647,7 +790,9 @@ def serve(
             raise MarspecError(f"unknown --log-level {log_level!r}: choose one of {', '.join(levels)}")
         settings = ServerSettings(
             model_name=served_model_name or target,
-            defaults=GenerationOptions(rule=rule, theta=theta, margin=margin, k=k, max_new_tokens=max_tokens),
+            defaults=GenerationOptions(
+                rule=rule, theta=parse_theta(theta), margin=margin, k=k, max_new_tokens=max_tokens
+            ),
             max_queue=max_queue,
             request_timeout=request_timeout or None,
             shutdown_grace=shutdown_grace,
@@ -657,6 +802,7 @@ def serve(
         try:
             load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
             decoder = _load_decoder(target, draft, dtype, threads, **load_settings)
+            decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
             url = f"http://{where}:{sock.getsockname()[1]}"
             err.print(f"marspec serve: {settings.model_name} on {url}", highlight=False, soft_wrap=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from marspec.api import Decoder, GenerationResult
-from marspec.defaults import DEFAULT_K
+from marspec.defaults import DEFAULT_K, DEFAULT_THETA
 
 # A handful of prompts across the kinds of work the paper measures: code, math and chat.
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
@@ -70,7 +70,7 @@ def run_demo(
     prompts: Sequence[tuple[str, str]] = DEMO_PROMPTS,
     *,
     k: int = DEFAULT_K,
-    theta: float = 0.9,
+    theta: float | str = DEFAULT_THETA,
     max_new_tokens: int = 128,
     on_result: Callable[[str, str, GenerationResult], None] | None = None,
 ) -> list[MethodSummary]:

@@ -107,13 +107,18 @@ def data_file(task: str) -> str:
     return path
 
 
-def load_task(task: str, limit: int | None = None) -> list[Question]:
-    """The task's questions in file order; ``limit`` keeps the first ``limit`` of them."""
+def load_task(task: str, limit: int | None = None, offset: int = 0) -> list[Question]:
+    """The task's questions in file order: ``limit`` of them (None: all) after skipping ``offset`` (a
+    held-out slice, e.g. to check a calibration on questions it did not see)."""
     task = _check_task(task)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise MarspecError(f"limit must be a whole number >= 1 (or None for all), got {limit!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise MarspecError(f"offset must be a whole number >= 0, got {offset!r}")
     questions = _load_all(task, data_file(task))
-    return list(questions if limit is None else questions[:limit])
+    if offset >= len(questions):
+        raise MarspecError(f"offset {offset} skips all {len(questions)} {task} questions: use a smaller one")
+    return list(questions[offset:] if limit is None else questions[offset : offset + limit])
 
 
 def _check_task(task: str) -> str:

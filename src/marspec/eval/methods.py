@@ -21,11 +21,12 @@ from transformers import GenerationConfig
 from marspec.api import Decoder, GenerationOptions
 from marspec.errors import MarspecError
 from marspec.stats import GenerationStats
+from marspec.verify import Rule
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 METHOD_HELP = (
-    "plain, strict, mars, mars@THETA, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA (marspec's also "
-    "+tree), hf-assisted, hf-prompt-lookup"
+    "plain, strict, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
+    "(marspec's also +tree), hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
 MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
@@ -46,8 +47,9 @@ class Method:
         return self.kind in ("strict", "mars", "hf-assisted")
 
 
-def parse_methods(spec: str, theta: float) -> list[Method]:
-    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta``."""
+def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Method]:
+    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta``; ``mars@auto`` takes the
+    margin and theta of ``auto`` (the pair's calibration), which must then be given."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise MarspecError(f"no methods given: pass a comma-separated list of {METHOD_HELP}")
@@ -63,6 +65,11 @@ def parse_methods(spec: str, theta: float) -> list[Method]:
         if kind == "mars" or kind in MARGIN_KINDS:
             if kind in MARGIN_KINDS and not arg:
                 raise MarspecError(f"method {name!r} needs its theta: write it as {kind}@THETA")
+            if arg == "auto" and kind == "mars":
+                if auto is None:
+                    raise MarspecError(f"method {name!r} needs the pair's calibration (marspec calibrate)")
+                methods.append(Method(name, "mars", auto.theta, tree, auto.margin))
+                continue
             value = theta
             if arg:
                 try:

@@ -36,7 +36,7 @@ class MarspecParams(_Body):
     """The ``"marspec"`` object of a request body: per-request verification controls."""
 
     rule: str | None = None
-    theta: float | None = None
+    theta: float | Literal["auto"] | None = None  # "auto": the pair's calibrated setting
     margin: str | None = None
     k: int | None = None
     timeout: float | None = None  # seconds; may only shorten the server's --request-timeout
