@@ -243,6 +243,7 @@ def test_sampled_bench_shares_seeds_limits_plain_and_reports_intervals(decoder, 
     assert check["questions"] == 1 and check["lo"] <= check["value"] <= check["hi"]
     text = (tmp_path / "summary.md").read_text()
     assert "temperature 0.8, 2 samples" in text and "Strict minus plain" in text
+    assert "pareto.png" in {p.name for p in make_report(tmp_path)}
 
 
 @pytest.mark.parametrize(
@@ -269,3 +270,29 @@ def test_old_configs_without_sampling_fields_still_resume(tmp_path):
     prepare_out_dir(tmp_path, cfg)  # a greedy run from before sampling existed is the same configuration
     with pytest.raises(MarspecError, match="temperature"):
         prepare_out_dir(tmp_path, replace(cfg, temperature=1.0))
+
+
+def test_compare_two_runs_pairs_questions(decoder, tmp_path):
+    from marspec.eval.compare import compare_runs, parse_side
+
+    def length_score(question, texts):
+        return {"score": min(1.0, len(texts[0]) / 100)}
+
+    questions = load_task("gsm8k", 2)
+    for name, spec in (("a", "strict"), ("b", "strict,mars@0.5")):
+        run_bench(
+            decoder,
+            questions[: 1 + (name == "b")],
+            parse_methods(spec, 0.9),
+            config(spec),
+            tmp_path / name,
+            length_score,
+        )
+    same = compare_runs(parse_side(f"{tmp_path / 'a'}:strict"), parse_side(f"{tmp_path / 'b'}:strict"))
+    assert same.questions == 1 and same.changed == 0 and same.recovery.value == 1.0  # fp32 strict is exact
+    other = compare_runs((tmp_path / "a", "strict"), (tmp_path / "b", "mars@0.5"))
+    assert other.questions == 1 and other.lost + other.won <= other.changed
+    with pytest.raises(MarspecError, match="RUN_DIR:METHOD"):
+        parse_side("no-colon")
+    with pytest.raises(MarspecError, match="no records of method"):
+        compare_runs((tmp_path / "a", "strict"), (tmp_path / "b", "plain"))

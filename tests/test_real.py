@@ -101,6 +101,21 @@ def test_wall_time_splits_into_forwards_and_overhead(runs):
         assert stats.overhead_s == pytest.approx(stats.wall_s - forwards, abs=1e-6)
 
 
+def test_greedy_output_does_not_depend_on_what_ran_before(decoder, runs):
+    """The same greedy request gives the same tokens after other requests and after transformers'
+    assisted generation borrowed the (int8) draft model, as in a benchmark that runs hf-assisted between
+    marspec's methods. The "before" decodes are the ``runs`` fixture's, made on a fresh decoder."""
+    from marspec.eval.methods import parse_methods, run_method
+
+    (assisted,) = parse_methods("hf-assisted", 0.9)
+    run_method(decoder, assisted, [{"role": "user", "content": PROMPTS[2]}], k=5, max_new_tokens=24)
+    decoder.generate(PROMPTS[1], rule="mars", theta=0.5, k=3, max_new_tokens=24)
+    for name, opts in {"strict": {"rule": "strict"}, "mars09": {"rule": "mars", "theta": 0.9}}.items():
+        again = decoder.generate(PROMPTS[0], k=5, max_new_tokens=NEW_TOKENS, **opts)
+        assert again.token_ids == runs[PROMPTS[0], name].token_ids, name
+        assert again.relaxed_positions == runs[PROMPTS[0], name].relaxed_positions
+
+
 def test_sampling_runs_and_is_reproducible(decoder):
     a = decoder.generate(PROMPTS[0], rule="mars", temperature=0.7, seed=7, max_new_tokens=16)
     b = decoder.generate(PROMPTS[0], rule="mars", temperature=0.7, seed=7, max_new_tokens=16)

@@ -658,6 +658,28 @@ def calibrate(
 
 
 @app.command()
+def compare(
+    reference: Annotated[str, typer.Argument(help="RUN_DIR:METHOD, the reference (e.g. runs/he:strict).")],
+    other: Annotated[str, typer.Argument(help="RUN_DIR:METHOD to compare with it.")],
+) -> None:
+    """One method of a run against one of another run, on the questions both ran: recovery with its
+    95% interval, answers lost and won (e.g. bf16 strict against fp32 strict: rounding's noise floor)."""
+    from marspec.eval.compare import compare_runs, parse_side
+
+    with user_errors():
+        c = compare_runs(parse_side(reference), parse_side(other))
+    r, d = c.recovery, c.difference
+    recovery = "—" if r.value is None else f"{r.value:.1%} [{r.lo:.1%}, {r.hi:.1%}]"
+    Console().print(
+        f"{c.questions} questions: score {c.score:.3f} vs {c.reference_score:.3f}; recovery {recovery}; "
+        f"difference {d.value:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]; text changed on {c.changed}, "
+        f"lost {c.lost}, won {c.won}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
 def report(
     out: Annotated[Path, typer.Argument(help="A directory written by `marspec bench` or `sweep`.")],
 ) -> None:

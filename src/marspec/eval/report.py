@@ -22,15 +22,17 @@ def make_report(out_dir: Path) -> list[Path]:
         raise MarspecError(f"{out_dir} has no {SUMMARY_JSON}: run `marspec bench --out {out_dir}` first")
     summary = json.loads(summary_path.read_text())
     written = [_acceptance_by_position(summary, out_dir), _margin_histogram(summary, out_dir)]
-    theta_plot = _theta_curve(summary, out_dir)
-    if theta_plot is not None:
-        written.append(theta_plot)
+    for optional in (_theta_curve(summary, out_dir), _pareto(summary, out_dir)):
+        if optional is not None:
+            written.append(optional)
     return written
 
 
 def _title(summary: dict) -> str:
     cfg = summary["config"]
-    return f"{cfg['task']} · {summary['questions']} questions · k={cfg['k']} · {cfg['dtype']}"
+    temperature = cfg.get("temperature", 0.0)
+    decoding = "greedy" if not temperature else f"T={temperature:g} x{summary.get('samples', 1)}"
+    return f"{cfg['task']} · {summary['questions']} questions · {decoding} · k={cfg['k']} · {cfg['dtype']}"
 
 
 def _save(fig: plt.Figure, ax: plt.Axes, title: str, path: Path) -> Path:
@@ -49,6 +51,56 @@ def _theta_of(name: str, default: float) -> float | None:
     if name.startswith("mars@"):
         return float(name.split("@", 1)[1])
     return None
+
+
+def _family(name: str) -> str:
+    """The curve a method belongs to on the Pareto plot: its rule and margin, without the setting."""
+    base = name.split("+", 1)[0]
+    return base.split("@", 1)[0] + ("+tree" if name.endswith("+tree") else "")
+
+
+def _pareto(summary: dict, out_dir: Path) -> Path | None:
+    """Speedup against recovery, with recovery's 95% interval as error bars: one curve per rule and
+    margin, the reference (recovery 100% by definition) and the peers as single points."""
+    points = [
+        (name, m["recovery"], m.get("recovery_ci"), m["speedup"])
+        for name, m in summary["methods"].items()
+        if m.get("recovery") is not None and m.get("speedup") is not None
+    ]
+    if len(points) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(7.2, 4.8))
+    families: dict[str, list] = {}
+    for point in points:
+        families.setdefault(_family(point[0]), []).append(point)
+    for family, members in families.items():
+        members.sort(key=lambda p: p[1])
+        xs = [100 * p[1] for p in members]
+        ys = [p[3] for p in members]
+        errors = [
+            [100 * (p[1] - p[2][0]) if p[2] else 0 for p in members],
+            [100 * (p[2][1] - p[1]) if p[2] else 0 for p in members],
+        ]
+        line = ax.errorbar(
+            xs, ys, xerr=errors, fmt="o-" if len(members) > 1 else "s", capsize=3, label=family
+        )
+        for name, x, y in zip([p[0] for p in members], xs, ys, strict=True):
+            setting = name.split("@", 1)[1] if "@" in name else ""
+            if setting:
+                ax.annotate(
+                    setting,
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                    color=line[0].get_color(),
+                )
+    reference = summary.get("quality_reference", summary["baseline"])
+    ax.axvline(100, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel(f"recovery vs {reference} (%), 95% bootstrap interval")
+    ax.set_ylabel(f"speedup over {summary['baseline']} (x)")
+    ax.legend(fontsize=8)
+    return _save(fig, ax, "Speed against quality\n" + _title(summary), out_dir / "pareto.png")
 
 
 def _theta_curve(summary: dict, out_dir: Path) -> Path | None:
