@@ -578,3 +578,49 @@ def test_mars_sampling_is_lossy_on_a_close_call() -> None:
             assert counts[1] == n_trials  # every step took the second choice
     assert results["strict"] < 0.05
     assert results["mars"] > 0.5
+
+
+# ------------------------------------------------------------------------------- the "next" guard
+
+NEXT = Rule("mars", 0.9, guard="next")
+
+
+def test_next_guard_relaxes_when_the_target_goes_on_as_the_draft_does() -> None:
+    # Position 0 is a close call and the draft takes the runner-up (1); the target's top-1 at position 1
+    # (scored after that token) is 3, which is the draft's next token: the guard lets it relax.
+    out = verify_greedy(rows(CLOSE, BONUS, BONUS), tok(1, 3), NEXT)
+    assert (out.n_accepted, out.next_token, out.relaxed.tolist()) == (2, 3, [True, False])
+
+
+def test_next_guard_refuses_when_the_target_disagrees_with_the_next_draft_token() -> None:
+    out = verify_greedy(rows(CLOSE, BONUS, BONUS), tok(1, 2), NEXT)
+    assert (out.n_accepted, out.next_token) == (0, 0)  # strict's correction
+    unguarded = verify_greedy(rows(CLOSE, BONUS, BONUS), tok(1, 2), MARS)
+    assert unguarded.n_accepted == 1 and unguarded.relaxed.tolist() == [True]
+
+
+def test_next_guard_never_relaxes_the_last_draft_position() -> None:
+    out = verify_greedy(rows(CLOSE, BONUS), tok(1), NEXT)
+    assert (out.n_accepted, out.next_token) == (0, 0)
+    # exact matches are untouched by the guard
+    assert verify_greedy(rows(CLOSE, BONUS), tok(0), NEXT).n_accepted == 1
+
+
+def test_next_guard_under_sampling() -> None:
+    gen = torch.Generator().manual_seed(0)
+    guarded = verify_sampling(rows(CLOSE, BONUS, BONUS), tok(1, 3), None, NEXT, 1.0, gen)
+    assert guarded.relaxed.tolist()[:1] == [True]
+    for seed in range(20):  # disagreeing next token: position 0 is an ordinary (random) test, never relaxed
+        out = verify_sampling(
+            rows(CLOSE, BONUS, BONUS), tok(1, 2), None, NEXT, 1.0, torch.Generator().manual_seed(seed)
+        )
+        assert not out.relaxed.any()
+
+
+def test_guard_is_validated_and_refused_on_trees() -> None:
+    with pytest.raises(MarspecError, match="unknown guard"):
+        Rule("mars", 0.9, guard="maybe")
+    from marspec.decode import DecodeConfig
+
+    with pytest.raises(MarspecError, match="chains, not token trees"):
+        DecodeConfig(rule=NEXT, tree=(2, 2))

@@ -278,6 +278,9 @@ class GenerationOptions:
         tree: token-tree drafting (greedy only, needs a draft model): candidates per depth, e.g.
             ``"3,2"`` also verifies the draft's two runner-up tokens at depth 1 and one at depth 2, in
             the same target forward; ``None`` drafts a plain chain.
+        guard: ``"none"`` (MARS as published) or ``"next"``, a variant of ours that relaxes a close
+            call only where the target, after the relaxed token, predicts the draft's next token
+            (see :mod:`marspec.verify`); chains only.
     """
 
     rule: str = "mars"
@@ -291,6 +294,7 @@ class GenerationOptions:
     stop: Sequence[str] | str | None = None
     chat: bool | None = None
     tree: str | Sequence[int] | None = None
+    guard: str = "none"
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -317,7 +321,10 @@ class GenerationOptions:
         if self.theta == AUTO:
             raise MarspecError("theta='auto' must be resolved for a model pair first (Decoder does this)")
         rule = Rule(
-            name="strict" if self.rule == "plain" else self.rule, theta=self.theta, margin=self.margin
+            name="strict" if self.rule == "plain" else self.rule,
+            theta=self.theta,
+            margin=self.margin,
+            guard=self.guard,
         )
         return DecodeConfig(
             rule=rule,

@@ -65,6 +65,11 @@ class DecodeConfig:
         ):
             raise MarspecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         object.__setattr__(self, "tree", parse_tree_shape(self.tree))
+        if self.tree is not None and self.rule.guard != "none":
+            raise MarspecError(
+                f"the {self.rule.guard!r} guard works on draft chains, not token trees: "
+                "drop the guard or the tree"
+            )
         if self.tree is not None and self.temperature > 0:
             raise MarspecError(
                 "tree drafting verifies greedily only (temperature 0); use temperature=0 or drop the tree"

@@ -31,8 +31,14 @@ if TYPE_CHECKING:
 
 MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
 RuleName = Literal["strict", "mars"]
+# "next" (our variant, not the paper's): a close call is relaxed only where the draft's next token is the
+# target's top choice after the relaxed token, read from the same verification forward (the target,
+# having seen the runner-up, goes on as the draft does). The last draft position has no next draft
+# token, so it is never relaxed under this guard.
+GuardName = Literal["none", "next"]
 MARGINS: tuple[str, ...] = get_args(MarginName)
 RULES: tuple[str, ...] = get_args(RuleName)
+GUARDS: tuple[str, ...] = get_args(GuardName)
 
 # Margins whose measure is a ratio at most 1 between the top two: theta is a threshold in [0, 1].
 _RATIO_MARGINS = ("logit_ratio", "prob_ratio")
@@ -50,10 +56,13 @@ class Rule:
     name: RuleName = "mars"
     theta: float = 0.9
     margin: MarginName = "logit_ratio"
+    guard: GuardName = "none"
 
     def __post_init__(self) -> None:
         if self.name not in RULES:
             raise MarspecError(f"unknown rule {self.name!r}; use one of: {', '.join(RULES)}")
+        if self.guard not in GUARDS:
+            raise MarspecError(f"unknown guard {self.guard!r}; use one of: {', '.join(GUARDS)}")
         if self.margin not in MARGINS:
             raise MarspecError(f"unknown margin {self.margin!r}; use one of: {', '.join(MARGINS)}")
         theta = self.theta
@@ -186,6 +195,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
 
     exact = draft == v1[:k]  # [K]
     relaxed = close_call_accepts(values[:k], tokens[:k], draft, rule) & ~exact  # [K]
+    relaxed = relaxed & _guard_allows(rule, draft, v1[1:k])
     n = _leading_true(exact | relaxed)  # 0-dim long
     n_accepted, next_token = _to_ints(n, v1.index_select(0, n.view(1)))
     return Verification(
@@ -215,6 +225,17 @@ class TreeVerification(Verification):
         return [*self.tokens, self.next_token]
 
 
+def _guard_allows(rule: Rule, draft: torch.Tensor, next_top1: torch.Tensor) -> torch.Tensor:
+    """Bool ``[K]``: where ``rule``'s guard lets a close call relax. ``next_top1`` (``long[K-1]``) is
+    the target's top-1 at draft positions 1..K-1, each scored after the draft token before it."""
+    k = draft.shape[0]
+    if rule.guard == "none":
+        return torch.ones(k, dtype=torch.bool, device=draft.device)
+    allowed = torch.zeros(k, dtype=torch.bool, device=draft.device)
+    allowed[: k - 1] = draft[1:] == next_top1.to(draft.dtype)
+    return allowed
+
+
 def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule) -> TreeVerification:
     """Greedy verification of a token tree: walk down from the root, taking at each node its first child
     (in node order) that the rule accepts, i.e. the target's top-1 or, on a close call, its top-2.
@@ -225,6 +246,8 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
     only a top-1 child is ever accepted, so the path is exactly plain greedy decoding's tokens.
     """
     n_nodes = len(tree)
+    if rule.guard != "none":
+        raise MarspecError(f"the {rule.guard!r} guard works on draft chains, not token trees: drop one")
     if target_logits.dim() != 2 or target_logits.shape[0] != n_nodes + 1:
         shape = list(target_logits.shape)
         raise ValueError(f"target_logits must be [N+1, V] = [{n_nodes + 1}, V], got {shape}")
@@ -305,6 +328,7 @@ def verify_sampling(
     scaled = values.float() / temperature  # [K, 2]
     z1, z2 = scaled.unbind(-1)  # [K], [K]
     relaxed = close_call_accepts(scaled, tokens, draft, rule)  # [K]
+    relaxed = relaxed & _guard_allows(rule, draft, target_logits[1:k].argmax(dim=-1))
 
     u = torch.rand(k + 1, generator=generator, device=device)  # [K+1]: K accept tests, 1 token draw
     p_d = p[:k].gather(1, draft[:, None])[:, 0]  # [K]

@@ -26,7 +26,7 @@ from marspec.verify import Rule
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 METHOD_HELP = (
     "plain, strict, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
-    "(marspec's also +tree), hf-assisted, hf-prompt-lookup"
+    "(marspec's also +tree; MARS's also +next, the next-token guard), hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
 MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
@@ -41,6 +41,7 @@ class Method:
     theta: float | None = None  # mars only
     tree: bool = False  # strict or mars with token-tree drafting
     margin: str | None = None  # mars only: None takes the run's margin
+    guard: str = "none"  # mars only: "next" with the +next suffix (see marspec.verify)
 
     @property
     def needs_draft_model(self) -> bool:
@@ -57,18 +58,23 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
     for name in names:
         base, plus, suffix = name.partition("+")
         tree = plus == "+" and suffix == "tree"
-        if plus and not tree:
-            raise MarspecError(f"unknown method {name!r}: the one suffix is +tree; choose from {METHOD_HELP}")
+        guard = "next" if plus == "+" and suffix == "next" else "none"
+        if plus and not tree and guard == "none":
+            raise MarspecError(
+                f"unknown method {name!r}: the suffixes are +tree and +next; choose from {METHOD_HELP}"
+            )
         kind, _, arg = base.partition("@")
         if tree and kind not in ("strict", "mars", *MARGIN_KINDS):
             raise MarspecError(f"method {name!r}: only strict and mars can draft a tree")
+        if guard != "none" and not (kind == "mars" or kind in MARGIN_KINDS):
+            raise MarspecError(f"method {name!r}: only MARS methods take the +next guard")
         if kind == "mars" or kind in MARGIN_KINDS:
             if kind in MARGIN_KINDS and not arg:
                 raise MarspecError(f"method {name!r} needs its theta: write it as {kind}@THETA")
             if arg == "auto" and kind == "mars":
                 if auto is None:
                     raise MarspecError(f"method {name!r} needs the pair's calibration (marspec calibrate)")
-                methods.append(Method(name, "mars", auto.theta, tree, auto.margin))
+                methods.append(Method(name, "mars", auto.theta, tree, auto.margin, guard))
                 continue
             value = theta
             if arg:
@@ -78,7 +84,7 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
             margin = MARGIN_KINDS.get(kind)
             GenerationOptions(rule="mars", theta=value, margin=margin or "logit_ratio")  # validates
-            methods.append(Method(name, "mars", value, tree, margin))
+            methods.append(Method(name, "mars", value, tree, margin, guard))
         elif arg or kind not in ("plain", "strict", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
@@ -124,6 +130,7 @@ def run_method(
         "margin": method.margin or margin,
         "temperature": temperature,
         "seed": seed,
+        "guard": method.guard,
     }
     if method.theta is not None:
         options["theta"] = method.theta
