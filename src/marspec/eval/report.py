@@ -55,8 +55,17 @@ def _theta_of(name: str, default: float) -> float | None:
 
 def _family(name: str) -> str:
     """The curve a method belongs to on the Pareto plot: its rule and margin, without the setting."""
-    base = name.split("+", 1)[0]
-    return base.split("@", 1)[0] + ("+tree" if name.endswith("+tree") else "")
+    base, _, suffix = name.partition("+")
+    return base.split("@", 1)[0] + (f"+{suffix}" if suffix else "")
+
+
+def _setting(name: str) -> float:
+    """A method's theta, for ordering a curve's points (0 when it has none)."""
+    value = name.partition("+")[0].partition("@")[2]
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def _pareto(summary: dict, out_dir: Path) -> Path | None:
@@ -74,7 +83,7 @@ def _pareto(summary: dict, out_dir: Path) -> Path | None:
     for point in points:
         families.setdefault(_family(point[0]), []).append(point)
     for family, members in families.items():
-        members.sort(key=lambda p: p[1])
+        members.sort(key=lambda p: _setting(p[0]))  # a curve traced along theta
         xs = [100 * p[1] for p in members]
         ys = [p[3] for p in members]
         errors = [
@@ -85,7 +94,7 @@ def _pareto(summary: dict, out_dir: Path) -> Path | None:
             xs, ys, xerr=errors, fmt="o-" if len(members) > 1 else "s", capsize=3, label=family
         )
         for name, x, y in zip([p[0] for p in members], xs, ys, strict=True):
-            setting = name.split("@", 1)[1] if "@" in name else ""
+            setting = name.partition("+")[0].partition("@")[2]
             if setting:
                 ax.annotate(
                     setting,
