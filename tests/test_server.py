@@ -350,7 +350,7 @@ BAD_INPUTS = [
         TEXT,
         {**SHORT_BODY, "marspec": {"rule": "mars", "theta": "auto"}},
         400,
-        None,
+        "marspec.theta",
         None,
         "marspec calibrate",
     ),
@@ -671,5 +671,6 @@ def test_theta_auto_server_uses_the_pairs_calibration(tmp_path, monkeypatch) -> 
             ).json()
         assert auto["choices"][0]["text"] == explicit["choices"][0]["text"]
         assert auto["marspec"]["accepted_relaxed"] == explicit["marspec"]["accepted_relaxed"]
+        assert (auto["marspec"]["theta"], auto["marspec"]["margin"]) == (0.05, "prob_ratio")  # resolved
     finally:
         assert proc.stop() == 0

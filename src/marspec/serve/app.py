@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -123,6 +124,10 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     async def complete(request: Request, body: ChatCompletionRequest | CompletionRequest) -> Response:
         gen = parse_request(body, settings, context_length=context_length, has_drafter=has_drafter)
         refuse_if_surely_too_long(gen.prompt, gen.options.chat)
+        try:  # theta="auto": the pair's calibrated setting, echoed in the response as resolved
+            gen = replace(gen, options=decoder.resolve_theta(gen.options))
+        except MarspecError as exc:
+            raise ApiError(400, str(exc), param="marspec.theta") from None
         job = Job(gen.prompt, gen.options, timeout=gen.timeout)
         engine.submit(job)
         out = Responder(
