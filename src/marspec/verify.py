@@ -195,7 +195,8 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
 
     exact = draft == v1[:k]  # [K]
     relaxed = close_call_accepts(values[:k], tokens[:k], draft, rule) & ~exact  # [K]
-    relaxed = relaxed & _guard_allows(rule, draft, v1[1:k])
+    if rule.guard != "none":
+        relaxed = relaxed & _guard_allows(draft, v1[1:k])
     n = _leading_true(exact | relaxed)  # 0-dim long
     n_accepted, next_token = _to_ints(n, v1.index_select(0, n.view(1)))
     return Verification(
@@ -225,12 +226,10 @@ class TreeVerification(Verification):
         return [*self.tokens, self.next_token]
 
 
-def _guard_allows(rule: Rule, draft: torch.Tensor, next_top1: torch.Tensor) -> torch.Tensor:
-    """Bool ``[K]``: where ``rule``'s guard lets a close call relax. ``next_top1`` (``long[K-1]``) is
+def _guard_allows(draft: torch.Tensor, next_top1: torch.Tensor) -> torch.Tensor:
+    """Bool ``[K]``: where the ``next`` guard lets a close call relax. ``next_top1`` (``long[K-1]``) is
     the target's top-1 at draft positions 1..K-1, each scored after the draft token before it."""
     k = draft.shape[0]
-    if rule.guard == "none":
-        return torch.ones(k, dtype=torch.bool, device=draft.device)
     allowed = torch.zeros(k, dtype=torch.bool, device=draft.device)
     allowed[: k - 1] = draft[1:] == next_top1.to(draft.dtype)
     return allowed
@@ -328,7 +327,8 @@ def verify_sampling(
     scaled = values.float() / temperature  # [K, 2]
     z1, z2 = scaled.unbind(-1)  # [K], [K]
     relaxed = close_call_accepts(scaled, tokens, draft, rule)  # [K]
-    relaxed = relaxed & _guard_allows(rule, draft, target_logits[1:k].argmax(dim=-1))
+    if rule.guard != "none":  # the guard's argmax over [K-1, V] is paid only when it is asked for
+        relaxed = relaxed & _guard_allows(draft, tokens[1:k, 0])
 
     u = torch.rand(k + 1, generator=generator, device=device)  # [K+1]: K accept tests, 1 token draw
     p_d = p[:k].gather(1, draft[:, None])[:, 0]  # [K]
