@@ -170,9 +170,32 @@ def test_refuses_to_mix_configurations(tmp_path):
     prepare_out_dir(tmp_path, config("plain,strict"))
     with pytest.raises(MarspecError, match=r"different configuration.*k"):
         prepare_out_dir(tmp_path, replace(config("plain,strict"), k=4))
-    with pytest.raises(MarspecError, match="methods"):
-        prepare_out_dir(tmp_path, config("plain,mars"))
+    with pytest.raises(MarspecError, match="theta"):
+        prepare_out_dir(tmp_path, replace(config("plain,strict"), theta=0.5))  # bare "mars" would differ
     assert json.loads((tmp_path / "config.json").read_text())["k"] == 3
+
+
+def test_methods_can_be_added_to_a_run_and_reuse_its_records(decoder, tmp_path):
+    questions = load_task("gsm8k", 1)
+    grade = grader_for("gsm8k")
+    run_bench(decoder, questions, parse_methods("strict", 0.9), config("strict"), tmp_path, grade)
+    done = []
+    spec = "strict,mars-prob@0.5"
+    summary = run_bench(
+        decoder,
+        questions,
+        parse_methods(spec, 0.9),
+        replace(config(spec), plain_limit=1),
+        tmp_path,
+        grade,
+        on_done=lambda q, m, sample, skipped: done.append((m.name, skipped)),
+    )
+    assert done == [("strict", True), ("mars-prob@0.5", False)]
+    assert all(r["cpu"] for r in load_records(tmp_path).values())  # where each record ran
+    assert set(summary["methods"]) == {"strict", "mars-prob@0.5"}
+    prepare_out_dir(tmp_path, config("plain"))
+    stored = json.loads((tmp_path / "config.json").read_text())["methods"]
+    assert stored == ["strict", "mars-prob@0.5", "plain"]
 
 
 @pytest.mark.parametrize(

@@ -137,6 +137,22 @@ def test_cli_calibrate_end_to_end_then_theta_auto(calibration_dir, tmp_path):
     assert gen.exit_code == 0, gen.output
     assert json.loads(gen.output.splitlines()[-1])["stats"]["new_tokens"] > 0
 
+    # The same run, read back by `marspec choose`, supports the same choice without measuring again.
+    run = tmp_path / "runs" / "gsm8k-t0"
+    calibration_path(SMALL, "ngram").unlink()
+    chosen = runner.invoke(app, ["choose", str(run), "--budget", "0.99"])
+    assert chosen.exit_code == 0, chosen.output
+    again = json.loads(calibration_path(SMALL, "ngram").read_text())["greedy"]
+    assert (again["margin"], again["theta"], again["tasks"]) == (
+        stored["margin"],
+        stored["theta"],
+        stored["tasks"],
+    )
+    assert again["table"] == stored["table"]
+    for bad, needle in (([run, run], "two runs"), ([tmp_path / "nowhere"], "not a finished")):
+        refused = runner.invoke(app, ["choose", *map(str, bad)])
+        assert refused.exit_code == 2 and needle in refused.output, refused.output
+
 
 @pytest.mark.parametrize(
     ("args", "needle"),
@@ -145,13 +161,17 @@ def test_cli_calibrate_end_to_end_then_theta_auto(calibration_dir, tmp_path):
         (["calibrate", "--samples", "0", "--temperature", "1"], "--samples"),
         (["calibrate", "--task", "mtbench"], "graded task"),
         (["calibrate", "--candidates", "plain"], "no MARS setting"),
+        (["calibrate", "--candidates", "mars-prob@0.5+next"], "do not describe +next"),
+        (["choose", ".", "--budget", "0"], "--budget"),
         (["generate", "hi", "--target", SMALL, "--draft", "ngram", "--theta", "auto"], "marspec calibrate"),
         (["generate", "hi", "--theta", "high"], "--theta must be a number"),
         (["bench", "--theta", "auto", "--target", SMALL, "--draft", "ngram"], "marspec calibrate"),
     ],
 )
 def test_cli_bad_calibration_input_is_one_line_and_exit_2(args, needle, tmp_path):
-    result = runner.invoke(app, [*args, "--out", str(tmp_path)] if args[0] != "generate" else args)
+    result = runner.invoke(
+        app, [*args, "--out", str(tmp_path)] if args[0] in ("calibrate", "bench") else args
+    )
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output

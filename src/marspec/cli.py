@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from marspec.calibration import AUTO, load_choice, parse_theta
+from marspec.calibration import AUTO, Choice, load_choice, parse_theta
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
@@ -582,7 +582,7 @@ def calibrate(
     OUT/TASK-tT), then keeps the fastest candidate whose recovery's 95% lower bound reaches --budget on
     every task (theta 1, i.e. strict, if none does)."""
     from marspec.calibration import calibration_path, read_calibration_file, save_choice, validate_budget
-    from marspec.eval.calibrate import candidates_of, make_choice
+    from marspec.eval.calibrate import candidates_of, make_choice, storable
     from marspec.eval.datasets import load_task
     from marspec.eval.methods import parse_methods
 
@@ -602,6 +602,12 @@ def calibrate(
             raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
         spec = f"strict,{candidates}"
         methods = parse_methods(spec, DEFAULT_THETA)
+        unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
+        if unstorable:
+            raise MarspecError(
+                f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
+                "do not describe +next or +tree; compare those with marspec bench"
+            )
         if not any(m.kind == "mars" for m in methods):
             raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
         # A corrupt or foreign calibration file is refused now, not after hours of measuring.
@@ -631,11 +637,40 @@ def calibrate(
         drafting = {"k": k, "dtype": dtype, "samples": samples, **load_settings}
         choice = make_choice(rows, budget, temperature, questions, drafting)
         path = save_choice(target, draft, choice)
-    regime = "greedy" if not temperature else f"temperature {temperature:g}"
+    _print_calibration(target, draft, choice, path)
+
+
+@app.command()
+def choose(
+    runs: Annotated[list[Path], typer.Argument(help="Finished bench runs, one per task (humaneval, gsm8k).")],
+    budget: Annotated[
+        float,
+        typer.Option("--budget", help="Least recovery (95% lower bound, vs strict) to accept, in (0, 1]."),
+    ] = 0.99,
+) -> None:
+    """Choose MARS's setting from bench runs you already have, and store it for theta=auto.
+
+    Each run must hold strict and MARS settings (e.g. a sweep); nothing is measured again. The choice
+    follows calibrate's rule, for the runs' pair, drafting settings and temperature."""
+    from marspec.calibration import calibration_path, read_calibration_file, save_choice, validate_budget
+    from marspec.eval.calibrate import choice_from_runs
+
+    with user_errors():
+        validate_budget(budget)
+        config, choice = choice_from_runs(runs, budget)
+        target, draft = config["target"], config["draft"]
+        read_calibration_file(calibration_path(target, draft), target, draft)
+        path = save_choice(target, draft, choice)
+    _print_calibration(target, draft, choice, path)
+
+
+def _print_calibration(target: str, draft: str, choice: Choice, path: Path) -> None:
+    """The candidates' table and the choice, as calibrate and choose report them."""
+    regime = "greedy" if not choice.temperature else f"temperature {choice.temperature:g}"
     table = Table(title=f"calibration of {target} with {draft} ({regime})")
     for col in ("setting", "task", "speedup vs strict", "tau vs strict", "recovery [95% CI]", "questions"):
         table.add_column(col, justify="left" if col in ("setting", "task") else "right")
-    for r in rows:
+    for r in choice.table:
         chosen = (r.margin, r.theta) == (choice.margin, choice.theta)
         recovery = (
             "—" if r.recovery is None else f"{r.recovery:.1%} [{r.recovery_lo:.1%}, {r.recovery_hi:.1%}]"

@@ -14,8 +14,10 @@ distribution when sampling) is the quality reference.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -75,8 +77,15 @@ class BenchConfig:
         return parse_tree_shape(self.tree)
 
 
+# Fields that may change between invocations on one directory: records are keyed by method, so adding a
+# method reuses every record already there, and plain's question limit only decides where it runs.
+ADDABLE_FIELDS = ("methods", "plain_limit")
+
+
 def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[RecordKey, dict]:
-    """Create ``out_dir`` or check it holds the same configuration; return the records already there."""
+    """Create ``out_dir`` or check it holds a comparable configuration; return the records already there.
+
+    The stored config lists every method ever run in the directory, in first-run order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / CONFIG_FILE
     wanted = asdict(config)
@@ -84,15 +93,16 @@ def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[RecordKey, dict]
     if config_path.exists():
         # A field missing from an older run's config had its default value then.
         have = {**{f.name: f.default for f in fields(BenchConfig)}, **json.loads(config_path.read_text())}
-        diff = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
+        keys = (set(have) | set(wanted)) - set(ADDABLE_FIELDS)
+        diff = sorted(k for k in keys if have.get(k) != wanted.get(k))
         if diff:
             detail = "; ".join(f"{k}: {have.get(k)!r} there, {wanted.get(k)!r} now" for k in diff)
             raise MarspecError(
                 f"{out_dir} holds results of a different configuration ({detail}); refusing to mix them: "
                 "use another --out directory or delete this one"
             )
-    else:
-        config_path.write_text(json.dumps(wanted, indent=2) + "\n")
+        wanted["methods"] = list(dict.fromkeys([*have["methods"], *config.methods]))
+    config_path.write_text(json.dumps(wanted, indent=2) + "\n")
     return load_records(out_dir)
 
 
@@ -154,6 +164,18 @@ def sample_seed(qid: str, sample: int, turn: int) -> int:
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits
 
 
+@functools.cache
+def cpu_name() -> str:
+    """The processor's model name (e.g. "AMD EPYC"), or the platform's best guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def runs_on(method: str, index: int, config: BenchConfig) -> bool:
     """Whether ``method`` runs on the question at ``index`` (plain may be limited to the first few)."""
     return not (method == "plain" and config.plain_limit is not None and index >= config.plain_limit)
@@ -196,6 +218,9 @@ def run_bench(
                         "margin": method.margin or config.margin,
                         "turns": [turn_record(t) for t in turns],
                         "seeds": [t.seed for t in turns],
+                        # Runs resumed or extended on another machine mix CPUs (whose kernels round
+                        # near-ties differently): each record says where it ran.
+                        "cpu": cpu_name(),
                         **grade(question, [t.text for t in turns]),
                     }
                     sink.write(json.dumps(rec) + "\n")
@@ -304,6 +329,7 @@ def summarize(
         "baseline": speed_base,
         "quality_reference": quality_base,
         "questions": len(done),
+        "qids": list(done),
         "samples": config.samples,
         "methods": per_method,
     }

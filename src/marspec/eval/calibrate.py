@@ -8,11 +8,14 @@ plain decoding, the most expensive method, is not needed here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from marspec.calibration import Candidate, Choice, choose
-from marspec.eval.methods import Method
+from marspec.errors import MarspecError
+from marspec.eval.methods import Method, parse_methods
 
 # Candidate settings when the user names none: the paper's logit ratio at and above its 0.9, and the
 # scale-aware probability ratio p2/p1 over the range where near-ties on the default pair fall.
@@ -26,13 +29,27 @@ DEFAULT_CANDIDATES = (
 )
 
 
+# What a calibration stores is a margin and a theta; these must match between runs for their rows to be
+# read as one measurement of the same drafting.
+SHARED_RUN_FIELDS = (
+    "target", "draft", "draft_quant", "draft_confidence", "lookup", "prepack",
+    "dtype", "k", "max_new_tokens", "temperature", "samples",
+)  # fmt: skip
+
+
+def storable(method: Method) -> bool:
+    """Whether theta="auto" can stand for ``method``: a MARS setting without a guard or a tree, which a
+    stored (margin, theta) does not describe."""
+    return method.kind == "mars" and method.guard == "none" and not method.tree
+
+
 def candidates_of(summary: dict[str, Any], methods: Sequence[Method], task: str) -> list[Candidate]:
     """The candidate rows of one task's benchmark summary (strict is its reference for both speed and
     quality)."""
     strict = summary["methods"]["strict"]
     rows = []
     for m in methods:
-        if m.kind != "mars":
+        if not storable(m):
             continue
         metrics = summary["methods"][m.name]
         ci = metrics.get("recovery_ci") or [None, None]
@@ -73,3 +90,57 @@ def make_choice(
         table=rows,
         drafting=drafting,
     )
+
+
+def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str, Any], Choice]:
+    """The choice finished ``marspec bench`` runs support, one run per task, without measuring again:
+    (the runs' shared config, the choice). Each run must hold strict and at least one storable MARS
+    setting, and all must share the drafting settings of SHARED_RUN_FIELDS."""
+    if not run_dirs:
+        raise MarspecError("give at least one benchmark run directory, e.g. runs/humaneval-30")
+    configs, rows, tasks = [], [], {}
+    for run in run_dirs:
+        config, summary = _finished_run(run)
+        task = config["task"]
+        if task not in ("humaneval", "gsm8k"):
+            raise MarspecError(f"{run} ran {task!r}: calibration needs a graded task (humaneval, gsm8k)")
+        if task in tasks:
+            raise MarspecError(f"two runs of {task!r} given ({run} and another): give one run per task")
+        for earlier in configs:
+            for key in SHARED_RUN_FIELDS:
+                if earlier.get(key) != config.get(key):
+                    raise MarspecError(
+                        f"{run} differs from the other runs in {key} ({config.get(key)!r} vs "
+                        f"{earlier.get(key)!r}): a calibration rests on runs with the same drafting settings"
+                    )
+        configs.append(config)
+        methods = parse_methods(",".join(summary["methods"]), config["theta"])
+        if "strict" not in summary["methods"]:
+            raise MarspecError(f"{run} has no strict runs: the reference a calibration measures against")
+        found = candidates_of(summary, methods, task)
+        if not found:
+            raise MarspecError(
+                f"{run} has no MARS setting to choose from (guarded and tree methods cannot be stored)"
+            )
+        rows += found
+        tasks[task] = summary.get("qids") or _strict_qids(run)
+    shared = configs[0]
+    drafting = {key: shared.get(key) for key in SHARED_RUN_FIELDS if key not in ("target", "draft")}
+    return shared, make_choice(rows, budget, float(shared.get("temperature", 0.0)), tasks, drafting)
+
+
+def _finished_run(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    paths = run / "config.json", run / "summary.json"
+    if not all(p.is_file() for p in paths):
+        raise MarspecError(f"{run} is not a finished benchmark run (no config.json and summary.json)")
+    try:
+        return json.loads(paths[0].read_text()), json.loads(paths[1].read_text())
+    except json.JSONDecodeError as exc:
+        raise MarspecError(f"{run} holds a corrupt config.json or summary.json: {exc}") from None
+
+
+def _strict_qids(run: Path) -> list[str]:
+    """Question ids of strict's records, for summaries written before they listed their questions."""
+    from marspec.eval.bench import load_records
+
+    return list(dict.fromkeys(qid for qid, method, _ in load_records(run) if method == "strict"))
