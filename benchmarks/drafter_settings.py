@@ -77,7 +77,7 @@ def main() -> None:
         lookup=False,
         prepack=args.prepack,
     )
-    fp32_draft = decoder.drafter.lm
+    fp32_draft = decoder.drafter.draft_model
     model, tokenizer, _ = load_model(DEFAULT_DRAFT, dtype=torch.float32)
     int8_draft = HFCausalLM(quantize_int8(model), tokenizer, f"{DEFAULT_DRAFT}-int8")
     every = settings(fp32_draft, int8_draft, decoder.target.vocab_size)

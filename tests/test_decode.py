@@ -69,12 +69,12 @@ class RunnerUpDrafter(ModelDrafter):
     exactly the target's runner-up, the token MARS may relax to."""
 
     def propose(self, context, k, temperature, generator, alternatives=0):
-        logits = self.lm.forward(context[self.lm.cached_len :], last_only=True)[-1]
+        logits = self.draft_model.forward(context[self.draft_model.cached_len :], last_only=True)[-1]
         tokens = torch.empty(k, dtype=torch.long)
         for i in range(k):
             tokens[i] = torch.topk(logits, 2).indices[1]
             if i + 1 < k:
-                logits = self.lm.forward(tokens[i : i + 1])[-1]
+                logits = self.draft_model.forward(tokens[i : i + 1])[-1]
         return Draft(tokens=tokens)
 
 

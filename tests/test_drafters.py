@@ -77,14 +77,14 @@ def test_hybrid_uses_lookup_when_the_context_repeats(prompt):
     # prompt = [5, 17, 42, 8, 63, 5, 17, 42]: its tail "5 17 42" occurred before, followed by "8 63".
     draft = hybrid.propose(prompt, 2, 0.0, None)
     assert draft.tokens.tolist() == [8, 63]
-    assert model.lm.cached_len == 0  # the model was not asked
+    assert model.draft_model.cached_len == 0  # the model was not asked
 
 
 def test_hybrid_falls_back_to_the_model_and_catches_up(prompt):
     model = ModelDrafter(tiny_lm(1), 97)
     hybrid = HybridDrafter(model, NgramDrafter(max_ngram=3, min_ngram=3))
     context = torch.cat((prompt, torch.tensor([1, 2, 3])))  # tail "1 2 3" never occurred before
-    expected, _ = draft_confidences(model.lm, context, 3)
+    expected, _ = draft_confidences(model.draft_model, context, 3)
     assert hybrid.propose(context, 3, 0.0, None).tokens.tolist() == expected
 
 

@@ -172,6 +172,7 @@ class WrongChainRightSibling:
     right token, so only the tree's siblings can be accepted."""
 
     name = "oracle"
+    draft_model = None  # it reads its answers, no model
 
     def __init__(self, prompt_len: int, continuation: list[int]) -> None:
         self.prompt_len = prompt_len

@@ -161,7 +161,7 @@ class Decoder:
             self.draft_name = draft_lm.name
             model_drafter = ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=draft_confidence)
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
-        self.eos_token_ids = _eos_ids(self.target)
+        self.eos_token_ids = self.target.eos_token_ids
 
     @property
     def tokenizer(self):
@@ -335,17 +335,6 @@ class GenerationOptions:
             eos_token_ids=eos_token_ids,
             tree=parse_tree_shape(self.tree),
         )
-
-
-def _eos_ids(lm: HFCausalLM) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-    return frozenset(ids)
 
 
 def _check_stops(stop: Sequence[str] | str | None) -> tuple[str, ...]:

@@ -756,7 +756,7 @@ def profile(
             draft_quant=draft_quant,
             prepack=prepack,
         )
-        draft_lm = getattr(decoder.drafter, "lm", None)
+        draft_lm = decoder.drafter.draft_model if decoder.drafter else None
         with status(err, "measuring forwards"):
             costs = profile_pair(decoder.target, draft_lm, max_tokens, context, repeats)
     if as_json:

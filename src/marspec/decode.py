@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from marspec.backends.hf import HFCausalLM
+from marspec.backends.base import CausalLM
 from marspec.drafters.base import Draft, Drafter
 from marspec.errors import MarspecError
 from marspec.stats import GenerationStats, StepRecord
@@ -86,7 +86,7 @@ class Step:
 
 
 def decode(
-    target: HFCausalLM,
+    target: CausalLM,
     drafter: Drafter | None,
     prompt_ids: torch.Tensor,
     config: DecodeConfig,
@@ -106,19 +106,19 @@ def decode(
     seq[:prompt_len] = prompt_ids
     length = prompt_len
     sampling = config.temperature > 0
-    draft_lm: HFCausalLM | None = getattr(drafter, "lm", None)
+    draft_lm = drafter.draft_model if drafter is not None else None
     alternatives = max(config.tree) - 1 if config.tree else 0
 
     target.reset()
     if drafter is not None:
         drafter.reset()
-    target_s0 = target.forward_seconds
-    draft_s0 = draft_lm.forward_seconds if draft_lm else 0.0
-    draft_calls0 = draft_lm.forward_calls if draft_lm else 0
+    target_s0 = target.clock.seconds
+    draft_s0 = draft_lm.clock.seconds if draft_lm else 0.0
+    draft_calls0 = draft_lm.clock.calls if draft_lm else 0
     if prompt_len > 1:
         target.forward(seq[: prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
-    stats.prefill_s = target.forward_seconds - target_s0
+    stats.prefill_s = target.clock.seconds - target_s0
 
     produced = 0
     draft_len = config.k
@@ -186,10 +186,10 @@ def decode(
             )
         )
         stats.new_tokens = produced
-        stats.target_forward_s = target.forward_seconds - target_s0
+        stats.target_forward_s = target.clock.seconds - target_s0
         if draft_lm is not None:
-            stats.draft_forward_s = draft_lm.forward_seconds - draft_s0
-            stats.draft_forwards = draft_lm.forward_calls - draft_calls0
+            stats.draft_forward_s = draft_lm.clock.seconds - draft_s0
+            stats.draft_forwards = draft_lm.clock.calls - draft_calls0
         stats.stopped_at_eos = finished
         yield Step(tokens=tokens, relaxed=relaxed, finished=finished)
         if finished:

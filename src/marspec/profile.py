@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marspec.backends.hf import HFCausalLM
+from marspec.backends.base import CausalLM
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _lookup(costs: dict[int, float], n: int) -> float:
 
 
 @torch.inference_mode()
-def measure(lm: HFCausalLM, sizes: Iterable[int], context: int = 256, repeats: int = 5) -> dict[int, float]:
+def measure(lm: CausalLM, sizes: Iterable[int], context: int = 256, repeats: int = 5) -> dict[int, float]:
     """Median wall seconds of ``lm.forward`` over n new tokens, for each n in ``sizes``, on top of a cache
     of ``context`` random tokens (rolled back after each forward, as the decode loop does)."""
     gen = torch.Generator().manual_seed(0)
@@ -83,7 +83,7 @@ def measure(lm: HFCausalLM, sizes: Iterable[int], context: int = 256, repeats: i
 
 
 def profile_pair(
-    target: HFCausalLM, draft: HFCausalLM | None, max_tokens: int, context: int = 256, repeats: int = 5
+    target: CausalLM, draft: CausalLM | None, max_tokens: int, context: int = 256, repeats: int = 5
 ) -> ForwardCosts:
     """Target costs for 1..max_tokens scored tokens; draft costs for 1 and 2 (a proposal's first forward
     also feeds the token the target just emitted, sometimes one more)."""

@@ -1,5 +1,6 @@
 """Engines that compute logits with a KV cache."""
 
+from marspec.backends.base import CausalLM, ForwardClock
 from marspec.backends.hf import HFCausalLM
 
-__all__ = ["HFCausalLM"]
+__all__ = ["CausalLM", "ForwardClock", "HFCausalLM"]

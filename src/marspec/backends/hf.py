@@ -1,9 +1,4 @@
-"""A Hugging Face transformers causal LM behind the small interface the decode loop needs.
-
-The loop only ever asks three things of a model: score some new tokens on top of what is cached, report
-how many positions are cached, and forget everything after a given position (rollback after
-verification). Keeping that interface tiny is what lets drafters and targets share one backend.
-"""
+"""A Hugging Face transformers causal LM behind the backend protocol (:mod:`marspec.backends.base`)."""
 
 from __future__ import annotations
 
@@ -13,12 +8,14 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from marspec.backends.base import ForwardClock
+
 if TYPE_CHECKING:
     from marspec.tree import DraftTree
 
 
 class HFCausalLM:
-    """A causal LM with a KV cache that is rolled back in place.
+    """A transformers causal LM with a KV cache that is rolled back in place (a :class:`CausalLM`).
 
     Rollback uses ``DynamicCache.crop``, which slices every layer's keys and values to a view: no copy of
     the cache is made when a verification rejects draft tokens.
@@ -31,9 +28,11 @@ class HFCausalLM:
         # out_features, not weight.shape: a quantised head keeps its weight behind a method.
         self.vocab_size: int = int(model.get_output_embeddings().out_features)
         self.context_length: int = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-        self.dtype: torch.dtype = next(model.parameters()).dtype
-        self.forward_seconds = 0.0  # wall time spent inside model forwards, for the overhead measurement
-        self.forward_calls = 0
+        first = next(model.parameters())
+        self.dtype: torch.dtype = first.dtype
+        self.device: torch.device = first.device
+        self.eos_token_ids: frozenset[int] = eos_token_ids(model, tokenizer)
+        self.clock = ForwardClock()
         self._cache = DynamicCache(config=model.config)
         self._cached = 0
 
@@ -63,8 +62,7 @@ class HFCausalLM:
         )
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [n or 1, V]
-        self.forward_seconds += time.perf_counter() - start
-        self.forward_calls += 1
+        self.clock.tick(time.perf_counter() - start)
         return logits
 
     @torch.inference_mode()
@@ -88,8 +86,7 @@ class HFCausalLM:
         )
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [N+1, V]
-        self.forward_seconds += time.perf_counter() - start
-        self.forward_calls += 1
+        self.clock.tick(time.perf_counter() - start)
         return logits
 
     @torch.inference_mode()
@@ -116,3 +113,16 @@ class HFCausalLM:
         if drop:
             self._cache.crop(-drop)
             self._cached = length
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every end-of-sequence id the checkpoint declares: its generation config (instruct models list
+    their end-of-turn token there), its model config and its tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return frozenset(ids)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
+
+from marspec.backends.base import CausalLM
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,13 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
+@runtime_checkable
 class Drafter(Protocol):
     """Anything that can propose draft tokens after a context."""
 
     name: str
+    # The model whose forwards drafting runs (its clock is drafting's cost); None for a lookup drafter.
+    draft_model: CausalLM | None
 
     def propose(
         self,

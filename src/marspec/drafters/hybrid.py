@@ -22,7 +22,7 @@ class HybridDrafter:
     def __init__(self, model: ModelDrafter, lookup: NgramDrafter | None = None) -> None:
         self.model = model
         self.lookup = lookup if lookup is not None else NgramDrafter(max_ngram=4, min_ngram=3)
-        self.lm = model.lm  # the loop reads the draft model's forward time from here
+        self.draft_model = model.draft_model
         self.name = f"{self.lookup.name}+{model.name}"
 
     def propose(

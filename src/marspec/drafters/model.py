@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from marspec.backends.hf import HFCausalLM
+from marspec.backends.base import CausalLM
 from marspec.drafters.base import Draft
 from marspec.errors import MarspecError
 from marspec.verify import sample_token
@@ -22,10 +22,10 @@ class ModelDrafter:
     positions after an unsure guess are rarely accepted. 0 always drafts ``k`` tokens.
     """
 
-    def __init__(self, lm: HFCausalLM, target_vocab_size: int, min_confidence: float = 0.0) -> None:
+    def __init__(self, lm: CausalLM, target_vocab_size: int, min_confidence: float = 0.0) -> None:
         if not 0.0 <= min_confidence <= 1.0:
             raise MarspecError(f"draft min_confidence must be in [0, 1], got {min_confidence!r}")
-        self.lm = lm
+        self.draft_model: CausalLM = lm
         self.name = lm.name
         self.target_vocab_size = target_vocab_size
         self.min_confidence = min_confidence
@@ -40,7 +40,8 @@ class ModelDrafter:
     ) -> Draft:
         # The draft cache never holds the newest token (the target's last correction or bonus): feed it,
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
-        logits = self.lm.forward(context[self.lm.cached_len :], last_only=True)[-1]  # [V_draft]
+        lm = self.draft_model
+        logits = lm.forward(context[lm.cached_len :], last_only=True)[-1]  # [V_draft]
         tokens = torch.empty(k, dtype=torch.long)
         probs = torch.empty(k, self.target_vocab_size) if temperature > 0 else None
         # Next-best tokens come from the logits each chain token is drafted from: no extra forward.
@@ -61,7 +62,7 @@ class ModelDrafter:
             n += 1
             if n == k or self._unsure(logits):
                 break
-            logits = self.lm.forward(tokens[n - 1 : n])[-1]
+            logits = lm.forward(tokens[n - 1 : n])[-1]
         return Draft(
             tokens=tokens[:n],
             probs=None if probs is None else probs[:n],
@@ -84,7 +85,7 @@ class ModelDrafter:
         return torch.nn.functional.pad(q, (0, width - q.shape[0]))
 
     def rollback(self, valid_len: int) -> None:
-        self.lm.rollback(min(self.lm.cached_len, valid_len))
+        self.draft_model.rollback(min(self.draft_model.cached_len, valid_len))
 
     def reset(self) -> None:
-        self.lm.reset()
+        self.draft_model.reset()

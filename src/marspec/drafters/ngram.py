@@ -16,6 +16,7 @@ class NgramDrafter:
     """
 
     name = "ngram"
+    draft_model = None  # lookup costs no model forwards
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -244,7 +244,7 @@ def profile_once(decoder: Decoder, config: BenchConfig, out_dir: Path) -> Forwar
     """The forward-cost profile of this run's models (measured once; a resumed run keeps the first)."""
     costs = load_costs(out_dir)
     if costs is None:
-        draft_lm = getattr(decoder.drafter, "lm", None)
+        draft_lm = decoder.drafter.draft_model if decoder.drafter else None
         shape = config.tree_shape
         siblings = sum(width - 1 for width in shape) if shape else 0
         costs = profile_pair(decoder.target, draft_lm, max_tokens=config.k + 1 + siblings)

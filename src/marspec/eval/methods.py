@@ -19,6 +19,7 @@ import torch
 from transformers import GenerationConfig
 
 from marspec.api import Decoder, GenerationOptions
+from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
 from marspec.stats import GenerationStats
 from marspec.verify import Rule
@@ -196,9 +197,11 @@ def _run_hf_peer(
     kwargs: dict[str, Any] = {}
     draft_model = None
     if method.kind == "hf-assisted":
-        draft_lm = getattr(decoder.drafter, "lm", None)
-        if draft_lm is None:
-            raise MarspecError("hf-assisted needs a draft model: run the benchmark with --draft NAME")
+        draft_lm = decoder.drafter.draft_model if decoder.drafter else None
+        if not isinstance(draft_lm, HFCausalLM):
+            raise MarspecError(
+                "hf-assisted needs a transformers draft model: run the benchmark with --draft NAME"
+            )
         draft_model = draft_lm.model
         kwargs["assistant_model"] = draft_model
     else:

@@ -1,0 +1,105 @@
+"""The backend protocol: what the loop, drafters and profiler may ask of a model, and nothing more."""
+
+from __future__ import annotations
+
+import torch
+from conftest import TINY_VOCAB, tiny_lm
+from transformers import GenerationConfig
+
+from marspec.backends import CausalLM, ForwardClock, HFCausalLM
+from marspec.decode import DecodeConfig, decode
+from marspec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from marspec.drafters.base import Drafter
+from marspec.stats import GenerationStats
+from marspec.verify import Rule
+
+
+class BigramLM:
+    """A second backend with no transformers in it: logits depend on the last token only (a random
+    bigram table), and its "cache" is the list of tokens seen. Enough to drive the whole loop."""
+
+    def __init__(self, seed: int, name: str = "bigram") -> None:
+        self.table = torch.randn(TINY_VOCAB, TINY_VOCAB, generator=torch.Generator().manual_seed(seed)) * 5
+        self.name = name
+        self.vocab_size = TINY_VOCAB
+        self.context_length = 0
+        self.eos_token_ids: frozenset[int] = frozenset()
+        self.device = torch.device("cpu")
+        self.clock = ForwardClock()
+        self.tokens: list[int] = []
+
+    @property
+    def cached_len(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        self.tokens += tokens.tolist()
+        self.clock.tick(0.0)
+        rows = self.table[tokens]  # [n, V]
+        return rows[-1:] if last_only else rows
+
+    def forward_tree(self, tree, root):
+        nodes = torch.cat((root, tree.tokens))
+        self.tokens += nodes.tolist()
+        self.clock.tick(0.0)
+        return self.table[nodes]
+
+    def keep_path(self, base: int, path: tuple[int, ...]) -> None:
+        kept = [self.tokens[base + node] for node in path]
+        self.tokens = self.tokens[: base + 1] + kept
+
+    def rollback(self, length: int) -> None:
+        self.tokens = self.tokens[:length]
+
+
+def generate(target, drafter, prompt, **kw) -> tuple[list[int], GenerationStats]:
+    stats = GenerationStats()
+    out: list[int] = []
+    for step in decode(target, drafter, prompt, DecodeConfig(**kw), stats):
+        out += step.tokens
+    return out, stats
+
+
+def test_backends_and_drafters_satisfy_their_protocols(target):
+    assert isinstance(target, CausalLM) and isinstance(BigramLM(0), CausalLM)
+    model = ModelDrafter(tiny_lm(1), target_vocab_size=target.vocab_size)
+    for drafter in (model, NgramDrafter(), HybridDrafter(model)):
+        assert isinstance(drafter, Drafter)
+    assert NgramDrafter().draft_model is None and HybridDrafter(model).draft_model is model.draft_model
+
+
+def test_a_backend_without_transformers_runs_the_loop_exactly(prompt):
+    target = BigramLM(0, "bigram-target")
+    plain, _ = generate(target, None, prompt, max_new_tokens=30)
+    expected, last = [], int(prompt[-1])
+    for _ in range(30):
+        last = int(torch.argmax(target.table[last]))
+        expected.append(last)
+    assert plain == expected
+    drafter = ModelDrafter(BigramLM(1, "bigram-draft"), target_vocab_size=TINY_VOCAB)
+    spec, stats = generate(target, drafter, prompt, rule=Rule("strict"), k=4, max_new_tokens=30)
+    assert spec == plain and stats.rejected > 0
+    tree, _ = generate(target, drafter, prompt, rule=Rule("strict"), k=4, max_new_tokens=30, tree=(2, 2))
+    assert tree == plain
+
+
+def test_clocks_count_forwards_and_the_loop_reads_them(target, prompt):
+    drafter = ModelDrafter(tiny_lm(1, "tiny-draft"), target_vocab_size=target.vocab_size)
+    before = (target.clock.calls, drafter.draft_model.clock.calls)
+    _, stats = generate(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
+    assert target.clock.calls - before[0] == stats.target_forwards + 1  # + the prefill
+    assert drafter.draft_model.clock.calls - before[1] == stats.draft_forwards > 0
+    assert stats.draft_forward_s > 0 and 0 < stats.prefill_s < stats.target_forward_s
+    _, lookup = generate(target, NgramDrafter(), prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
+    assert lookup.draft_forwards == 0 and lookup.draft_forward_s == 0.0
+
+
+def test_eos_ids_gather_every_source_the_checkpoint_declares():
+    lm = tiny_lm(0)
+    lm.model.generation_config = GenerationConfig(eos_token_id=[5, 7])
+    lm.model.config.eos_token_id = 9
+    assert HFCausalLM(lm.model, tokenizer=None, name="tiny").eos_token_ids == {5, 7, 9}
+    assert lm.device == torch.device("cpu")
