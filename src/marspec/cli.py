@@ -99,26 +99,27 @@ def user_errors() -> Iterator[None]:
 _loaded: dict[tuple, Any] = {}  # the last Decoder loaded, by its arguments (calibrate runs several tasks)
 
 
-def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, **load_settings):
-    """Load the models; ``load_settings`` are Decoder's draft_quant, draft_confidence, lookup and prepack."""
+@dataclass(frozen=True)
+class LoadSettings:
+    """The drafter and kernel settings every model-loading command takes (Decoder's keyword arguments
+    of the same names)."""
+
+    draft_quant: str
+    draft_confidence: float
+    lookup: bool
+    prepack: bool
+
+
+def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings):
+    """Load the models, or reuse the pair the last call loaded with the same arguments."""
     from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
 
-    key = (target, draft, dtype, threads, *sorted(load_settings.items()))
+    key = (target, draft, dtype, threads, settings)
     if key not in _loaded:
         _loaded.clear()  # hold one pair of models at a time
         with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
-            _loaded[key] = Decoder(target, draft, dtype=dtype, threads=threads, **load_settings)
+            _loaded[key] = Decoder(target, draft, dtype=dtype, threads=threads, **asdict(settings))
     return _loaded[key]
-
-
-def _load_settings(draft_quant: str, draft_confidence: float, lookup: bool, prepack: bool) -> dict:
-    """The drafter and kernel settings every model-loading command takes, as Decoder keyword arguments."""
-    return {
-        "draft_quant": draft_quant,
-        "draft_confidence": draft_confidence,
-        "lookup": lookup,
-        "prepack": prepack,
-    }
 
 
 @app.command()
@@ -171,7 +172,7 @@ def generate(
             None if rule == "plain" else draft,
             dtype,
             threads,
-            **_load_settings(draft_quant, draft_confidence, lookup, prepack),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack),
         )
         opts = asdict(options)
         if as_json:
@@ -219,7 +220,7 @@ def demo(
             draft,
             dtype,
             threads,
-            **_load_settings(draft_quant, draft_confidence, lookup, prepack),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack),
         )
         decoder.resolve_theta(GenerationOptions(theta=theta_value))  # theta=auto: calibrated? (fail fast)
         total = len(DEMO_PROMPTS) * len(METHODS)
@@ -346,7 +347,7 @@ def _run_bench(
     dtype: str,
     threads: int | None,
     max_new_tokens: int | None,
-    load_settings: dict,
+    load_settings: LoadSettings,
     tree: str | None = None,
     sampling: SamplingSettings | None = None,
     offset: int = 0,
@@ -403,19 +404,19 @@ def _run_bench(
         max_new_tokens=new_tokens,
         target=target,
         draft=draft if needs_draft else "none",
-        draft_quant=load_settings["draft_quant"] if needs_draft else "none",
-        draft_confidence=load_settings["draft_confidence"] if needs_draft else 0.0,
-        lookup=load_settings["lookup"] if needs_draft else False,
+        draft_quant=load_settings.draft_quant if needs_draft else "none",
+        draft_confidence=load_settings.draft_confidence if needs_draft else 0.0,
+        lookup=load_settings.lookup if needs_draft else False,
         dtype=dtype,
         threads=torch.get_num_threads(),
         tree=",".join(map(str, tree_shape)) if tree_shape else None,
-        prepack=load_settings["prepack"],
+        prepack=load_settings.prepack,
         temperature=sampling.temperature,
         samples=sampling.samples,
         plain_limit=sampling.plain_limit,
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
-    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, **load_settings)
+    decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, load_settings)
     with status(err, "profiling forward costs (for achieved/ideal)"):
         profile_once(decoder, config, out)
     with progress(err, task, planned_runs(questions, methods, config), eta=True) as advance:
@@ -467,7 +468,7 @@ def bench(
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
         _run_bench(
             task,
             limit,
@@ -529,7 +530,7 @@ def sweep(
         if reference not in ("plain", "strict"):
             raise MarspecError(f"--reference must be plain or strict, got {reference!r}")
         spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
-        load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
         _run_bench(
             task,
             limit,
@@ -611,7 +612,7 @@ def calibrate(
         if not any(m.kind == "mars" for m in methods):
             raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
         # A corrupt or foreign calibration file is refused now, not after hours of measuring.
-        load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
         save_path = calibration_path(target, draft)
         read_calibration_file(save_path, target, draft)
         rows = []
@@ -634,7 +635,7 @@ def calibrate(
             )
             rows += candidates_of(summary, methods, name)
         questions = {name: [q.qid for q in load_task(name, limit)] for name in tasks}
-        drafting = {"k": k, "dtype": dtype, "samples": samples, **load_settings}
+        drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
         choice = make_choice(rows, budget, temperature, questions, drafting)
         path = save_choice(target, draft, choice)
     _print_calibration(target, draft, choice, path)
@@ -753,8 +754,7 @@ def profile(
             None if draft in ("none", "ngram") else draft,
             dtype,
             threads,
-            draft_quant=draft_quant,
-            prepack=prepack,
+            LoadSettings(draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack),
         )
         draft_lm = decoder.drafter.draft_model if decoder.drafter else None
         with status(err, "measuring forwards"):
@@ -857,8 +857,8 @@ def serve(
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
-            load_settings = _load_settings(draft_quant, draft_confidence, lookup, prepack)
-            decoder = _load_decoder(target, draft, dtype, threads, **load_settings)
+            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
+            decoder = _load_decoder(target, draft, dtype, threads, load_settings)
             decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
             url = f"http://{where}:{sock.getsockname()[1]}"
