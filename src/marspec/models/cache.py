@@ -1,0 +1,92 @@
+"""The cache of converted model folders: where it is, what a complete folder holds, and its locks."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from marspec.errors import MarspecError
+
+# Bumped when the layout of a converted folder changes; folders of another format are reconverted.
+CACHE_FORMAT = 1
+MARKER_FILE = "marspec.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def cache_dir() -> Path:
+    """$MARSPEC_CACHE_DIR, else $XDG_CACHE_HOME/marspec, else ~/.cache/marspec."""
+    explicit = os.environ.get("MARSPEC_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "marspec"
+
+
+def models_root() -> Path:
+    return cache_dir() / "models"
+
+
+def gguf_cache_key(path: Path) -> str:
+    """A folder name for a user's .gguf: its stem plus a hash of resolved path, size and mtime."""
+    st = path.stat()
+    ident = f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-.")[:60] or "model"
+    return f"gguf-{stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
+
+
+def _safetensors_ok(path: Path) -> bool:
+    """Whether a .safetensors file has a readable header whose tensors fit in the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len <= 0 or 8 + header_len > size:
+                return False
+            header = json.loads(f.read(header_len))
+        end = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+        return 8 + header_len + end == size
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+        return False
+
+
+def check_cached_folder(folder: Path) -> None:
+    """Raise MarspecError naming `folder` if a converted folder is incomplete or damaged."""
+    problem = None
+    try:
+        marker = json.loads((folder / MARKER_FILE).read_text())
+        json.loads((folder / "config.json").read_text())
+        json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        problem = f"unreadable metadata ({type(exc).__name__})"
+    else:
+        if not isinstance(marker, dict) or marker.get("format") != CACHE_FORMAT:
+            problem = "written by another marspec version"
+        elif not _safetensors_ok(folder / WEIGHTS_FILE):
+            problem = f"{WEIGHTS_FILE} is missing or truncated"
+    if problem:
+        raise MarspecError(
+            f"cached model folder {folder} is corrupt ({problem}); delete it and it will be converted again"
+        )
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so two processes never convert the same model at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,310 @@
+"""Converting a GGUF once into a cached Hugging Face folder, and resolving a model name or path to one.
+
+Loading a GGUF with transformers dequantizes every tensor, which takes tens of seconds, so each model is
+converted once into a plain folder in the cache (``config.json``, ``model.safetensors`` in float32,
+tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. Nothing here touches
+the network: names resolve to installed packages or local paths only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from marspec.errors import MarspecError
+from marspec.models.cache import (
+    CACHE_FORMAT,
+    MARKER_FILE,
+    WEIGHTS_FILE,
+    check_cached_folder,
+    file_lock,
+    gguf_cache_key,
+    models_root,
+)
+from marspec.models.packaged import reinstall_hint
+from marspec.models.registry import MODELS, ModelSpec, missing_requirements
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+# Conversion
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' tqdm bars and info logs (we show our own progress)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    # The GGUF dequantizer uses a bare tqdm bar that the switch above does not reach.
+    gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    bare_tqdm = getattr(gguf_utils, "tqdm", None)
+    if bare_tqdm is not None:
+        gguf_utils.tqdm = partial(bare_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if bare_tqdm is not None:
+            gguf_utils.tqdm = bare_tqdm
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _phase(console: Console, label: str, message: str) -> Iterator[None]:
+    from rich.markup import escape
+
+    label, message = escape(label), escape(message)
+    started = time.perf_counter()
+    with console.status(f"[bold]{label}[/]: {message}…"):
+        yield
+    console.print(f"[dim]{label}: {message} ({time.perf_counter() - started:.1f} s)[/]", highlight=False)
+
+
+def read_gguf_metadata(path: Path, fix: str) -> dict[str, object]:
+    """Parse a GGUF header (cheap: memory-mapped) and return the few fields we use."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise MarspecError(f"cannot read {path} ({exc.strerror}); {fix}") from exc
+    if magic != b"GGUF":
+        raise MarspecError(f"{path} is not a GGUF file (bad magic bytes); {fix}")
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        meta: dict[str, object] = {}
+        for key in ("general.architecture", "tokenizer.chat_template"):
+            if key in reader.fields:
+                meta[key] = reader.fields[key].contents()
+        del reader
+    except Exception as exc:  # gguf raises assorted errors on damaged files
+        raise MarspecError(f"{path} is a corrupt GGUF file ({one_line(exc)}); {fix}") from exc
+    if not isinstance(meta.get("general.architecture"), str):
+        raise MarspecError(f"{path} has no general.architecture in its GGUF metadata; {fix}")
+    return meta
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _convert_gguf(
+    gguf_path: Path, out_dir: Path, *, display_name: str, spec: ModelSpec | None, fix: str
+) -> None:
+    """Convert a GGUF file into a Hugging Face folder `out_dir` (float32 safetensors, tokenizer, configs)."""
+    from rich.console import Console
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+
+    console = Console(stderr=True, soft_wrap=True)
+    label = f"marspec: converting {display_name}"
+    meta = read_gguf_metadata(gguf_path, fix)
+    folder, filename = str(gguf_path.parent), gguf_path.name
+
+    with quiet_transformers():
+        try:
+            with _phase(console, label, "loading the tokenizer from the GGUF"):
+                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
+            with _phase(console, label, "dequantizing the GGUF weights"):
+                gguf_model = AutoModelForCausalLM.from_pretrained(
+                    folder,
+                    gguf_file=filename,
+                    # Unpack every weight even where transformers could keep GGUF blocks packed.
+                    quantization_config=GgufConfig(gguf_file=filename, dequantize=True),
+                    dtype=torch.float32,
+                    local_files_only=True,
+                )
+        except MemoryError:
+            raise
+        except Exception as exc:
+            if "accelerate" in str(exc):
+                raise MarspecError(
+                    "loading a GGUF needs the accelerate package; pip install accelerate"
+                ) from exc
+            raise MarspecError(f"cannot load GGUF file {gguf_path} ({one_line(exc)}); {fix}") from exc
+
+        template = meta.get("tokenizer.chat_template")
+        if not getattr(tokenizer, "chat_template", None) and isinstance(template, str) and template:
+            tokenizer.chat_template = template
+
+        with _phase(console, label, "writing float32 safetensors and tokenizer files"):
+            config = copy.deepcopy(gguf_model.config)
+            # The GGUF model refuses save_pretrained; rebuild a plain model (on the meta device, so no memory
+            # is allocated) and hand it the dequantized tensors.
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.architectures = [type(gguf_model).__name__]
+            config.name_or_path = display_name
+            if spec is not None and spec.eos_token_ids:
+                config.eos_token_id = spec.eos_token_ids[0]
+            with torch.device("meta"):
+                plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            plain.load_state_dict(gguf_model.state_dict(), strict=True, assign=True)
+            del gguf_model
+            out_dir.mkdir(parents=True)
+            plain.save_pretrained(out_dir, max_shard_size="1000GB")
+            del plain
+
+            tokenizer.save_pretrained(out_dir)
+            generation = GenerationConfig.from_model_config(config)
+            if spec is not None and spec.eos_token_ids:
+                generation.eos_token_id = list(spec.eos_token_ids)
+            elif tokenizer.eos_token_id is not None:
+                generation.eos_token_id = tokenizer.eos_token_id
+            if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
+                generation.pad_token_id = tokenizer.pad_token_id
+            generation.save_pretrained(out_dir)
+            marker = {
+                "format": CACHE_FORMAT,
+                "name": display_name,
+                "source": str(gguf_path) if spec is None else list(spec.requirements),
+                "architecture": meta["general.architecture"],
+            }
+            (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    if not (out_dir / WEIGHTS_FILE).is_file():
+        raise MarspecError(
+            f"conversion of {display_name} did not produce {WEIGHTS_FILE}; report this as a bug"
+        )
+
+
+def _materialise(
+    key: str, display_name: str, spec: ModelSpec | None, gguf_file: Path | None, fix: str
+) -> Path:
+    """Return the converted folder `<cache>/models/<key>`, converting under a lock if it is missing.
+
+    The conversion writes into a temporary folder next to the target and renames it into place, so an
+    interrupted conversion never leaves a half-written folder under the final name.
+    """
+    root = models_root()
+    target = root / key
+    if target.is_dir():
+        check_cached_folder(target)
+        return target
+    try:
+        return _convert_locked(root, target, display_name, spec, gguf_file, fix)
+    except OSError as exc:
+        raise MarspecError(
+            f"writing the converted model under {root} failed ({exc.strerror or exc}); "
+            f"free disk space or set MARSPEC_CACHE_DIR to a writable folder"
+        ) from exc
+
+
+def _convert_locked(
+    root: Path, target: Path, display_name: str, spec: ModelSpec | None, gguf_file: Path | None, fix: str
+) -> Path:
+    key = target.name
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".locks" / f"{key}.lock"):
+        if target.is_dir():  # another process finished while we waited
+            check_cached_folder(target)
+            return target
+        for stale in root.glob(f".tmp-{key}-*"):  # left by an interrupted conversion (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
+        try:
+            if gguf_file is None:
+                assert spec is not None
+                gguf_file = work / f"{key}.gguf"
+                from rich.console import Console
+
+                with _phase(
+                    Console(stderr=True, soft_wrap=True),
+                    f"marspec: converting {display_name}",
+                    "assembling the GGUF",
+                ):
+                    spec.write_gguf(gguf_file)
+            out = work / "hf"
+            _convert_gguf(gguf_file, out, display_name=display_name, spec=spec, fix=fix)
+            _share_files(out)
+            os.rename(out, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(
+        f"[dim]marspec: {escape(display_name)} is ready in {escape(str(target))}[/]", highlight=False
+    )
+    check_cached_folder(target)
+    return target
+
+
+def _share_files(folder: Path) -> None:
+    """Give written files the usual permissions (some writers create them owner-only)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for item in folder.iterdir():
+        if item.is_file():
+            item.chmod(0o666 & ~mask)
+
+
+def _known_names() -> str:
+    return ", ".join(MODELS)
+
+
+def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
+    """A local Hugging Face folder for a known model name, a HF folder, or a .gguf file.
+
+    Known names convert once into ``cache_dir()/models/<name>``; a ``.gguf`` path converts once into
+    ``cache_dir()/models/gguf-<stem>-<hash>`` (keyed by resolved path, size and mtime); a folder holding
+    ``config.json`` is returned as is.
+    """
+    text = os.fspath(name_or_path)
+    spec = MODELS.get(text)
+    if spec is not None:
+        target = models_root() / spec.name
+        if target.is_dir():  # converted already: the packages are no longer needed
+            check_cached_folder(target)
+            return target
+        missing = missing_requirements(spec)
+        if missing:
+            raise MarspecError(
+                f"model {spec.name!r} needs packages that are not installed ({', '.join(missing)}); "
+                f"run: {spec.install_command}"
+            )
+        fix = f"reinstall its packages: {reinstall_hint(spec.requirements)}"
+        return _materialise(spec.name, spec.name, spec, None, fix)
+
+    path = Path(text).expanduser()
+    if not path.exists():
+        if os.sep in text or text.startswith((".", "~")) or text.endswith(".gguf"):
+            raise MarspecError(
+                f"path {text!r} does not exist; pass an existing local HF folder or .gguf file "
+                f"(models are never downloaded), or a known name: {_known_names()}"
+            )
+        raise MarspecError(
+            f"unknown model {text!r}; use one of {_known_names()}, or a local HF folder or .gguf file path"
+        )
+    path = path.resolve()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise MarspecError(
+                f"folder {path} has no config.json; pass a Hugging Face model folder or a .gguf file"
+            )
+        return path
+    if path.suffix.lower() != ".gguf":
+        raise MarspecError(
+            f"file {path} is not a .gguf file; pass a .gguf file or a Hugging Face model folder"
+        )
+    fix = f"delete or replace {path} with a complete GGUF file"
+    read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
+    return _materialise(gguf_cache_key(path), path.name, None, path, fix)

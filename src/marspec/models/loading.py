@@ -1,0 +1,85 @@
+"""Loading a converted model and its tokenizer for inference."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from marspec.errors import MarspecError
+from marspec.models.cache import models_root
+from marspec.models.convert import one_line, quiet_transformers, resolve_model_dir
+from marspec.models.registry import MODELS, ModelSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``fp32``/``bf16``/``fp16`` (or long names, or a torch dtype) -> torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise MarspecError(
+        f"unknown dtype {dtype!r}: use fp32 (exact, the default) or bf16 (half the memory); fp16 also loads"
+    )
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str], dtype: torch.dtype | str = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
+    """Load (converting first if needed) a causal LM and its tokenizer for inference.
+
+    Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
+    :class:`ModelSpec` for known names, otherwise None.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    folder = resolve_model_dir(name_or_path)
+    spec = MODELS.get(os.fspath(name_or_path))
+    cached = folder.resolve().parent == models_root().resolve()
+    if cached:
+        fix = f"delete {folder} and it will be converted again"
+    else:
+        fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
+    try:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch_dtype, local_files_only=True, output_loading_info=True
+            )
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise MarspecError(f"cannot load the model in {folder} ({one_line(exc)}); {fix}") from exc
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise MarspecError(f"model folder {folder} lacks {len(missing)} weights ({shown}); {fix}")
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer, spec
+
+
+def is_instruct(spec: ModelSpec | None, tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether plain-string prompts should go through the chat template.
+
+    A known model decides by its spec; any other model is treated as instruct when its tokenizer has a
+    chat template.
+    """
+    if spec is not None:
+        return spec.instruct
+    return bool(getattr(tokenizer, "chat_template", None))
