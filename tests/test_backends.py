@@ -103,3 +103,27 @@ def test_eos_ids_gather_every_source_the_checkpoint_declares():
     lm.model.config.eos_token_id = 9
     assert HFCausalLM(lm.model, tokenizer=None, name="tiny").eos_token_ids == {5, 7, 9}
     assert lm.device == torch.device("cpu")
+
+
+def test_the_position_cache_scores_exactly_like_transformers_dynamic_cache():
+    """Appends of 1 and many tokens, rollbacks, growth past the first buffer and a new sequence: every
+    logit equals the DynamicCache's, bit for bit."""
+    base = tiny_lm(0)
+    ours = HFCausalLM(base.model, tokenizer=None, name="tiny")
+    theirs = HFCausalLM(base.model, tokenizer=None, name="tiny", position_cache=False)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):  # the second sequence reuses the grown buffers
+        for lm in (ours, theirs):
+            lm.reset()
+        prompt = torch.randint(0, TINY_VOCAB, (40,), generator=gen)
+        assert torch.equal(ours.forward(prompt, last_only=True), theirs.forward(prompt, last_only=True))
+        while ours.cached_len < 300:  # past the initial 256 positions
+            size = int(torch.randint(1, 9, (1,), generator=gen))
+            chunk = torch.randint(0, TINY_VOCAB, (size,), generator=gen)
+            assert torch.equal(ours.forward(chunk), theirs.forward(chunk))
+            keep = ours.cached_len - int(torch.randint(0, len(chunk), (1,), generator=gen))
+            ours.rollback(keep)
+            theirs.rollback(keep)
+            assert ours.cached_len == theirs.cached_len == keep
+    layer = ours._cache.layers[0]
+    assert layer.keys.shape[-2] == ours.cached_len and layer._key_buf.shape[-2] == 512

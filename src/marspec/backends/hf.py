@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from marspec.backends.base import ForwardClock
+from marspec.backends.kv_cache import position_cache
 
 if TYPE_CHECKING:
     from marspec.tree import DraftTree
@@ -17,11 +18,18 @@ if TYPE_CHECKING:
 class HFCausalLM:
     """A transformers causal LM with a KV cache that is rolled back in place (a :class:`CausalLM`).
 
-    Rollback uses ``DynamicCache.crop``, which slices every layer's keys and values to a view: no copy of
-    the cache is made when a verification rejects draft tokens.
+    The cache is written by position (:mod:`marspec.backends.kv_cache`): appends write in place and a
+    rollback only sets a length. ``position_cache=False`` keeps transformers' ``DynamicCache``, which
+    copies the whole cache on every append (for comparisons).
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str,
+        position_cache: bool = True,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -33,7 +41,8 @@ class HFCausalLM:
         self.device: torch.device = first.device
         self.eos_token_ids: frozenset[int] = eos_token_ids(model, tokenizer)
         self.clock = ForwardClock()
-        self._cache = DynamicCache(config=model.config)
+        self.position_cache = position_cache
+        self._cache = self._new_cache()
         self._cached = 0
 
     @property
@@ -42,9 +51,16 @@ class HFCausalLM:
         return self._cached
 
     def reset(self) -> None:
-        """Drop the cache (a new sequence starts)."""
-        self._cache = DynamicCache(config=self.model.config)
+        """Drop the cache (a new sequence starts); a position cache keeps its buffers for the next one."""
+        if self.position_cache:
+            self._cache.reset()
+        else:
+            self._cache = self._new_cache()
         self._cached = 0
+
+    def _new_cache(self) -> DynamicCache:
+        config = self.model.config
+        return position_cache(config) if self.position_cache else DynamicCache(config=config)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
