@@ -91,6 +91,11 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     assert 0 < summary["methods"]["hf-assisted"]["draft_share"] < 1  # the assistant's forwards, timed
     assert (tmp_path / "summary.md").read_text().count("|") > 20
     assert "draft share" in (tmp_path / "summary.md").read_text()
+    # Each record carries what an audit needs: the output's tokens and every relaxed one.
+    for rec in load_records(tmp_path).values():
+        for turn in rec["turns"]:
+            assert len(turn["token_ids"]) == turn["new_tokens"]
+            assert len(turn["relaxed"]) == (turn["accepted_relaxed"] or 0)
 
     # benchmarks/time_budget.py prices the same run: its drafting is the measured draft time.
     budget = _time_budget_module()
@@ -206,7 +211,11 @@ def test_methods_can_be_added_to_a_run_and_reuse_its_records(decoder, tmp_path):
         ("mars@x", "number"),
         ("", "no methods"),
         ("plain,plain", "twice"),
-        ("plain+tree", "only strict and mars"),
+        ("plain+tree", "only marspec's rules"),
+        ("typical", "needs its parameter"),
+        ("topk@2.5", "invalid for rule 'topk'"),
+        ("pthresh@x", "must be a number"),
+        ("topk@3+next", "only MARS methods"),
         ("mars+fast", r"suffixes are \+tree and \+next"),
         ("strict+next", "only MARS methods"),
         ("mars-prob", "needs its theta"),
@@ -217,6 +226,13 @@ def test_methods_can_be_added_to_a_run_and_reuse_its_records(decoder, tmp_path):
 def test_bad_method_lists(spec, needle):
     with pytest.raises(MarspecError, match=needle):
         parse_methods(spec, 0.9)
+
+
+def test_rival_methods_parse_with_their_parameter():
+    typical, pthresh, topk = parse_methods("typical@0.09,pthresh@0.4,topk@3+tree", 0.9)
+    assert (typical.kind, typical.theta, typical.needs_draft_model) == ("typical", 0.09, True)
+    assert (pthresh.kind, pthresh.theta) == ("pthresh", 0.4)
+    assert (topk.kind, topk.theta, topk.tree) == ("topk", 3.0, True)
 
 
 def test_tree_suffix_keeps_the_theta():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from conftest import tiny_lm
 
@@ -91,6 +94,26 @@ def test_mars_differs_from_strict_first_at_a_relaxed_position(target, prompt):
     first_diff = next(i for i, (a, b) in enumerate(zip(strict, mars, strict=True)) if a != b)
     assert relaxed[first_diff]
     assert sum(relaxed) == stats.accepted_relaxed
+
+
+def test_each_relaxed_token_reports_the_top_choice_it_replaced(target, prompt):
+    """The target's top-1 and the margin at every relaxed token: what an audit of the output shows."""
+    drafter = RunnerUpDrafter(tiny_lm(0, "same-weights"), target_vocab_size=target.vocab_size)
+    rule = Rule("mars", theta=0.0, margin="prob_ratio")
+    config = DecodeConfig(rule=rule, k=3, max_new_tokens=25)
+    seq = prompt.tolist()
+    for step in decode(target, drafter, prompt, config, GenerationStats()):
+        assert len(step.relaxed_top1) == len(step.relaxed_margins) == sum(step.relaxed)
+        replaced = iter(zip(step.relaxed_top1, step.relaxed_margins, strict=True))
+        for token, was_relaxed in zip(step.tokens, step.relaxed, strict=True):
+            if was_relaxed:
+                top1, margin = next(replaced)
+                with torch.no_grad():
+                    logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]
+                best, second = torch.topk(logits, 2).values.tolist()
+                assert top1 == int(torch.argmax(logits)) != token
+                assert margin == pytest.approx(math.exp(second - best), rel=1e-4)  # p2/p1
+            seq.append(token)
 
 
 def test_ngram_drafter_strict_equals_plain(target):

@@ -22,6 +22,7 @@ PROMPTS = (
     "Explain what a hash map is to a new programmer, with an example.",
 )
 NEW_TOKENS = 64
+RIVALS_OFF = {"typical": 0.0, "pthresh": 1.0, "topk": 1}  # each rival's setting that never relaxes
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +32,20 @@ def decoder() -> Decoder:
 
 @pytest.fixture(scope="module")
 def runs(decoder):
-    """Every prompt decoded with plain, strict, MARS(theta=1) and MARS(theta=0.9), and with token trees
-    under strict and MARS(theta=1)."""
+    """Every prompt decoded with plain, strict, MARS(theta=1) and MARS(theta=0.9), with token trees
+    under strict and MARS(theta=1), and with the rival rules at their no-relax settings and at one that
+    relaxes."""
     out = {}
     for prompt in PROMPTS:
         for name, opts in {
             "plain": {"rule": "plain"},
             "strict": {"rule": "strict"},
             "mars1": {"rule": "mars", "theta": 1.0},
-            "mars09": {"rule": "mars", "theta": 0.9},
+            "mars09": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"},  # the paper's setting
             "strict_tree": {"rule": "strict", "tree": "2,2"},
             "mars1_tree": {"rule": "mars", "theta": 1.0, "tree": "2,2"},
+            **{f"{rule}_off": {"rule": rule, "theta": off} for rule, off in RIVALS_OFF.items()},
+            "topk3": {"rule": "topk", "theta": 3},
         }.items():
             out[prompt, name] = decoder.generate(prompt, k=5, max_new_tokens=NEW_TOKENS, **opts)
     return out
@@ -60,6 +64,26 @@ def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
     assert runs[prompt, "mars1"].token_ids == plain.token_ids
     assert runs[prompt, "mars1"].stats.accepted_relaxed == 0
     assert runs[prompt, "strict"].stats.target_forwards < plain.stats.target_forwards
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_rival_rules_at_their_no_relax_settings_reproduce_plain(runs, prompt):
+    for rule in RIVALS_OFF:
+        run = runs[prompt, f"{rule}_off"]
+        assert run.token_ids == runs[prompt, "plain"].token_ids, rule
+        assert run.stats.accepted_relaxed == 0, rule
+
+
+def test_a_relaxing_rival_diverges_from_strict_only_at_a_relaxed_accept(runs):
+    relaxed = 0
+    for prompt in PROMPTS:
+        strict, topk = runs[prompt, "strict"].token_ids, runs[prompt, "topk3"]
+        relaxed += topk.stats.accepted_relaxed
+        pairs = zip(strict, topk.token_ids, strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        if first is not None:
+            assert first in topk.relaxed_positions
+    assert relaxed > 0
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -89,6 +113,13 @@ def test_mars_relaxes_and_accepts_at_least_as_much_as_strict(runs):
     forwards = {m: sum(runs[p, m].stats.target_forwards for p in PROMPTS) for m in ("strict", "mars09")}
     tokens = {m: sum(runs[p, m].stats.new_tokens for p in PROMPTS) for m in ("strict", "mars09")}
     assert tokens["mars09"] / forwards["mars09"] >= tokens["strict"] / forwards["strict"]
+
+    for prompt in PROMPTS:  # each relaxed token names the top choice it replaced, at a close call
+        run = runs[prompt, "mars09"]
+        assert len(run.relaxed_top1) == len(run.relaxed_margins) == len(run.relaxed_positions)
+        audit = zip(run.relaxed_positions, run.relaxed_top1, run.relaxed_margins, strict=True)
+        for pos, top1, margin in audit:
+            assert run.token_ids[pos] != top1 and 0.9 < margin <= 1.0
 
 
 def test_wall_time_splits_into_forwards_and_overhead(runs):

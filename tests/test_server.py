@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from marspec.cli import app
-from marspec.defaults import DEFAULT_K
+from marspec.defaults import DEFAULT_K, DEFAULT_THETA
 from marspec.serve.process import ServerProcess, launch
 
 MODEL = "smollm2-135m-instruct"
@@ -150,7 +150,7 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert res.usage.completion_tokens == stats["new_tokens"] > 0
     assert res.usage.prompt_tokens == stats["prompt_tokens"] > 0
     assert res.usage.total_tokens == res.usage.prompt_tokens + res.usage.completion_tokens
-    assert stats["rule"] == "mars" and stats["theta"] == 0.9 and stats["k"] == DEFAULT_K  # server defaults
+    assert stats["rule"] == "mars" and stats["theta"] == DEFAULT_THETA and stats["k"] == DEFAULT_K  # defaults
     assert stats["tau"] >= 1.0 and stats["timed_out"] is False
     for key in ("drafted", "accepted_exact", "accepted_relaxed", "rejected", "relaxed_positions"):
         assert key in stats
@@ -195,7 +195,7 @@ def test_mars_relaxes_and_strict_equals_plain(client: openai.OpenAI) -> None:
 
     plain_text, plain = run("plain")
     strict_text, strict = run("strict", k=4)
-    mars_text, mars = run("mars", theta=0.9, k=4)
+    mars_text, mars = run("mars", theta=0.9, margin="logit_ratio", k=4)  # the paper's setting
     assert plain["drafted"] == 0 and plain["tau"] == 1.0
     assert strict_text == plain_text and strict["accepted_relaxed"] == 0 and strict["drafted"] > 0
     assert mars["rule"] == "mars" and mars["theta"] == 0.9 and mars["k"] == 4
@@ -212,7 +212,8 @@ def test_models_and_health(client: openai.OpenAI, http: httpx.Client) -> None:
 
 def test_metrics(client: openai.OpenAI, server: ServerProcess) -> None:
     before = metric(server.url, "marspec_accepted_draft_tokens_total", kind="relaxed")
-    client.chat.completions.create(model=MODEL, messages=chat(LIST_PROMPT), max_tokens=24)
+    paper = {"marspec": {"theta": 0.9, "margin": "logit_ratio"}}  # relaxes on this prompt
+    client.chat.completions.create(model=MODEL, messages=chat(LIST_PROMPT), max_tokens=24, extra_body=paper)
     samples = metric_samples(server.url)
     assert samples[("marspec_accepted_draft_tokens_total", (("kind", "relaxed"),))] > before
     chat_ok = (("endpoint", "/v1/chat/completions"), ("status", "200"))
@@ -258,6 +259,15 @@ BAD_INPUTS = [
     ("theta-type", CHAT, body(marspec={"theta": "high"}), 400, "marspec.theta", "invalid_type", "number"),
     ("k-zero", CHAT, body(marspec={"k": 0}), 400, "marspec.k", None, "k (draft length)"),
     ("rule-unknown", CHAT, body(marspec={"rule": "fast"}), 400, "marspec.rule", None, "unknown rule"),
+    (
+        "rival-parameter",
+        CHAT,
+        body(marspec={"rule": "topk", "theta": 2.5}),
+        400,
+        "marspec.theta",
+        None,
+        "invalid for rule 'topk'",
+    ),
     (
         "margin-unknown",
         TEXT,

@@ -16,7 +16,7 @@ from marspec.verify import Rule, verify_greedy, verify_tree_greedy
 
 V = 8
 STRICT = Rule("strict")
-MARS = Rule("mars", theta=0.9)
+MARS = Rule("mars", theta=0.9, margin="logit_ratio")
 
 
 def row(top1: int, z1: float, top2: int, z2: float) -> list[float]:
@@ -213,3 +213,12 @@ def test_strict_and_mars_theta_one_trees_equal_plain(target, prompt, shape):
     assert mars1 == plain and not any(relaxed)
     assert sum(s.siblings for s in stats.steps) > 0
     assert max(stats.verify_sizes()) > 5  # the tree's siblings were scored beside the chain
+
+
+def test_a_rival_rule_accepts_a_sibling_in_its_test():
+    # The chain child (token 3) is far down the root's row; the sibling (token 4) is its second choice.
+    root = row(6, 5.0, 4, 4.9)
+    out = verify([root, row(5, 9.0, 0, 1.0), BONUS_2, BONUS_3], Rule("topk", 2))
+    assert (out.path, out.tokens, out.relaxed.tolist(), out.next_token) == ((3,), (4,), [True], 7)
+    strict = verify([root, row(5, 9.0, 0, 1.0), BONUS_2, BONUS_3], STRICT)
+    assert (strict.path, strict.next_token) == ((), 6)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA
 from marspec.errors import MarspecError
 from marspec.verify import (
     MARGINS,
@@ -21,7 +22,7 @@ from marspec.verify import (
     verify_sampling,
 )
 
-MARS = Rule("mars", 0.9)
+MARS = Rule("mars", 0.9, "logit_ratio")
 STRICT = Rule("strict")
 
 # Upper 0.999 quantiles of the chi-square distribution by degrees of freedom (checked against the
@@ -63,8 +64,8 @@ BONUS = [0.0, 1.0, 2.0, 9.0]
 
 
 def test_rule_defaults_and_names() -> None:
-    assert Rule() == Rule("mars", 0.9, "logit_ratio")
-    assert RULES == ("strict", "mars")
+    assert Rule() == Rule("mars", DEFAULT_THETA, DEFAULT_MARGIN) == Rule("mars", 0.5, "prob_ratio")
+    assert RULES == ("strict", "mars", "typical", "pthresh", "topk")
     assert MARGINS == ("logit_ratio", "prob_ratio", "logit_gap")
 
 
@@ -72,14 +73,20 @@ def test_rule_defaults_and_names() -> None:
     ("rule", "relaxes"),
     [
         (Rule("strict"), False),
-        (Rule("mars", 0.9), True),
-        (Rule("mars", 0.0), True),
-        (Rule("mars", 1.0), False),
+        (Rule("mars", 0.9, "logit_ratio"), True),
+        (Rule("mars", 0.0, "logit_ratio"), True),
+        (Rule("mars", 1.0, "logit_ratio"), False),
         (Rule("mars", 1.0, "prob_ratio"), False),
         (Rule("mars", 0.5, "prob_ratio"), True),
         (Rule("mars", 0.0, "logit_gap"), False),
         (Rule("mars", 3.0, "logit_gap"), True),
         (Rule("strict", 3.0, "logit_gap"), False),
+        (Rule("typical", 0.0), False),
+        (Rule("typical", 0.09), True),
+        (Rule("pthresh", 1.0), False),
+        (Rule("pthresh", 0.3), True),
+        (Rule("topk", 1), False),
+        (Rule("topk", 3), True),
     ],
 )
 def test_rule_relaxes(rule: Rule, relaxes: bool) -> None:
@@ -87,7 +94,7 @@ def test_rule_relaxes(rule: Rule, relaxes: bool) -> None:
 
 
 def test_rule_theta_is_stored_as_float() -> None:
-    rule = Rule("mars", 1)
+    rule = Rule("mars", 1, "logit_ratio")
     assert isinstance(rule.theta, float)
     assert rule.theta == 1.0
 
@@ -228,13 +235,13 @@ def test_greedy_rejects_second_choice_when_ratio_not_above_theta() -> None:
 
 
 def test_greedy_rejects_third_choice_even_on_close_call() -> None:
-    out = verify_greedy(rows(CLOSE, BONUS), tok(2), Rule("mars", 0.0))
+    out = verify_greedy(rows(CLOSE, BONUS), tok(2), Rule("mars", 0.0, "logit_ratio"))
     assert (out.n_accepted, out.next_token) == (0, 0)
 
 
 @pytest.mark.parametrize("top", [[-1.0, -1.05, -5.0, -6.0], [0.0, -0.01, -5.0, -6.0], [0.0, 0.0, -1.0, -2.0]])
 def test_greedy_guard_non_positive_top_logit_never_relaxes(top: list[float]) -> None:
-    out = verify_greedy(rows(top, BONUS), tok(1), Rule("mars", 0.0))
+    out = verify_greedy(rows(top, BONUS), tok(1), Rule("mars", 0.0, "logit_ratio"))
     assert (out.n_accepted, out.next_token) == (0, 0)
     # The other margins are meaningful for negative logits and do relax here.
     for rule in (Rule("mars", 0.9, "prob_ratio"), Rule("mars", 0.1, "logit_gap")):
@@ -243,12 +250,12 @@ def test_greedy_guard_non_positive_top_logit_never_relaxes(top: list[float]) -> 
 
 def test_greedy_exact_tie() -> None:
     tie = rows([2.0, 3.0, 3.0, 0.0], BONUS)  # argmax is token 1; token 2 ties with it
-    relaxed = verify_greedy(tie, tok(2), Rule("mars", 0.99))
+    relaxed = verify_greedy(tie, tok(2), Rule("mars", 0.99, "logit_ratio"))
     assert (relaxed.n_accepted, relaxed.n_relaxed) == (1, 1)
-    strict = verify_greedy(tie, tok(2), Rule("mars", 1.0))
+    strict = verify_greedy(tie, tok(2), Rule("mars", 1.0, "logit_ratio"))
     assert (strict.n_accepted, strict.next_token) == (0, 1)
     assert strict.next_token == int(tie[0].argmax())
-    exact = verify_greedy(tie, tok(1), Rule("mars", 1.0))
+    exact = verify_greedy(tie, tok(1), Rule("mars", 1.0, "logit_ratio"))
     assert (exact.n_accepted, exact.n_relaxed) == (1, 0)
 
 
@@ -335,7 +342,14 @@ def _random_block(gen: torch.Generator, k: int, vocab: int) -> tuple[torch.Tenso
 
 
 @pytest.mark.parametrize(
-    "rule", [STRICT, MARS, Rule("mars", 0.5), Rule("mars", 0.6, "prob_ratio"), Rule("mars", 1.0, "logit_gap")]
+    "rule",
+    [
+        STRICT,
+        MARS,
+        Rule("mars", 0.5, "logit_ratio"),
+        Rule("mars", 0.6, "prob_ratio"),
+        Rule("mars", 1.0, "logit_gap"),
+    ],
 )
 def test_greedy_matches_position_by_position_reference(rule: Rule) -> None:
     gen = torch.Generator().manual_seed(7)
@@ -351,7 +365,8 @@ def test_greedy_matches_position_by_position_reference(rule: Rule) -> None:
 
 
 @pytest.mark.parametrize(
-    "never", [Rule("mars", 1.0), Rule("mars", 1.0, "prob_ratio"), Rule("mars", 0.0, "logit_gap")]
+    "never",
+    [Rule("mars", 1.0, "logit_ratio"), Rule("mars", 1.0, "prob_ratio"), Rule("mars", 0.0, "logit_gap")],
 )
 def test_greedy_rule_that_cannot_relax_equals_strict(never: Rule) -> None:
     gen = torch.Generator().manual_seed(3)
@@ -469,7 +484,7 @@ def _key(out: Verification) -> tuple[int, int, list[bool]]:
 
 @pytest.mark.parametrize(
     "rule",
-    [Rule("mars", 1.0), Rule("mars", 1.0, "prob_ratio"), Rule("mars", 0.0, "logit_gap")],
+    [Rule("mars", 1.0, "logit_ratio"), Rule("mars", 1.0, "prob_ratio"), Rule("mars", 0.0, "logit_gap")],
 )
 def test_sampling_rule_that_cannot_relax_equals_strict(rule: Rule) -> None:
     gen = torch.Generator().manual_seed(11)
@@ -582,7 +597,7 @@ def test_mars_sampling_is_lossy_on_a_close_call() -> None:
 
 # ------------------------------------------------------------------------------- the "next" guard
 
-NEXT = Rule("mars", 0.9, guard="next")
+NEXT = Rule("mars", 0.9, "logit_ratio", guard="next")
 
 
 def test_next_guard_relaxes_when_the_target_goes_on_as_the_draft_does() -> None:
@@ -624,3 +639,90 @@ def test_guard_is_validated_and_refused_on_trees() -> None:
 
     with pytest.raises(MarspecError, match="chains, not token trees"):
         DecodeConfig(rule=NEXT, tree=(2, 2))
+
+
+# ------------------------------------------------------------------------------------- Rival rules
+
+# A row whose distribution is p = [0.5, 0.3, 0.15, 0.05]: entropy 1.1422 nats, exp(-H) = 0.3191.
+SPREAD_P = [0.5, 0.3, 0.15, 0.05]
+SPREAD = [math.log(x) for x in SPREAD_P]
+SPREAD_H = -sum(x * math.log(x) for x in SPREAD_P)
+
+
+@pytest.mark.parametrize(
+    ("rule", "theta"),
+    [
+        ("typical", 1.5),
+        ("typical", -0.1),
+        ("typical", float("nan")),
+        ("pthresh", 1.1),
+        ("pthresh", -0.5),
+        ("topk", 0),
+        ("topk", 2.5),
+        ("topk", float("inf")),
+        ("topk", True),
+    ],
+)
+def test_rival_parameters_are_validated(rule: str, theta: object) -> None:
+    with pytest.raises(MarspecError, match=f"invalid for rule '{rule}'"):
+        Rule(rule, theta)  # type: ignore[arg-type]
+
+
+def test_rivals_take_no_guard() -> None:
+    with pytest.raises(MarspecError, match="guard is MARS's"):
+        Rule("topk", 2, guard="next")
+
+
+@pytest.mark.parametrize(
+    ("eps", "accepted"),
+    # eps 0.09: threshold min(0.09, 0.3 * 0.319) = 0.09, so p = 0.3 and 0.15 pass, 0.05 does not.
+    # eps 0.25: threshold min(0.25, 0.5 * 0.319) = 0.160 (the entropy side), so only p = 0.3 passes.
+    [(0.09, {1: True, 2: True, 3: False}), (0.25, {1: True, 2: False, 3: False})],
+)
+def test_typical_acceptance_threshold_shrinks_with_entropy(eps: float, accepted: dict[int, bool]) -> None:
+    threshold = min(eps, math.sqrt(eps) * math.exp(-SPREAD_H))
+    for token, expected in accepted.items():
+        assert (SPREAD_P[token] > threshold) is expected  # the hand computation agrees with the table
+        out = verify_greedy(rows(SPREAD, BONUS), tok(token), Rule("typical", eps))
+        assert (out.n_accepted, out.n_relaxed) == ((1, 1) if expected else (0, 0)), token
+        assert out.next_token == (3 if expected else 0)  # the bonus, or the target's top-1
+
+
+def test_pthresh_accepts_at_or_above_its_probability() -> None:
+    assert verify_greedy(rows(SPREAD, BONUS), tok(1), Rule("pthresh", 0.299)).n_relaxed == 1  # p = 0.3
+    assert verify_greedy(rows(SPREAD, BONUS), tok(1), Rule("pthresh", 0.31)).n_accepted == 0
+    assert verify_greedy(rows(SPREAD, BONUS), tok(2), Rule("pthresh", 0.1)).n_relaxed == 1
+
+
+def test_topk_accepts_a_draft_among_the_top_k() -> None:
+    assert verify_greedy(rows(SPREAD, BONUS), tok(2), Rule("topk", 3)).n_relaxed == 1  # third of four
+    assert verify_greedy(rows(SPREAD, BONUS), tok(2), Rule("topk", 2)).n_accepted == 0
+    assert verify_greedy(rows(SPREAD, BONUS), tok(1), Rule("topk", 2)).n_relaxed == 1
+    out = verify_greedy(rows(SPREAD, SPREAD, BONUS), tok(0, 3), Rule("topk", 3))
+    assert (out.n_accepted, out.n_relaxed, out.next_token) == (1, 0, 0)  # exact, then 4th of 4: rejected
+
+
+@pytest.mark.parametrize("rule", [Rule("typical", 0.0), Rule("pthresh", 1.0), Rule("topk", 1)])
+def test_rivals_at_their_no_relax_settings_equal_strict(rule: Rule) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        logits = torch.randn(4, VOCAB, generator=gen) * 2
+        draft = torch.randint(0, VOCAB, (3,), generator=gen)
+        ours, strict = verify_greedy(logits, draft, rule), verify_greedy(logits, draft, STRICT)
+        assert (ours.n_accepted, ours.next_token, ours.n_relaxed) == (strict.n_accepted, strict.next_token, 0)
+
+
+def test_sampling_rival_accepts_without_a_draw_where_its_test_passes() -> None:
+    q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # q(1) = 1 > p(1) = 0.3: a lossless test rejects 70% of draws
+    for seed in range(50):
+        gen = torch.Generator().manual_seed(seed)
+        out = verify_sampling(rows(SPREAD, BONUS), tok(1), q, Rule("pthresh", 0.25), 1.0, gen)
+        assert (out.n_accepted, out.n_relaxed) == (1, 1)
+    # At temperature 3 the distribution flattens (p(1) = 0.283 < 0.29): the rival's test fails there.
+    rejected = 0
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        out = verify_sampling(rows(SPREAD, BONUS), tok(1), q, Rule("pthresh", 0.29), 3.0, gen)
+        assert out.n_relaxed == 0
+        rejected += out.n_accepted == 0
+    assert rejected > 100  # the lossless test decided instead

@@ -55,11 +55,20 @@ def near_tie_batch(counts: list[int], vocab: int, seed: int) -> tuple[torch.Tens
     return logits, torch.tensor(drafts, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("theta", [0.9, 1.0])
+RULES = [
+    Rule("mars", 0.9, "logit_ratio"),
+    Rule("mars", 1.0, "logit_ratio"),
+    Rule("typical", 0.09),
+    Rule("pthresh", 0.2),
+    Rule("topk", 3),
+    Rule("topk", 1),
+]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}-{r.theta:g}")
 @pytest.mark.parametrize("seed", range(5))
-def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(theta: float, seed: int) -> None:
+def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed: int) -> None:
     counts = [3, 0, 5, 1, 4]
-    rule = Rule("mars", theta)
     logits, drafts = near_tie_batch(counts, vocab=50, seed=seed)
     is_bonus = torch.zeros(logits.shape[0], dtype=torch.bool)
     is_bonus[torch.tensor(counts).add(1).cumsum(0) - 1] = True
@@ -90,9 +99,19 @@ def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(theta: float, se
         for b in range(len(counts))
     )
     assert snap["accepted_relaxed"] == relaxed
-    if theta == 1.0:
+    if not rule.relaxes:
         assert batch.logits is logits[~is_bonus] or torch.equal(batch.logits, logits[~is_bonus])
         assert relaxed == 0
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if r.relaxes], ids=lambda r: f"{r.name}-{r.theta:g}")
+def test_every_relaxing_rule_forces_runner_up_rows(rule: Rule) -> None:
+    forced = 0
+    for seed in range(5):
+        logits, drafts = near_tie_batch([3, 0, 5, 1, 4], vocab=50, seed=seed)
+        batch = relax_close_calls(logits[: drafts.shape[0]], drafts, rule)
+        forced += int((batch.relaxed & ~batch.exact).sum())
+    assert forced > 0
 
 
 def test_accepted_drafts_reads_vllm_output_layout() -> None:
@@ -105,7 +124,7 @@ def test_config_parsing_accepts_defaults_and_refuses_bad_values() -> None:
     assert parse_plugin_config({}) is None
     assert parse_plugin_config(None) is None
     config = parse_plugin_config({"marspec": {}})
-    assert config is not None and config.rule == Rule("mars", 0.9, "logit_ratio")
+    assert config is not None and config.rule == Rule()  # the project's default MARS setting
     strict = parse_plugin_config({"marspec": {"rule": "strict", "log_every": 0}})
     assert strict is not None and not strict.rule.relaxes and strict.log_every == 0
     bad = [

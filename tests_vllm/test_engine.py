@@ -32,7 +32,7 @@ def runs(target_dir: str, draft_dir: str | None, memory_share: float) -> dict[st
         "shipped": run_engine(spec(load_plugin=False), [GREEDY]),
         "inert": run_engine(spec(), [GREEDY]),
         "theta=1.0": run_engine(spec(marspec={"theta": 1.0}), [GREEDY, MIXED]),
-        "theta=0.9": run_engine(spec(marspec={"theta": 0.9}), [GREEDY, MIXED]),
+        "theta=0.9": run_engine(spec(marspec={"theta": 0.9, "margin": "logit_ratio"}), [GREEDY, MIXED]),
     }
 
 

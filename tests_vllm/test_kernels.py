@@ -123,7 +123,7 @@ def marspec_verify(
 def test_vllm_kernels_with_plugin_equal_marspec_rule(
     theta: float, greedy_share: float, with_draft_probs: bool
 ) -> None:
-    rule = Rule("mars", theta)
+    rule = Rule("mars", theta, "logit_ratio")
     plugin.activate(PluginConfig(rule, log_every=0))
     g = torch.Generator().manual_seed(int(theta * 100 + greedy_share * 10 + with_draft_probs))
     relaxed_total = 0

@@ -21,7 +21,9 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
+    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
+    DEFAULT_THETA,
 )
 from marspec.detok import IncrementalDetokenizer
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
@@ -30,9 +32,9 @@ from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_mode
 from marspec.prompting import Prompt, encode_prompt
 from marspec.stats import GenerationStats
 from marspec.tree import parse_tree_shape
-from marspec.verify import Rule
+from marspec.verify import RIVALS, Rule
 
-RULES = ("plain", "strict", "mars")
+RULES = ("plain", "strict", "mars", *RIVALS)
 FinishReason = Literal["eos", "length", "stop"]
 
 
@@ -40,8 +42,9 @@ FinishReason = Literal["eos", "length", "stop"]
 class GenerationResult:
     """What one generation produced.
 
-    ``relaxed_positions`` are indices into ``token_ids`` of the tokens accepted by MARS relaxation (the
-    places where the output may differ from strict verification).
+    ``relaxed_positions`` are indices into ``token_ids`` of the tokens accepted by relaxation (the
+    places where the output may differ from strict verification); ``relaxed_top1`` holds, for each, the
+    token strict would have taken there (the target's top-1), and ``relaxed_margins`` the rule's margin.
     """
 
     text: str
@@ -49,12 +52,16 @@ class GenerationResult:
     relaxed_positions: list[int]
     finish_reason: FinishReason
     stats: GenerationStats = field(repr=False)
+    relaxed_top1: list[int] = field(default_factory=list)
+    relaxed_margins: list[float] = field(default_factory=list)
 
     def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
         return {
             "text": self.text,
             "token_ids": self.token_ids,
             "relaxed_positions": self.relaxed_positions,
+            "relaxed_top1": self.relaxed_top1,
+            "relaxed_margins": self.relaxed_margins,
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(with_steps=with_steps),
         }
@@ -225,6 +232,8 @@ class Decoder:
         stats = GenerationStats()
         token_ids: list[int] = []
         relaxed_positions: list[int] = []
+        relaxed_top1: list[int] = []
+        relaxed_margins: list[float] = []
         detok = IncrementalDetokenizer(self.tokenizer) if (stream or stops) else None
         finish: FinishReason = "length"
         start = time.perf_counter()
@@ -232,6 +241,8 @@ class Decoder:
         try:
             for step in steps:
                 relaxed_positions.extend(len(token_ids) + i for i, r in enumerate(step.relaxed) if r)
+                relaxed_top1.extend(step.relaxed_top1)
+                relaxed_margins.extend(step.relaxed_margins)
                 token_ids.extend(step.tokens)
                 if step.finished:
                     finish = "eos"
@@ -252,7 +263,9 @@ class Decoder:
             steps.close()
             stats.wall_s = time.perf_counter() - start
         text = detok.text if detok is not None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return GenerationResult(text, token_ids, relaxed_positions, finish, stats)
+        return GenerationResult(
+            text, token_ids, relaxed_positions, finish, stats, relaxed_top1, relaxed_margins
+        )
 
 
 @dataclass(frozen=True)
@@ -260,13 +273,18 @@ class GenerationOptions:
     """How to generate.
 
     Attributes:
-        rule: ``plain`` (no drafter), ``strict`` (lossless speculative) or ``mars`` (relax near-ties).
+        rule: ``plain`` (no drafter), ``strict`` (lossless speculative), ``mars`` (relax near-ties), or
+            a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang) or ``topk``
+            (TensorRT-LLM), whose parameter is ``theta`` (see :mod:`marspec.verify`, docs/rules.md).
         theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
+            The default, 0.5 on ``prob_ratio``, was chosen by measurement on the default pair
+            (docs/results.md, "MARS quality"); the paper's setting is ``theta=0.9,
+            margin="logit_ratio"``.
             ``"auto"`` takes the margin and theta that ``marspec calibrate`` measured for this target and
             drafter (greedy and sampling are calibrated apart); without a calibration, an error says
             how to make one.
-        margin: ``logit_ratio`` (the paper's z2/z1), ``prob_ratio`` (p2/p1) or ``logit_gap`` (z1 - z2,
-            then theta is the largest gap in logits that still relaxes).
+        margin: ``prob_ratio`` (p2/p1, the default), ``logit_ratio`` (the paper's z2/z1) or
+            ``logit_gap`` (z1 - z2, then theta is the largest gap in logits that still relaxes).
         k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
         adaptive_k: grow the draft length by 2 after a fully accepted draft and shrink it by 1 after a
             rejection, between 1 and ``k`` (transformers' schedule); off drafts up to ``k`` every step.
@@ -284,8 +302,8 @@ class GenerationOptions:
     """
 
     rule: str = "mars"
-    theta: float | Literal["auto"] = 0.9
-    margin: str = "logit_ratio"
+    theta: float | Literal["auto"] = DEFAULT_THETA
+    margin: str = DEFAULT_MARGIN
     k: int = DEFAULT_K
     adaptive_k: bool = False
     temperature: float = 0.0
@@ -299,8 +317,13 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise MarspecError(f"unknown rule {self.rule!r}: choose one of {', '.join(RULES)}")
+        if self.theta == AUTO and self.rule in RIVALS:
+            raise MarspecError(
+                f"theta='auto' is MARS's calibrated setting; give rule {self.rule!r} its parameter as a "
+                "number (see docs/rules.md)"
+            )
         # Validates k, temperature, max_new_tokens, theta and margin ("auto" is resolved per pair later).
-        (replace(self, theta=0.9) if self.theta == AUTO else self).decode_config(frozenset())
+        (replace(self, theta=DEFAULT_THETA) if self.theta == AUTO else self).decode_config(frozenset())
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
         ):

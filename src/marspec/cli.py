@@ -49,11 +49,17 @@ ThetaOpt = Annotated[
     str,
     typer.Option(
         "--theta",
-        help="MARS threshold on z2/z1 in [0, 1] (1 = strict), or 'auto': the setting `marspec calibrate` "
-        "chose for this target and draft.",
+        help="MARS's close-call threshold for --margin (default 0.5 on p2/p1: relax where the target prefers "
+        "its top choice at most 2x; chosen by measurement, docs/results.md), 1 = strict; or 'auto': the "
+        "setting `marspec calibrate` chose for this target and draft; a rival rule's parameter.",
     ),
 ]
-MarginOpt = Annotated[str, typer.Option("--margin", help="logit_ratio | prob_ratio | logit_gap")]
+MarginOpt = Annotated[
+    str,
+    typer.Option(
+        "--margin", help="prob_ratio (p2/p1, the default) | logit_ratio (the paper's z2/z1) | logit_gap"
+    ),
+]
 KOpt = Annotated[
     int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
 ]
@@ -133,9 +139,11 @@ def generate(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
-    rule: Annotated[str, typer.Option("--rule", help="plain | strict | mars")] = "mars",
+    rule: Annotated[
+        str, typer.Option("--rule", help="plain | strict | mars; rivals: typical | pthresh | topk (--theta)")
+    ] = "mars",
     theta: ThetaOpt = str(DEFAULT_THETA),
-    margin: MarginOpt = "logit_ratio",
+    margin: MarginOpt = DEFAULT_MARGIN,
     k: KOpt = DEFAULT_K,
     adaptive_k: Annotated[
         bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")
@@ -446,7 +454,7 @@ def bench(
         ),
     ] = "plain,strict,mars,hf-assisted",
     theta: ThetaOpt = str(DEFAULT_THETA),
-    margin: MarginOpt = "logit_ratio",
+    margin: MarginOpt = DEFAULT_MARGIN,
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/bench"),
     target: TargetOpt = DEFAULT_TARGET,
@@ -496,7 +504,7 @@ def sweep(
         "0.80,0.84,0.88,0.90,0.92,0.96,1.0"
     ),
     limit: LimitOpt = None,
-    margin: MarginOpt = "logit_ratio",
+    margin: MarginOpt = DEFAULT_MARGIN,
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/sweep"),
     target: TargetOpt = DEFAULT_TARGET,
@@ -792,11 +800,13 @@ def serve(
     prepack: PrepackOpt = DEFAULT_PREPACK,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
-    rule: Annotated[str, typer.Option("--rule", help="Default rule: plain | strict | mars")] = "mars",
+    rule: Annotated[
+        str, typer.Option("--rule", help="Default rule: plain | strict | mars | typical | pthresh | topk")
+    ] = "mars",
     theta: ThetaOpt = str(DEFAULT_THETA),
     margin: Annotated[
         str, typer.Option("--margin", help="Default margin: logit_ratio | prob_ratio | logit_gap")
-    ] = "logit_ratio",
+    ] = DEFAULT_MARGIN,
     k: KOpt = DEFAULT_K,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")

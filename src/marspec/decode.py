@@ -83,6 +83,9 @@ class Step:
     tokens: list[int]
     relaxed: list[bool]
     finished: bool  # EOS reached
+    # At each relaxed token, in order: the target's top-1 it replaced, and the rule's margin there.
+    relaxed_top1: tuple[int, ...] = ()
+    relaxed_margins: tuple[float, ...] = ()
 
 
 def decode(
@@ -159,6 +162,11 @@ def decode(
             draft_len = min(config.k, draft_len + 2) if all_accepted else max(1, draft_len - 1)
         keep = min(len(tokens), budget - produced)
         tokens, relaxed = tokens[:keep], relaxed[:keep]
+        margins = verdict.margins.tolist()
+        kept_relaxed = relaxed_at[: sum(relaxed)]  # relaxed flags cut with the tokens at EOS or limits
+        replaced = ()
+        if kept_relaxed and verdict.top1 is not None:
+            replaced = tuple(verdict.top1[list(kept_relaxed)].tolist())
 
         seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         # Accepted drafts are cached already; the newest token stays pending.
@@ -181,7 +189,7 @@ def decode(
                 accepted_relaxed=len(relaxed_at),
                 rejected=verdict.n_accepted < n_draft,
                 emitted=len(tokens),
-                margins=tuple(verdict.margins.tolist()),
+                margins=tuple(margins),
                 relaxed_at=relaxed_at,
             )
         )
@@ -191,6 +199,12 @@ def decode(
             stats.draft_forward_s = draft_lm.clock.seconds - draft_s0
             stats.draft_forwards = draft_lm.clock.calls - draft_calls0
         stats.stopped_at_eos = finished
-        yield Step(tokens=tokens, relaxed=relaxed, finished=finished)
+        yield Step(
+            tokens=tokens,
+            relaxed=relaxed,
+            finished=finished,
+            relaxed_top1=replaced,
+            relaxed_margins=tuple(margins[i] for i in kept_relaxed),
+        )
         if finished:
             return

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 
 class MarspecError(ValueError):
-    """A user-facing error: the message says what is wrong and how to fix it."""
+    """A user-facing error: the message says what is wrong and how to fix it. ``field``, when set, names
+    the option at fault (e.g. ``"theta"``), for callers that report it apart, like the server's 400s."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ChatTemplateError(MarspecError):

@@ -1,4 +1,4 @@
-"""Accept rules for speculative decoding: strict verification and MARS (margin-aware) verification.
+"""Accept rules for speculative decoding: strict, MARS (margin-aware) and MARS's rivals.
 
 Everything here is a small pure function over target logits: no model, no I/O, no Python loop over draft
 positions. A decode step calls :func:`verify_greedy` (temperature 0) or :func:`verify_sampling`
@@ -13,6 +13,16 @@ indifferent between its top two ("close call"). How close is measured by a margi
 - ``logit_ratio`` (the paper's default): ``z2 / z1 > theta``, only when ``z1 > 0``;
 - ``prob_ratio``: ``p2 / p1 = exp((z2 - z1) / T) > theta``;
 - ``logit_gap``: ``z1 - z2 < theta``.
+
+The rival lossy rules other engines ship (docs/rules.md states each one's source and where ours differs)
+also relax a draft token the target does not rank first, each by its own test on the target's
+distribution ``p`` (at temperature 1 when greedy, at T when sampling); ``theta`` is the rule's parameter:
+
+- ``typical`` (Medusa's typical acceptance): ``p(d) > min(eps, sqrt(eps) * exp(-H(p)))``, ``theta = eps``
+  in [0, 1]; 0 never relaxes (an off switch of ours: Medusa's formula would accept any ``p(d) > 0``);
+- ``pthresh`` (SGLang's single-token threshold): ``p(d) >= theta``, in [0, 1]; 1 never relaxes;
+- ``topk`` (TensorRT-LLM's relaxed acceptance, without its delta): ``d`` is among the target's top
+  ``theta`` tokens, an integer >= 1; 1 never relaxes.
 """
 
 from __future__ import annotations
@@ -24,13 +34,14 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
+from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA
 from marspec.errors import MarspecError
 
 if TYPE_CHECKING:
     from marspec.tree import DraftTree
 
 MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
-RuleName = Literal["strict", "mars"]
+RuleName = Literal["strict", "mars", "typical", "pthresh", "topk"]
 # "next" (our variant, not the paper's): a close call is relaxed only where the draft's next token is the
 # target's top choice after the relaxed token, read from the same verification forward (the target,
 # having seen the runner-up, goes on as the draft does). The last draft position has no next draft
@@ -42,20 +53,30 @@ GUARDS: tuple[str, ...] = get_args(GuardName)
 
 # Margins whose measure is a ratio at most 1 between the top two: theta is a threshold in [0, 1].
 _RATIO_MARGINS = ("logit_ratio", "prob_ratio")
+# The rivals relax by a test on the target's distribution rather than on MARS's top-2 margin.
+RIVALS: tuple[str, ...] = ("typical", "pthresh", "topk")
+_RIVAL_PARAMETERS = {
+    "typical": "eps in [0, 1] (accept p(d) > min(eps, sqrt(eps) * exp(-entropy)); 0 never relaxes)",
+    "pthresh": "a probability in [0, 1] (accept p(d) >= theta; 1 never relaxes)",
+    "topk": "an integer k >= 1 (accept a draft among the target's top k; 1 never relaxes)",
+}
 
 
 @dataclass(frozen=True)
 class Rule:
-    """How draft tokens are accepted: ``strict`` (exact match / lossless) or ``mars`` (margin-aware).
+    """How draft tokens are accepted: ``strict`` (exact match / lossless), ``mars`` (margin-aware), or
+    a rival lossy rule (``typical``, ``pthresh``, ``topk``).
 
-    ``theta`` is the close-call threshold for ``margin``. For the ratio margins it is in ``[0, 1]`` and a
-    lower value relaxes more; for ``logit_gap`` it is the largest top-2 logit gap still treated as a close
-    call. ``theta`` is validated for ``strict`` too, so a bad value never goes unnoticed.
+    For MARS ``theta`` is the close-call threshold for ``margin``. For the ratio margins it is in
+    ``[0, 1]`` and a lower value relaxes more; for ``logit_gap`` it is the largest top-2 logit gap still
+    treated as a close call. ``theta`` is validated for ``strict`` too, so a bad value never goes
+    unnoticed. For a rival ``theta`` is that rule's parameter (see the module's docstring); ``margin``
+    then only names the measure recorded for statistics.
     """
 
     name: RuleName = "mars"
-    theta: float = 0.9
-    margin: MarginName = "logit_ratio"
+    theta: float = DEFAULT_THETA
+    margin: MarginName = DEFAULT_MARGIN  # type: ignore[assignment]
     guard: GuardName = "none"
 
     def __post_init__(self) -> None:
@@ -68,7 +89,20 @@ class Rule:
         theta = self.theta
         is_number = isinstance(theta, numbers.Real) and not isinstance(theta, bool)
         finite = is_number and math.isfinite(float(theta))
-        if self.margin in _RATIO_MARGINS:
+        if self.name in RIVALS:
+            if self.guard != "none":
+                raise MarspecError(f"the {self.guard!r} guard is MARS's; rule {self.name!r} takes none")
+            valid = finite and (
+                float(theta) >= 1 and float(theta).is_integer()
+                if self.name == "topk"
+                else 0.0 <= float(theta) <= 1.0
+            )
+            if not valid:
+                raise MarspecError(
+                    f"theta={theta!r} is invalid for rule {self.name!r}: use {_RIVAL_PARAMETERS[self.name]}",
+                    field="theta",
+                )
+        elif self.margin in _RATIO_MARGINS:
             ratio = "z2/z1" if self.margin == "logit_ratio" else "p2/p1"
             if not (finite and 0.0 <= float(theta) <= 1.0):
                 raise MarspecError(
@@ -89,6 +123,12 @@ class Rule:
         """Whether this rule can ever accept a non-top-1 token (False for strict and degenerate theta)."""
         if self.name == "strict":
             return False
+        if self.name == "typical":
+            return self.theta > 0.0
+        if self.name == "pthresh":
+            return self.theta < 1.0
+        if self.name == "topk":
+            return self.theta > 1.0
         if self.margin in _RATIO_MARGINS:
             return self.theta < 1.0  # the ratio is <= 1, and the test is strict ">"
         return self.theta > 0.0  # the gap is >= 0, and the test is strict "<"
@@ -104,6 +144,9 @@ class Verification:
     # float32[K]: the rule's margin measure at each draft position, for statistics (logit_ratio is
     # inf/nan where z1 == 0; the rule itself never relaxes there)
     margins: torch.Tensor
+    # long[K]: the target's top-1 at each draft position (what strict would take): where a token was
+    # relaxed, the one it replaced. Read only at relaxed positions, for audits.
+    top1: torch.Tensor | None = None
 
     @property
     def n_relaxed(self) -> int:
@@ -180,6 +223,37 @@ def close_call_accepts(
     return in_top2 & is_close_call(z1, z2, rule)
 
 
+def relaxed_accepts(
+    rows: torch.Tensor,
+    top_values: torch.Tensor,
+    top_tokens: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    rule: Rule,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Bool ``[N]``: where ``rule`` accepts a draft token whatever the target ranks first (callers mask
+    out exact matches). ``rows`` (``[N, V]``) are the target's logits at the ``N`` positions, needed by
+    the rivals only; ``top_values``/``top_tokens`` are their :func:`top2` (values already divided by the
+    temperature when sampling), which MARS's test reads."""
+    if not rule.relaxes:
+        return torch.zeros(draft_tokens.shape[0], dtype=torch.bool, device=top_tokens.device)
+    if rule.name == "mars":
+        return close_call_accepts(top_values, top_tokens, draft_tokens, rule)
+    draft = draft_tokens.to(device=rows.device, dtype=torch.long)[:, None]  # [N, 1]
+    scaled = rows.float() / temperature  # [N, V]
+    if rule.name == "topk":
+        # Tokens ranked strictly above the draft token; fewer than k means it is in the top k.
+        above = (scaled > scaled.gather(1, draft)).sum(-1)  # [N]
+        return above < int(rule.theta)
+    logp = torch.log_softmax(scaled, dim=-1)  # [N, V]
+    p_d = logp.gather(1, draft)[:, 0].exp()  # [N]
+    if rule.name == "pthresh":
+        return p_d >= rule.theta
+    entropy = -(logp.exp() * logp).sum(-1)  # [N], in nats
+    eps = rule.theta
+    return p_d > torch.clamp(math.sqrt(eps) * torch.exp(-entropy), max=eps)
+
+
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule) -> Verification:
     """Greedy (temperature 0) verification: exact match, plus MARS's top-2 relaxation on close calls.
 
@@ -194,7 +268,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
 
     exact = draft == v1[:k]  # [K]
-    relaxed = close_call_accepts(values[:k], tokens[:k], draft, rule) & ~exact  # [K]
+    relaxed = relaxed_accepts(target_logits[:k], values[:k], tokens[:k], draft, rule) & ~exact  # [K]
     if rule.guard != "none":
         relaxed = relaxed & _guard_allows(draft, v1[1:k])
     n = _leading_true(exact | relaxed)  # 0-dim long
@@ -204,6 +278,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
         next_token=next_token,
         relaxed=relaxed[:n_accepted],
         margins=margin_measure(z1, z2, rule.margin).float(),
+        top1=v1[:k],
     )
 
 
@@ -256,7 +331,10 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
     node_tokens = tree.tokens.to(dtype=top.dtype)  # [N]
     parent_top = top.index_select(0, parents)  # [N, 2]: the target's top two where each node stands
     exact = node_tokens == parent_top[:, 0]  # [N]
-    relaxed = close_call_accepts(values.index_select(0, parents), parent_top, node_tokens, rule) & ~exact
+    # A rival's test reads each node's whole row of logits: gathered only for the rivals.
+    rows = target_logits.index_select(0, parents) if rule.name in RIVALS else target_logits
+    parent_values = values.index_select(0, parents)  # [N, 2]
+    relaxed = relaxed_accepts(rows, parent_values, parent_top, node_tokens, rule) & ~exact
     # One host copy for the walk: accept flags, relaxed flags, every row's top-1, the tokens.
     n = n_nodes + 1
     flags = torch.cat([exact | relaxed, relaxed, top[:, 0], node_tokens]).tolist()
@@ -283,6 +361,7 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
         next_token=int(top1[node]),
         relaxed=torch.tensor([bool(relaxed_flags[p - 1]) for p in path], dtype=torch.bool),
         margins=margin_measure(z1, z2, rule.margin).float(),
+        top1=torch.tensor([top1[tree.parents[p - 1]] for p in path], dtype=torch.long),
         path=tuple(path),
         tokens=tuple(int(token_list[p - 1]) for p in path),
         chain_prefix=chain_prefix,
@@ -326,7 +405,7 @@ def verify_sampling(
     values, tokens = top2(target_logits[:k])  # [K, 2], [K, 2]
     scaled = values.float() / temperature  # [K, 2]
     z1, z2 = scaled.unbind(-1)  # [K], [K]
-    relaxed = close_call_accepts(scaled, tokens, draft, rule)  # [K]
+    relaxed = relaxed_accepts(target_logits[:k], scaled, tokens, draft, rule, temperature)  # [K]
     if rule.guard != "none":  # the guard's argmax over [K-1, V] is paid only when it is asked for
         relaxed = relaxed & _guard_allows(draft, tokens[1:k, 0])
 
@@ -364,6 +443,7 @@ def verify_sampling(
         next_token=next_token,
         relaxed=relaxed[:n_accepted],
         margins=margin_measure(z1, z2, rule.margin).float(),
+        top1=tokens[:, 0],
     )
 
 

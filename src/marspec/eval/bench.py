@@ -154,6 +154,9 @@ def turn_record(out: TurnOutput) -> dict[str, Any]:
         "position_reached": reached,
         "position_accepted": accepted,
         "margins": {k: [round(v, 4) for v in vs] for k, vs in s.margins_by_outcome().items()},
+        # What an audit of the output needs (marspec report --html): the tokens, and each relaxed one.
+        "token_ids": out.token_ids,
+        "relaxed": out.relaxed,
     }
 
 

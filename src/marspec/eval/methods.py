@@ -3,7 +3,8 @@
 A method name is ``plain``, ``strict``, ``mars`` (at the run's theta and margin), ``mars@0.95`` (an
 explicit theta, the run's margin), ``mars-ratio@0.95`` / ``mars-prob@0.5`` / ``mars-gap@2`` (an explicit
 margin, logit_ratio / prob_ratio / logit_gap, and its theta), any of the marspec methods with ``+tree``
-(token-tree drafting with the run's tree shape), ``hf-assisted`` (transformers
+(token-tree drafting with the run's tree shape), the rival lossy rules ``typical@EPS``,
+``pthresh@P`` and ``topk@K`` (:mod:`marspec.verify`), ``hf-assisted`` (transformers
 ``generate(assistant_model=draft)``) or ``hf-prompt-lookup`` (transformers
 ``generate(prompt_lookup_num_tokens=k)``). All run on the same loaded models, greedily or all at the
 run's temperature with the same seed per question and sample.
@@ -12,7 +13,7 @@ run's temperature with the same seed per question and sample.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,12 +23,13 @@ from marspec.api import Decoder, GenerationOptions
 from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
 from marspec.stats import GenerationStats
-from marspec.verify import Rule
+from marspec.verify import RIVALS, Rule
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 METHOD_HELP = (
     "plain, strict, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
-    "(marspec's also +tree; MARS's also +next, the next-token guard), hf-assisted, hf-prompt-lookup"
+    "(marspec's also +tree; MARS's also +next, the next-token guard), the rival rules typical@EPS, "
+    "pthresh@P, topk@K, hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
 MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
@@ -38,15 +40,15 @@ class Method:
     """A parsed method name."""
 
     name: str  # as given, e.g. "mars@0.95"
-    kind: str  # plain | strict | mars | hf-assisted | hf-prompt-lookup
-    theta: float | None = None  # mars only
-    tree: bool = False  # strict or mars with token-tree drafting
+    kind: str  # plain | strict | mars | typical | pthresh | topk | hf-assisted | hf-prompt-lookup
+    theta: float | None = None  # mars's theta, or a rival rule's parameter
+    tree: bool = False  # a marspec rule with token-tree drafting
     margin: str | None = None  # mars only: None takes the run's margin
     guard: str = "none"  # mars only: "next" with the +next suffix (see marspec.verify)
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind in ("strict", "mars", "hf-assisted")
+        return self.kind in ("strict", "mars", *RIVALS, "hf-assisted")
 
 
 def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Method]:
@@ -65,8 +67,8 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
                 f"unknown method {name!r}: the suffixes are +tree and +next; choose from {METHOD_HELP}"
             )
         kind, _, arg = base.partition("@")
-        if tree and kind not in ("strict", "mars", *MARGIN_KINDS):
-            raise MarspecError(f"method {name!r}: only strict and mars can draft a tree")
+        if tree and kind not in ("strict", "mars", *MARGIN_KINDS, *RIVALS):
+            raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
         if guard != "none" and not (kind == "mars" or kind in MARGIN_KINDS):
             raise MarspecError(f"method {name!r}: only MARS methods take the +next guard")
         if kind == "mars" or kind in MARGIN_KINDS:
@@ -86,6 +88,15 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
             margin = MARGIN_KINDS.get(kind)
             GenerationOptions(rule="mars", theta=value, margin=margin or "logit_ratio")  # validates
             methods.append(Method(name, "mars", value, tree, margin, guard))
+        elif kind in RIVALS:
+            if not arg:
+                raise MarspecError(f"method {name!r} needs its parameter: write it as {kind}@VALUE")
+            try:
+                value = float(arg)
+            except ValueError:
+                raise MarspecError(f"method {name!r}: the parameter after '@' must be a number") from None
+            GenerationOptions(rule=kind, theta=value)  # validates
+            methods.append(Method(name, kind, value, tree))
         elif arg or kind not in ("plain", "strict", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
@@ -104,6 +115,8 @@ class TurnOutput:
     stats: GenerationStats
     hit_limit: bool
     seed: int | None = None  # the sampling seed (None: greedy)
+    # Each relaxed token as [position in token_ids, token, the target's top-1 it replaced, margin].
+    relaxed: list[list[float]] = field(default_factory=list)
 
 
 def run_method(
@@ -140,7 +153,14 @@ def run_method(
             raise MarspecError(f"method {method.name!r} needs a tree shape: pass --tree, e.g. --tree 2,2")
         options["tree"] = tree
     result = decoder.generate(messages, **options)
-    return TurnOutput(result.text, result.token_ids, result.stats, result.finish_reason == "length", seed)
+    relaxed = [
+        [pos, result.token_ids[pos], top1, round(margin, 4)]
+        for pos, top1, margin in zip(
+            result.relaxed_positions, result.relaxed_top1, result.relaxed_margins, strict=True
+        )
+    ]
+    hit_limit = result.finish_reason == "length"
+    return TurnOutput(result.text, result.token_ids, result.stats, hit_limit, seed, relaxed)
 
 
 class _ForwardCounter:

@@ -270,8 +270,10 @@ def _options(
     try:
         return dataclasses.replace(defaults, chat=chat, **{f: v for f, v, _ in overrides})
     except MarspecError as exc:
-        # Find the culprit by trying each value alone on top of the (valid) defaults.
-        param = next((p for f, v, p in overrides if not _valid(defaults, f, v)), None)
+        # The error names its option when it knows it (a rival's parameter is only wrong for that
+        # rule); otherwise find the culprit by trying each value alone on top of the (valid) defaults.
+        named = [p for f, _, p in overrides if f == exc.field]
+        param = named[0] if named else next((p for f, v, p in overrides if not _valid(defaults, f, v)), None)
         raise ApiError(400, f"invalid {param}: {exc}" if param else str(exc), param=param) from None
 
 

@@ -7,8 +7,11 @@ ones). Rather than re-implementing vLLM's kernels, the plugin rewrites the rows 
 close call so that vLLM's own strict verification must accept them (the row becomes one-hot at the
 draft token: argmax for greedy requests, ``p(d) = 1`` for sampled ones). Every other row is untouched,
 so the correction token after the first rejection, the bonus token, seeding and top-k/top-p all stay
-vLLM's. The close-call decision itself is :func:`marspec.verify.close_call_accepts`, the same code the
-marspec decoder uses.
+vLLM's. The decision itself is :func:`marspec.verify.relaxed_accepts`, the same code the marspec
+decoder uses. Every rule fits this forcing scheme, since each decides a row from that row's logits and
+draft token alone: MARS, and the rivals ``typical``, ``pthresh`` and ``topk`` (on a sampled row the
+logits are already temperature-divided, so a rival tests the tempered distribution, as it does in
+marspec's own sampling loop).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from marspec.verify import Rule, close_call_accepts, top2
+from marspec.verify import Rule, relaxed_accepts, top2
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection
 
@@ -41,7 +44,7 @@ def relax_close_calls(target_logits: torch.Tensor, draft_token_ids: torch.Tensor
     exact = draft == tokens[:, 0]  # [T]
     if not rule.relaxes:
         return RelaxedBatch(target_logits, torch.zeros_like(exact), exact)
-    relaxed = close_call_accepts(values, tokens, draft, rule)  # [T]
+    relaxed = relaxed_accepts(target_logits, values, tokens, draft, rule)  # [T]
     forced = target_logits.masked_fill(relaxed[:, None], float("-inf"))  # [T, V]
     kept = target_logits.gather(1, draft[:, None])  # [T, 1]: the draft's own logit where not relaxed
     forced.scatter_(1, draft[:, None], torch.where(relaxed[:, None], torch.zeros_like(kept), kept))

@@ -151,7 +151,7 @@ def compare(model: str, draft: str | None, k: int, max_tokens: int, memory_share
     configs = {
         "vLLM, no plugin": EngineSpec(model, draft, k, load_plugin=False, **common),
         "marspec theta=1.0": EngineSpec(model, draft, k, {"theta": 1.0}, **common),
-        "marspec theta=0.9": EngineSpec(model, draft, k, {"theta": 0.9}, **common),
+        "marspec theta=0.9": EngineSpec(model, draft, k, {"theta": 0.9, "margin": "logit_ratio"}, **common),
     }
     runs = {name: run_engine(spec, [batch]).batches[0] for name, spec in configs.items()}
     base = runs["vLLM, no plugin"].tokens
