@@ -6,7 +6,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev install-eval install-vllm lint loadtest test-vllm
+.PHONY: demo test install install-dev install-eval install-vllm install-browser lint loadtest test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -83,8 +83,13 @@ test-vllm: install install-vllm
 	MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_DRAFT=$(call model_dir,$(VLLM_DRAFT)) \
 		$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
 
+# Debian's Chromium, which opens the audit page in tests/test_audit.py (apt, so root or sudo).
+install-browser:
+	@command -v chromium >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
 # -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
-test: lint
-	$(BIN)/pytest -v --durations=25
+test: lint install-browser
+	MARSPEC_REQUIRE_BROWSER=1 $(BIN)/pytest -v --durations=25
 	$(MAKE) loadtest
 	$(MAKE) test-vllm

@@ -1,14 +1,41 @@
-"""Shared fixtures: tiny random-weight models for fast loop tests (real weights are in test_real.py)."""
+"""Shared fixtures: tiny random-weight models for fast loop tests (real weights are in test_real.py), and
+the small benchmark configuration the bench tests share."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from marspec.backends.hf import HFCausalLM
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
+from marspec.eval.bench import BenchConfig
 
 TINY_VOCAB = 97
+SMALL = "smollm2-135m-instruct"
+
+
+def bench_config(methods: str, **changes: Any) -> BenchConfig:
+    """A GSM8K bench on SmolLM2 drafting for itself, 12 new tokens, k = 3, one thread."""
+    config = BenchConfig(
+        task="gsm8k",
+        methods=tuple(methods.split(",")),
+        theta=0.9,
+        margin="logit_ratio",
+        k=3,
+        max_new_tokens=12,
+        target=SMALL,
+        draft=SMALL,
+        draft_quant=DEFAULT_DRAFT_QUANT,
+        draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
+        lookup=DEFAULT_LOOKUP,
+        dtype="fp32",
+        threads=1,
+    )
+    return replace(config, **changes)
 
 
 def tiny_lm(seed: int, name: str = "tiny", layers: int = 2) -> HFCausalLM:

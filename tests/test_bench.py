@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import SMALL, bench_config
 
 from marspec import Decoder, MarspecError
-from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
 from marspec.eval.bench import (
     RECORDS_FILE,
     BenchConfig,
@@ -26,8 +26,6 @@ from marspec.eval.grading import grader_for
 from marspec.eval.methods import parse_methods
 from marspec.eval.report import make_report
 
-SMALL = "smollm2-135m-instruct"
-
 
 @pytest.fixture(scope="module")
 def decoder() -> Decoder:
@@ -36,21 +34,7 @@ def decoder() -> Decoder:
 
 
 def config(methods: str) -> BenchConfig:
-    return BenchConfig(
-        task="gsm8k",
-        methods=tuple(methods.split(",")),
-        theta=0.9,
-        margin="logit_ratio",
-        k=3,
-        max_new_tokens=12,
-        target=SMALL,
-        draft=SMALL,
-        draft_quant=DEFAULT_DRAFT_QUANT,
-        draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
-        lookup=DEFAULT_LOOKUP,
-        dtype="fp32",
-        threads=1,
-    )
+    return bench_config(methods)
 
 
 def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):

@@ -726,13 +726,25 @@ def compare(
 @app.command()
 def report(
     out: Annotated[Path, typer.Argument(help="A directory written by `marspec bench` or `sweep`.")],
+    as_html: Annotated[
+        bool,
+        typer.Option(
+            "--html",
+            help="Also write audit.html: every relaxed token in context beside the reference's output.",
+        ),
+    ] = False,
 ) -> None:
-    """Plots (PNG) for a benchmark directory: theta curve, acceptance by position, margin distribution."""
+    """Plots (PNG) for a benchmark directory: speed against recovery, theta curve, acceptance by
+    position, margin distribution; with --html, the audit page of what the lossy rules changed."""
     from marspec.eval.report import make_report
 
     with user_errors():
         for path in make_report(out):
             err.print(f"wrote {path}")
+        if as_html:
+            from marspec.eval.audit import write_audit
+
+            err.print(f"wrote {write_audit(out)}")
 
 
 @app.command()
