@@ -26,6 +26,7 @@ from marspec.defaults import (
     DEFAULT_THETA,
 )
 from marspec.detok import IncrementalDetokenizer
+from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
@@ -34,6 +35,7 @@ from marspec.stats import GenerationStats
 from marspec.tree import parse_tree_shape
 from marspec.verify import RIVALS, Rule
 
+CPU = torch.device("cpu")
 RULES = ("plain", "strict", "mars", *RIVALS)
 FinishReason = Literal["eos", "length", "stop"]
 
@@ -82,13 +84,21 @@ class GenerationStream:
         self._gen.close()
 
 
-def load_lm(model: str | HFCausalLM, dtype: torch.dtype, prepack: bool = False) -> tuple[HFCausalLM, bool]:
-    """Load a model by name or path (or take a loaded one, left as it is); return it and whether prompts
-    default to chat. ``prepack`` holds the linear weights of a model loaded here in oneDNN's layout."""
+def load_lm(
+    model: str | HFCausalLM,
+    dtype: torch.dtype,
+    prepack: bool = False,
+    device: torch.device = CPU,
+) -> tuple[HFCausalLM, bool]:
+    """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
+    whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
+    oneDNN's layout (a CPU kernel choice: not applied on another device)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
     hf_model, tokenizer, spec = load_model(model, dtype=dtype)
-    if prepack:
+    if device.type != "cpu":
+        hf_model.to(device)
+    elif prepack:
         prepack_linears(hf_model)
     return HFCausalLM(hf_model, tokenizer, model), is_instruct(spec, tokenizer)
 
@@ -122,6 +132,10 @@ class Decoder:
             int8) in oneDNN's blocked layout: multi-token forwards, which verification is made of, cost
             about 3x less on CPU (see :mod:`marspec.backends.prepack`). Models passed in loaded are left
             as they are.
+        device: ``"auto"`` (a CUDA GPU, else Apple MPS, else the CPU), ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"`` or ``"mps"``: where the models, caches and verification run. ``draft_quant`` and
+            ``prepack`` are CPU kernel choices and apply on the CPU only. Only the CPU has been tested
+            by this project (see the README).
     """
 
     def __init__(
@@ -135,7 +149,9 @@ class Decoder:
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
         lookup: bool = DEFAULT_LOOKUP,
         prepack: bool = DEFAULT_PREPACK,
+        device: str | torch.device = "auto",
     ) -> None:
+        self.device = resolve_device(device)
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
@@ -149,7 +165,8 @@ class Decoder:
         if not isinstance(prepack, bool):
             raise MarspecError(f"prepack must be true or false, got {prepack!r}")
         torch_dtype = parse_dtype(dtype)
-        self.target, self.chat_default = load_lm(target, torch_dtype, prepack)
+        self.target, self.chat_default = load_lm(target, torch_dtype, prepack, self.device)
+        on_cpu = self.device.type == "cpu"
         self.drafter: Drafter | None = None
         # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
         self.draft_name: str | None = None
@@ -159,9 +176,11 @@ class Decoder:
             self.drafter = NgramDrafter()
             self.draft_name = "ngram"
         else:
-            quantize = draft_quant == "int8" and not isinstance(draft, HFCausalLM)
+            # int8 (fbgemm) is a CPU kernel: elsewhere the draft runs in the target's dtype.
+            quantize = on_cpu and draft_quant == "int8" and not isinstance(draft, HFCausalLM)
             # int8 kernels take fp32 activations; the draft's dtype does not bear on exactness anyway.
-            draft_lm, _ = load_lm(draft, torch.float32 if quantize else torch_dtype, prepack and not quantize)
+            draft_dtype = torch.float32 if quantize else torch_dtype
+            draft_lm, _ = load_lm(draft, draft_dtype, prepack and not quantize, self.device)
             check_same_tokenizer(self.target, draft_lm)
             if quantize:
                 quantize_int8(draft_lm.model)
@@ -218,7 +237,7 @@ class Decoder:
         config = opts.decode_config(self.eos_token_ids)
         stops = _check_stops(opts.stop)
         chat = self.chat_default if opts.chat is None else opts.chat
-        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name)
+        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
         ctx = self.target.context_length
         if ctx and prompt_ids.shape[0] >= ctx:
             raise MarspecError(
@@ -227,7 +246,7 @@ class Decoder:
             )
         # Without a seed, draw one from the OS: torch.seed() would also reseed torch's global generator.
         seed = opts.seed if opts.seed is not None else secrets.randbits(63)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
 
         stats = GenerationStats()
         token_ids: list[int] = []

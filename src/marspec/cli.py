@@ -54,6 +54,14 @@ ThetaOpt = Annotated[
         "setting `marspec calibrate` chose for this target and draft; a rival rule's parameter.",
     ),
 ]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="auto | cpu | cuda | cuda:N | mps: where models, caches and verification run (auto: a GPU if "
+        "there is one); int8 drafts and prepacking are CPU kernels. Only cpu is tested by this project.",
+    ),
+]
 MarginOpt = Annotated[
     str,
     typer.Option(
@@ -114,6 +122,7 @@ class LoadSettings:
     draft_confidence: float
     lookup: bool
     prepack: bool
+    device: str = "auto"
 
 
 def _load_decoder(target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings):
@@ -139,6 +148,7 @@ def generate(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     rule: Annotated[
         str, typer.Option("--rule", help="plain | strict | mars; rivals: typical | pthresh | topk (--theta)")
     ] = "mars",
@@ -180,7 +190,7 @@ def generate(
             None if rule == "plain" else draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, draft_confidence, lookup, prepack),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
         )
         opts = asdict(options)
         if as_json:
@@ -205,6 +215,7 @@ def demo(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     theta: ThetaOpt = str(DEFAULT_THETA),
     k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
@@ -228,7 +239,7 @@ def demo(
             draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, draft_confidence, lookup, prepack),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
         )
         decoder.resolve_theta(GenerationOptions(theta=theta_value))  # theta=auto: calibrated? (fail fast)
         total = len(DEMO_PROMPTS) * len(METHODS)
@@ -363,6 +374,7 @@ def _run_bench(
     import torch
 
     from marspec.api import GenerationOptions
+    from marspec.devices import resolve_device
     from marspec.eval.bench import (
         DEFAULT_MAX_NEW_TOKENS,
         BenchConfig,
@@ -419,6 +431,7 @@ def _run_bench(
         threads=torch.get_num_threads(),
         tree=",".join(map(str, tree_shape)) if tree_shape else None,
         prepack=load_settings.prepack,
+        device=str(resolve_device(load_settings.device)),
         temperature=sampling.temperature,
         samples=sampling.samples,
         plain_limit=sampling.plain_limit,
@@ -463,6 +476,7 @@ def bench(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
@@ -476,7 +490,7 @@ def bench(
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
         _run_bench(
             task,
             limit,
@@ -513,6 +527,7 @@ def sweep(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
@@ -538,7 +553,7 @@ def sweep(
         if reference not in ("plain", "strict"):
             raise MarspecError(f"--reference must be plain or strict, got {reference!r}")
         spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
         _run_bench(
             task,
             limit,
@@ -566,6 +581,7 @@ def calibrate(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     task: Annotated[
         str, typer.Option("--task", help="Comma-separated graded tasks: humaneval, gsm8k.")
     ] = "humaneval,gsm8k",
@@ -620,7 +636,7 @@ def calibrate(
         if not any(m.kind == "mars" for m in methods):
             raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
         # A corrupt or foreign calibration file is refused now, not after hours of measuring.
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
         save_path = calibration_path(target, draft)
         read_calibration_file(save_path, target, draft)
         rows = []
@@ -753,6 +769,7 @@ def profile(
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Profile target forwards scoring 1..N tokens.")
     ] = DEFAULT_K + 1,
@@ -774,7 +791,7 @@ def profile(
             None if draft in ("none", "ngram") else draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack),
+            LoadSettings(draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack, device),
         )
         draft_lm = decoder.drafter.draft_model if decoder.drafter else None
         with status(err, "measuring forwards"):
@@ -810,6 +827,7 @@ def serve(
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
     rule: Annotated[
@@ -879,7 +897,7 @@ def serve(
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
-            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack)
+            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
             decoder = _load_decoder(target, draft, dtype, threads, load_settings)
             decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL

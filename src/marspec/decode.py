@@ -105,7 +105,8 @@ def decode(
     budget = config.max_new_tokens
     if target.context_length:
         budget = min(budget, target.context_length - prompt_len)
-    seq = torch.empty(prompt_len + budget + config.k + 1, dtype=torch.long)  # committed tokens
+    # The committed tokens, on the target's device (the drafter and verification read slices of it).
+    seq = torch.empty(prompt_len + budget + config.k + 1, dtype=torch.long, device=target.device)
     seq[:prompt_len] = prompt_ids
     length = prompt_len
     sampling = config.temperature > 0
@@ -168,7 +169,7 @@ def decode(
         if kept_relaxed and verdict.top1 is not None:
             replaced = tuple(verdict.top1[list(kept_relaxed)].tolist())
 
-        seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=seq.device)
         # Accepted drafts are cached already; the newest token stays pending.
         if isinstance(verdict, TreeVerification):
             target.keep_path(length - 1, verdict.path)

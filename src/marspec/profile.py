@@ -67,12 +67,12 @@ def measure(lm: CausalLM, sizes: Iterable[int], context: int = 256, repeats: int
     gen = torch.Generator().manual_seed(0)
     vocab = lm.vocab_size
     lm.reset()
-    lm.forward(torch.randint(vocab, (context,), generator=gen), last_only=True)
+    lm.forward(torch.randint(vocab, (context,), generator=gen).to(lm.device), last_only=True)
     out: dict[int, float] = {}
     for n in sizes:
         samples = []
         for _ in range(repeats + 1):  # the first forward at a new size warms kernels up: dropped
-            tokens = torch.randint(vocab, (n,), generator=gen)
+            tokens = torch.randint(vocab, (n,), generator=gen).to(lm.device)
             start = time.perf_counter()
             lm.forward(tokens)
             samples.append(time.perf_counter() - start)

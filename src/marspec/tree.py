@@ -66,7 +66,7 @@ class DraftTree:
 
     def position_offsets(self) -> torch.Tensor:
         """long[N + 1]: each node's position relative to the root (its depth; the root's is 0)."""
-        return torch.tensor([0, *self.depths], dtype=torch.long)
+        return torch.tensor([0, *self.depths], dtype=torch.long, device=self.tokens.device)
 
     def attention_mask(self, cached: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask ``[1, 1, N + 1, cached + N + 1]`` for scoring root + nodes after ``cached``
@@ -79,7 +79,7 @@ class DraftTree:
             sees[node, node] = True
         mask = torch.zeros(1, 1, n, cached + n, dtype=dtype)
         mask[0, 0, :, cached:].masked_fill_(~sees, torch.finfo(dtype).min)
-        return mask
+        return mask.to(self.tokens.device)
 
 
 def chain_tree(tokens: torch.Tensor) -> DraftTree:

@@ -327,7 +327,8 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
         raise ValueError(f"target_logits must be [N+1, V] = [{n_nodes + 1}, V], got {shape}")
     values, top = top2(target_logits)  # [N+1, 2], [N+1, 2]
     values = values.float()
-    parents = torch.tensor(tree.parents, dtype=torch.long)  # [N]
+    device = target_logits.device
+    parents = torch.tensor(tree.parents, dtype=torch.long, device=device)  # [N]
     node_tokens = tree.tokens.to(dtype=top.dtype)  # [N]
     parent_top = top.index_select(0, parents)  # [N, 2]: the target's top two where each node stands
     exact = node_tokens == parent_top[:, 0]  # [N]
@@ -355,7 +356,7 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
         chain_prefix += 1
     # The rows the walk judged: the root's and each path node's, but not a leaf's (its row is the bonus).
     judged = [0, *path] if children[node] else [0, *path[:-1]]
-    z1, z2 = values.index_select(0, torch.tensor(judged, dtype=torch.long)).unbind(-1)
+    z1, z2 = values.index_select(0, torch.tensor(judged, dtype=torch.long, device=device)).unbind(-1)
     return TreeVerification(
         n_accepted=len(path),
         next_token=int(top1[node]),

@@ -42,12 +42,13 @@ class ModelDrafter:
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
         lm = self.draft_model
         logits = lm.forward(context[lm.cached_len :], last_only=True)[-1]  # [V_draft]
-        tokens = torch.empty(k, dtype=torch.long)
-        probs = torch.empty(k, self.target_vocab_size) if temperature > 0 else None
+        device = logits.device
+        tokens = torch.empty(k, dtype=torch.long, device=device)
+        probs = torch.empty(k, self.target_vocab_size, device=device) if temperature > 0 else None
         # Next-best tokens come from the logits each chain token is drafted from: no extra forward.
         ranked = None
         if alternatives and probs is None:
-            ranked = torch.empty(k, 1 + alternatives, dtype=torch.long)  # [k, 1 + A], best first
+            ranked = torch.empty(k, 1 + alternatives, dtype=torch.long, device=device)  # [k, 1 + A]
         n = 0
         while n < k:
             if ranked is not None:

@@ -61,6 +61,7 @@ class BenchConfig:
     temperature: float = 0.0  # 0: greedy (runs before sampling was measured were all greedy)
     samples: int = 1  # decodes per question and method (more than 1 only makes sense when sampling)
     plain_limit: int | None = None  # plain runs on the first N questions only (None: on all)
+    device: str = "cpu"  # where the models ran (runs before --device existed ran on the CPU)
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:

@@ -200,7 +200,7 @@ def _run_hf_peer(
     from marspec.prompting import encode_prompt
 
     target = decoder.target
-    prompt_ids = encode_prompt(target.tokenizer, messages, True, target.name)
+    prompt_ids = encode_prompt(target.tokenizer, messages, True, target.name).to(target.device)
     eos = sorted(decoder.eos_token_ids)
     sampling: dict[str, Any] = {"do_sample": False}
     if temperature > 0:
