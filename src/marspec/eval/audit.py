@@ -170,6 +170,8 @@ def _highlighted(turn: dict, ref_turn: dict, pieces: Pieces, tally: MethodTally)
                 f"margin {margin:.3f}",
                 quote=True,
             )
+            if not piece.strip():  # make a relaxed space or newline visible: · for a space, ↵ for a newline
+                shown = html.escape(piece.replace(" ", "\u00b7").replace("\n", "\u21b5\n"))
             shown = f'<mark class="relaxed" title="{title}">{shown or "&#8203;"}</mark>'
         out.append(shown)
     return f'<pre class="out">{"".join(out)}</pre>'
@@ -245,7 +247,9 @@ h4 {{ margin: 0.4em 0 0; }}
 <p>{html.escape(regime)}. Reference: <b>{html.escape(reference)}</b>.
 A <mark class="legend">highlighted</mark> token was accepted by relaxation (hover for the
 target's own top choice and the margin); a red bar marks the first token that differs from the
-reference. Questions where an answer changed are open. Highlights found on this page:
+reference. Questions where an answer changed are open. (A relaxed end-of-sequence token ends an
+output without appearing in it: the "relaxed" counts of summary.md include those, this page does not.)
+Highlights found on this page:
 <span id="found">(needs script)</span> of {expected} recorded.</p>
 {_summary_table(tallies, reference)}
 {"".join(sections)}

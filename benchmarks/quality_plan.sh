@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The quality benchmarks behind docs/results.md ("MARS quality"; issues 17 and 19), in the order their
+# CPU is best spent. Every step resumes from its records.jsonl, so the plan can be stopped and rerun at
+# any point; a step that is already whole only rewrites its summary. Days of CPU on 2 cores in all.
+#
+#   benchmarks/quality_plan.sh                 # from the repository root, after make install-eval
+#   MARSPEC=/path/to/marspec benchmarks/quality_plan.sh
+set -u
+MARSPEC=${MARSPEC:-.venv/bin/marspec}
+R=docs/results
+DEF=mars-prob@0.5  # the default MARS setting (marspec.defaults)
+SWEEP=strict,mars-ratio@0.9,mars-ratio@0.94,mars-ratio@0.98,mars-prob@0.5,mars-prob@0.7,mars-prob@0.85,mars-ratio@0.9+next,mars-prob@0.5+next
+RIVALS=typical@0.09,typical@0.2,typical@0.4,pthresh@0.1,pthresh@0.25,pthresh@0.4,topk@2,topk@3,topk@5
+COMMON=(--margin prob_ratio --threads 2)
+
+step() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
+
+# Greedy confirmation of the default (plain on a subset: greedy strict equals plain, so plain only
+# gives the speed baseline).
+step --task humaneval --limit 100 --methods "plain,strict,$DEF,hf-assisted" --plain-limit 30 --out $R/greedy-humaneval-100
+step --task gsm8k --limit 50 --methods "plain,strict,$DEF,hf-assisted" --plain-limit 20 --out $R/greedy-gsm8k-50
+# The rival rules beside the sweep's strict and MARS records (same questions and settings; only the
+# rivals run), HumanEval first.
+step --task humaneval --limit 30 --methods "$SWEEP,$RIVALS" --theta 0.9 --out $R/sweep-greedy-humaneval-30
+# The rounding noise floor: strict in bf16 on the confirmation questions (marspec compare against fp32).
+step --task humaneval --limit 100 --methods strict --dtype bf16 --out $R/greedy-humaneval-100-bf16
+step --task gsm8k --limit 50 --methods strict --dtype bf16 --out $R/greedy-gsm8k-50-bf16
+step --task gsm8k --limit 30 --methods "$SWEEP,$RIVALS" --theta 0.9 --out $R/sweep-greedy-gsm8k-30
+# Sampling at temperature 1.0: 3 samples per question, plain on the first 10 for the speed ratio.
+step --task humaneval --limit 50 --temperature 1.0 --samples 3 --methods "plain,strict,$DEF,hf-assisted" --plain-limit 10 --out $R/sampled-t1-humaneval-50
+step --task gsm8k --limit 50 --temperature 1.0 --samples 3 --methods "plain,strict,$DEF,hf-assisted" --plain-limit 10 --out $R/sampled-t1-gsm8k-50
+echo "=== plan done $(date -u +%FT%TZ)"
