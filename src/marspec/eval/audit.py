@@ -247,8 +247,9 @@ h4 {{ margin: 0.4em 0 0; }}
 <p>{html.escape(regime)}. Reference: <b>{html.escape(reference)}</b>.
 A <mark class="legend">highlighted</mark> token was accepted by relaxation (hover for the
 target's own top choice and the margin); a red bar marks the first token that differs from the
-reference. Questions where an answer changed are open. (A relaxed end-of-sequence token ends an
-output without appearing in it: the "relaxed" counts of summary.md include those, this page does not.)
+reference. Questions where an answer changed are open. (Relaxed accepts at or after an output's
+end-of-sequence token are not in the output: summary.md's "relaxed" counts include them, this page
+does not.)
 Highlights found on this page:
 <span id="found">(needs script)</span> of {expected} recorded.</p>
 {_summary_table(tallies, reference)}
