@@ -22,6 +22,7 @@ PROMPTS = (
     "Explain what a hash map is to a new programmer, with an example.",
 )
 NEW_TOKENS = 64
+PAPER = {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}  # MARS as the paper sets it
 RIVALS_OFF = {"typical": 0.0, "pthresh": 1.0, "topk": 1}  # each rival's setting that never relaxes
 
 
@@ -41,7 +42,7 @@ def runs(decoder):
             "plain": {"rule": "plain"},
             "strict": {"rule": "strict"},
             "mars1": {"rule": "mars", "theta": 1.0},
-            "mars09": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"},  # the paper's setting
+            "mars09": PAPER,
             "strict_tree": {"rule": "strict", "tree": "2,2"},
             "mars1_tree": {"rule": "mars", "theta": 1.0, "tree": "2,2"},
             **{f"{rule}_off": {"rule": rule, "theta": off} for rule, off in RIVALS_OFF.items()},
@@ -141,7 +142,7 @@ def test_greedy_output_does_not_depend_on_what_ran_before(decoder, runs):
     (assisted,) = parse_methods("hf-assisted", 0.9)
     run_method(decoder, assisted, [{"role": "user", "content": PROMPTS[2]}], k=5, max_new_tokens=24)
     decoder.generate(PROMPTS[1], rule="mars", theta=0.5, k=3, max_new_tokens=24)
-    for name, opts in {"strict": {"rule": "strict"}, "mars09": {"rule": "mars", "theta": 0.9}}.items():
+    for name, opts in {"strict": {"rule": "strict"}, "mars09": PAPER}.items():
         again = decoder.generate(PROMPTS[0], k=5, max_new_tokens=NEW_TOKENS, **opts)
         assert again.token_ids == runs[PROMPTS[0], name].token_ids, name
         assert again.relaxed_positions == runs[PROMPTS[0], name].relaxed_positions
