@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from conftest import TINY_VOCAB, tiny_lm
 from transformers import GenerationConfig
 
 from marspec.backends import CausalLM, ForwardClock, HFCausalLM
 from marspec.decode import DecodeConfig, decode
-from marspec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from marspec.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.base import Drafter
 from marspec.stats import GenerationStats
+from marspec.tree import build_tree
 from marspec.verify import Rule
 
 
@@ -127,3 +130,34 @@ def test_the_position_cache_scores_exactly_like_transformers_dynamic_cache():
             assert ours.cached_len == theirs.cached_len == keep
     layer = ours._cache.layers[0]
     assert layer.keys.shape[-2] == ours.cached_len and layer._key_buf.shape[-2] == 512
+
+
+def test_grouped_query_attention_with_masks_changes_no_logit(monkeypatch):
+    """hf.py turns on transformers' SDPA grouping for masked (multi-token, tree) forwards: the logits
+    must be bit for bit those of the head-expanding path it replaces."""
+    lm = tiny_lm(0)  # 4 query heads share 2 key/value heads
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, TINY_VOCAB, (60,), generator=gen)
+    block = torch.randint(0, TINY_VOCAB, (13,), generator=gen)
+    draft = Draft(tokens=block[1:5], alternatives=block[5:9, None])
+    from transformers.integrations import sdpa_attention
+
+    expanded = {"0": 0, "1": 0}
+    original = sdpa_attention.repeat_kv
+
+    def counting_repeat_kv(states, n_rep):
+        expanded[os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]] += 1
+        return original(states, n_rep)
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", counting_repeat_kv)
+    out = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", switch)
+        lm.reset()
+        lm.forward(prompt, last_only=True)
+        verify = lm.forward(block)
+        lm.rollback(len(prompt))
+        tree = lm.forward_tree(build_tree(draft, (2, 2)), block[:1])
+        out[switch] = (verify, tree)
+    assert torch.equal(out["0"][0], out["1"][0]) and torch.equal(out["0"][1], out["1"][1])
+    assert expanded["0"] > 0 and expanded["1"] == 0  # the two paths really differ
