@@ -1,5 +1,7 @@
 """Step cost against context length: transformers' DynamicCache (a copy per append) against marspec's
-position cache (appends write in place), on the real default pair as the loop uses it.
+position cache (appends write in place), on the real default pair as the loop uses it. With ``--gqa``,
+the position cache with grouped key/value heads under a mask (TRANSFORMERS_SDPA_FORCE_GQA=1, marspec's
+default) against expanding them to every query head (=0), toggled per step in one process.
 
 For each context length the cache is filled with random keys and values of the model's shapes (a step's
 cost depends on how many positions are cached, not on their values, and prefilling 4,096 real tokens on
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -65,6 +68,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--gqa", action="store_true", help="compare grouped vs expanded heads instead")
     parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -78,10 +82,13 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     rows = []
     for role, (lm, step) in pairs.items():
-        kinds = {
-            "position": lm,
-            "dynamic": HFCausalLM(lm.model, lm.tokenizer, lm.name, position_cache=False),
-        }
+        if args.gqa:  # one model and cache; the attention path is switched per step
+            kinds = {"grouped": lm, "expanded": lm}
+        else:
+            kinds = {
+                "position": lm,
+                "dynamic": HFCausalLM(lm.model, lm.tokenizer, lm.name, position_cache=False),
+            }
         for context in contexts:
             times: dict[str, list[float]] = {kind: [] for kind in kinds}
             for model in kinds.values():
@@ -89,13 +96,16 @@ def main() -> None:
                 step(model)  # warm-up
             for _ in range(args.repeats):
                 for kind, model in kinds.items():  # interleaved
+                    if args.gqa:
+                        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if kind == "grouped" else "0"
                     times[kind].append(step(model))
             row = {"model": role, "context": context}
             row.update({f"{kind}_ms": 1000 * statistics.median(ts) for kind, ts in times.items()})
             rows.append(row)
+            old, new = ("expanded", "grouped") if args.gqa else ("dynamic", "position")
             print(
-                f"{role:6s} {context:5d} positions: dynamic {row['dynamic_ms']:7.2f} ms, "
-                f"position {row['position_ms']:7.2f} ms ({row['dynamic_ms'] / row['position_ms']:.2f}x)",
+                f"{role:6s} {context:5d} positions: {old} {row[f'{old}_ms']:7.2f} ms, "
+                f"{new} {row[f'{new}_ms']:7.2f} ms ({row[f'{old}_ms'] / row[f'{new}_ms']:.2f}x)",
                 flush=True,
             )
             for model in kinds.values():
