@@ -114,12 +114,16 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
-def _time_budget_module():
-    path = Path(__file__).parents[1] / "benchmarks" / "time_budget.py"
-    spec = importlib.util.spec_from_file_location("time_budget", path)
+def _benchmark_script(name: str):
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _time_budget_module():
+    return _benchmark_script("time_budget")
 
 
 def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
@@ -141,6 +145,14 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     )
     assert [d[2] for d in done] == [True, True, False, False]
     assert len(load_records(tmp_path)) == 4
+
+    # benchmarks/quality_table.py tabulates a whole run and refuses one that lost a record.
+    table = _benchmark_script("quality_table")
+    assert [row.split(" | ")[2] for row in table.rows(tmp_path)] == ["plain", "strict"]
+    lines = (tmp_path / RECORDS_FILE).read_text().splitlines()
+    (tmp_path / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(SystemExit, match="not a whole run"):
+        table.rows(tmp_path)
 
 
 def test_tree_methods_run_in_the_bench_and_strict_tree_equals_plain(decoder, tmp_path):
