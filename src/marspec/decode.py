@@ -149,8 +149,8 @@ def decode(
             else:
                 verdict = verify_greedy(logits, draft.tokens, config.rule)
 
-        tokens = verdict.emitted(draft.tokens)
-        relaxed_flags = verdict.relaxed.tolist()  # the step's one read of the relaxed mask
+        accepted, relaxed_flags, margins, top1 = _read_step(verdict, draft.tokens)
+        tokens = [*accepted, verdict.next_token]
         relaxed_at = tuple(i for i, flag in enumerate(relaxed_flags) if flag)
         relaxed = [*relaxed_flags, False]
         finished = False
@@ -163,11 +163,8 @@ def decode(
             draft_len = min(config.k, draft_len + 2) if all_accepted else max(1, draft_len - 1)
         keep = min(len(tokens), budget - produced)
         tokens, relaxed = tokens[:keep], relaxed[:keep]
-        margins = verdict.margins.tolist()
         kept_relaxed = relaxed_at[: sum(relaxed)]  # relaxed flags cut with the tokens at EOS or limits
-        replaced = ()
-        if kept_relaxed and verdict.top1 is not None:
-            replaced = tuple(verdict.top1[list(kept_relaxed)].tolist())
+        replaced = tuple(top1[i] for i in kept_relaxed) if top1 else ()
 
         seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=seq.device)
         # Accepted drafts are cached already; the newest token stays pending.
@@ -209,3 +206,28 @@ def decode(
         )
         if finished:
             return
+
+
+# A step read back: accepted tokens, their relaxed flags, the margins, the target's top-1 at each.
+StepRead = tuple[list[int], list[bool], list[float], list[int]]
+
+
+def _read_step(verdict: Verification, draft_tokens: torch.Tensor) -> StepRead:
+    """The step's one device-to-host read (verification has read the accepted count and the next token):
+    the accepted tokens, their relaxed flags, the rule's margins and the target's top-1 at the accepted
+    positions (empty when the verification has none), as Python values."""
+    n = verdict.n_accepted
+    device = verdict.margins.device
+    chain = not isinstance(verdict, TreeVerification)  # a tree's path tokens are on the host already
+    parts = [draft_tokens[:n] if chain else None, verdict.relaxed[:n], verdict.margins]
+    parts.append(verdict.top1[:n] if verdict.top1 is not None else None)
+    # float64 holds token ids (< 2^53) exactly, so one tensor carries all four.
+    host = torch.cat([p.to(device, torch.float64) for p in parts if p is not None]).tolist()
+    accepted = [int(t) for t in host[:n]] if chain else list(verdict.tokens)  # type: ignore[attr-defined]
+    at = n if chain else 0
+    relaxed = [bool(f) for f in host[at : at + n]]
+    at += n
+    margins = host[at : at + verdict.margins.shape[0]]
+    at += verdict.margins.shape[0]
+    top1 = [int(t) for t in host[at:]]
+    return accepted, relaxed, margins, top1
