@@ -44,21 +44,26 @@ def test_cli_bad_device_is_one_line_and_exit_2(device: str, needle: str) -> None
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
 
 
-def _strict_equals_plain_on(device: str) -> None:
+def _plain_strict_and_sampled_on(device: str):
+    """Decode one prompt with plain, strict (greedy) and strict (sampled) on ``device``."""
     decoder = Decoder(SMALL, SMALL, dtype="fp32", device=device)
-    assert decoder.target.device.type == torch.device(device).type
     prompt = "List three prime numbers and explain why each is prime."
     plain = decoder.generate(prompt, rule="plain", max_new_tokens=32)
     strict = decoder.generate(prompt, rule="strict", k=4, max_new_tokens=32)
     sampled = decoder.generate(prompt, rule="strict", k=4, max_new_tokens=16, temperature=0.8, seed=3)
+    return decoder, plain, strict, sampled
+
+
+def test_an_explicit_cpu_device_runs_the_loop_exactly() -> None:
+    decoder, plain, strict, sampled = _plain_strict_and_sampled_on("cpu")
+    assert decoder.target.device.type == "cpu"
     assert strict.token_ids == plain.token_ids and strict.stats.target_forwards < plain.stats.target_forwards
     assert sampled.stats.new_tokens > 0
 
 
-def test_an_explicit_cpu_device_runs_the_loop_exactly() -> None:
-    _strict_equals_plain_on("cpu")
-
-
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine (the project's machines have none)")
 def test_the_loop_runs_exactly_on_cuda() -> None:
-    _strict_equals_plain_on("cuda")
+    decoder, plain, strict, sampled = _plain_strict_and_sampled_on("cuda")
+    assert decoder.target.device.type == "cuda"
+    assert strict.token_ids == plain.token_ids and strict.stats.target_forwards < plain.stats.target_forwards
+    assert sampled.stats.new_tokens > 0
