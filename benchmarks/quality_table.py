@@ -11,11 +11,11 @@ in progress are refused: a table never mixes a partial run into whole ones.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from marspec.eval.bench import load_records
+from marspec.errors import MarspecError
+from marspec.eval.bench import BenchConfig, load_records, read_run, runs_on
 
 HEADER = (
     "| task | temperature | method | questions x samples | speedup | tau | score [95% CI] "
@@ -23,33 +23,31 @@ HEADER = (
 )
 
 
-def is_whole(run: Path, config: dict, summary: dict) -> bool:
+def is_whole(run: Path, config: BenchConfig, summary: dict) -> bool:
     """Whether every planned decode of the run's methods on its questions is recorded."""
     records = load_records(run)
     # Summaries written before they listed their questions: the questions the records hold.
     qids = summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
     if len(qids) != summary["questions"]:
         return False
-    plain_limit = config.get("plain_limit")
-    samples = config.get("samples", 1)
-    for index, qid in enumerate(qids):
-        for method in summary["methods"]:
-            limited = method == "plain" and plain_limit is not None and index >= plain_limit
-            if limited:
-                continue
-            if any((qid, method, s) not in records for s in range(samples)):
-                return False
-    return True
+    return all(
+        (qid, method, sample) in records
+        for index, qid in enumerate(qids)
+        for method in summary["methods"]
+        if runs_on(method, index, config)
+        for sample in range(config.samples)
+    )
 
 
 def rows(run: Path) -> list[str]:
-    if not (run / "summary.json").is_file():
-        raise SystemExit(f"{run} is not a whole run (no summary.json yet): finish it before tabulating it")
-    config = json.loads((run / "config.json").read_text())
-    summary = json.loads((run / "summary.json").read_text())
+    try:
+        raw, summary = read_run(run)
+    except MarspecError as exc:
+        raise SystemExit(f"{run} is not a whole run: {exc}") from None
+    config = BenchConfig(**{**raw, "methods": tuple(raw["methods"])})
     if not is_whole(run, config, summary):
         raise SystemExit(f"{run} is not a whole run: finish it before tabulating it")
-    temp = config.get("temperature") or 0
+    temp = config.temperature
     ref = summary["quality_reference"]
     out = []
     for name, m in summary["methods"].items():
@@ -64,7 +62,7 @@ def rows(run: Path) -> list[str]:
             recovery = f"{m['recovery']:.1%} [{rci[0]:.1%}, {rci[1]:.1%}] vs {ref}"
         tau = "—" if m.get("tau") is None else f"{m['tau']:.2f}"
         out.append(
-            f"| {config['task']} | {temp:g} | {name} | {m.get('questions', summary['questions'])} x "
+            f"| {config.task} | {temp:g} | {name} | {m.get('questions', summary['questions'])} x "
             f"{summary['samples']} | {speed} | {tau} | {score} | {recovery} |"
         )
     return out

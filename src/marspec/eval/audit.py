@@ -15,7 +15,6 @@ can be committed, mailed or opened from disk.
 from __future__ import annotations
 
 import html
-import json
 import keyword
 from collections import Counter
 from collections.abc import Sequence
@@ -23,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marspec.errors import MarspecError
-from marspec.eval.bench import CONFIG_FILE, SUMMARY_JSON, load_records
+from marspec.eval.bench import load_records, read_run
 
 AUDIT_FILE = "audit.html"
 TOKEN_CLASSES = ("identifier", "number", "punctuation", "whitespace", "word")
@@ -87,7 +85,7 @@ def write_audit(run_dir: Path, tokenizer: Any | None = None) -> Path:
     """Write ``RUN_DIR/audit.html`` for a finished or partial benchmark run; return its path.
 
     ``tokenizer`` decodes token ids; by default the run's target's (loaded from the model cache)."""
-    config, summary = _read_run(run_dir)
+    config, summary = read_run(run_dir)
     if tokenizer is None:
         tokenizer = _target_tokenizer(config["target"])
     page = render_audit(config, summary, load_records(run_dir), Pieces(tokenizer))
@@ -260,15 +258,6 @@ document.getElementById("found").textContent =
 </script>
 </body></html>
 """
-
-
-def _read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    paths = run_dir / CONFIG_FILE, run_dir / SUMMARY_JSON
-    if not all(p.is_file() for p in paths):
-        raise MarspecError(
-            f"{run_dir} holds no benchmark run (config.json and summary.json): run marspec bench first"
-        )
-    return json.loads(paths[0].read_text()), json.loads(paths[1].read_text())
 
 
 def _target_tokenizer(target: str) -> Any:

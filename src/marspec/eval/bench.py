@@ -110,6 +110,20 @@ def prepare_out_dir(out_dir: Path, config: BenchConfig) -> dict[RecordKey, dict]
 RecordKey = tuple[str, str, int]  # (question id, method, sample index)
 
 
+def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A benchmark run's ``(config, summary)`` as written, or a MarspecError naming what is missing."""
+    paths = run_dir / CONFIG_FILE, run_dir / SUMMARY_JSON
+    if not all(p.is_file() for p in paths):
+        raise MarspecError(
+            f"{run_dir} is not a finished benchmark run (no config.json and summary.json): "
+            "run marspec bench first"
+        )
+    try:
+        return json.loads(paths[0].read_text()), json.loads(paths[1].read_text())
+    except json.JSONDecodeError as exc:
+        raise MarspecError(f"{run_dir} holds a corrupt config.json or summary.json: {exc}") from None
+
+
 def load_records(out_dir: Path) -> dict[RecordKey, dict]:
     """Records by (question id, method, sample). A torn last line left by an interrupted run is cut off,
     so the next record starts on a line of its own."""

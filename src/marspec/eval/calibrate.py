@@ -8,13 +8,13 @@ plain decoding, the most expensive method, is not needed here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from marspec.calibration import Candidate, Choice, choose
 from marspec.errors import MarspecError
+from marspec.eval.bench import load_records, read_run
 from marspec.eval.methods import Method, parse_methods
 
 # Candidate settings when the user names none: the paper's logit ratio at and above its 0.9, and the
@@ -100,7 +100,7 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
         raise MarspecError("give at least one benchmark run directory, e.g. runs/humaneval-30")
     configs, rows, tasks = [], [], {}
     for run in run_dirs:
-        config, summary = _finished_run(run)
+        config, summary = read_run(run)
         task = config["task"]
         if task not in ("humaneval", "gsm8k"):
             raise MarspecError(f"{run} ran {task!r}: calibration needs a graded task (humaneval, gsm8k)")
@@ -129,18 +129,6 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
     return shared, make_choice(rows, budget, float(shared.get("temperature", 0.0)), tasks, drafting)
 
 
-def _finished_run(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    paths = run / "config.json", run / "summary.json"
-    if not all(p.is_file() for p in paths):
-        raise MarspecError(f"{run} is not a finished benchmark run (no config.json and summary.json)")
-    try:
-        return json.loads(paths[0].read_text()), json.loads(paths[1].read_text())
-    except json.JSONDecodeError as exc:
-        raise MarspecError(f"{run} holds a corrupt config.json or summary.json: {exc}") from None
-
-
 def _strict_qids(run: Path) -> list[str]:
     """Question ids of strict's records, for summaries written before they listed their questions."""
-    from marspec.eval.bench import load_records
-
     return list(dict.fromkeys(qid for qid, method, _ in load_records(run) if method == "strict"))
