@@ -97,7 +97,9 @@ def main() -> None:
                 else:
                     decoder.drafter, extra = table[name]
                     opts = {"rule": args.rule, **extra}
-                result = decoder.generate(question.turns[0], max_new_tokens=int(new_tokens), **opts)
+                result = decoder.generate(
+                    question.turns[0], max_new_tokens=int(new_tokens), reuse_prefix=False, **opts
+                )
                 s = result.stats
                 totals[name][0] += s.wall_s
                 totals[name][1] += s.new_tokens

@@ -11,8 +11,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from marspec.backends.hf import HFCausalLM
+from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
 from marspec.eval.bench import BenchConfig
+from marspec.stats import GenerationStats
 
 TINY_VOCAB = 97
 SMALL = "smollm2-135m-instruct"
@@ -38,8 +40,9 @@ def bench_config(methods: str, **changes: Any) -> BenchConfig:
     return replace(config, **changes)
 
 
-def tiny_lm(seed: int, name: str = "tiny", layers: int = 2) -> HFCausalLM:
-    """A random 2-layer Qwen2 with a 97-token vocabulary, fp32, no tokenizer (loop tests use ids)."""
+def tiny_lm(seed: int, name: str = "tiny", layers: int = 2, **config_changes: Any) -> HFCausalLM:
+    """A random 2-layer Qwen2 with a 97-token vocabulary, fp32, no tokenizer (loop tests use ids);
+    ``config_changes`` override its Qwen2Config."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=TINY_VOCAB,
@@ -50,11 +53,21 @@ def tiny_lm(seed: int, name: str = "tiny", layers: int = 2) -> HFCausalLM:
         num_key_value_heads=2,
         max_position_embeddings=256,
         tie_word_embeddings=False,
+        **config_changes,
     )
     model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
     # Sharpen the random logits so greedy choices are not decided by float noise.
     model.lm_head.weight.mul_(20.0)
     return HFCausalLM(model, tokenizer=None, name=name)
+
+
+def decode_tokens(target, drafter, prompt, **config) -> tuple[list[int], GenerationStats]:
+    """Run the decode loop with ``DecodeConfig(**config)``: the tokens it emitted and its statistics."""
+    stats = GenerationStats()
+    tokens: list[int] = []
+    for step in decode(target, drafter, prompt, DecodeConfig(**config), stats):
+        tokens += step.tokens
+    return tokens, stats
 
 
 @pytest.fixture

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 
 import torch
-from conftest import TINY_VOCAB, tiny_lm
+from conftest import TINY_VOCAB, decode_tokens, tiny_lm
 from transformers import GenerationConfig
 
 from marspec.backends import CausalLM, ForwardClock, HFCausalLM
-from marspec.decode import DecodeConfig, decode
 from marspec.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.base import Drafter
-from marspec.stats import GenerationStats
 from marspec.tree import build_tree
 from marspec.verify import Rule
 
@@ -38,6 +36,15 @@ class BigramLM:
     def reset(self) -> None:
         self.tokens = []
 
+    def keep_prefix(self, ids: torch.Tensor) -> int:
+        kept = 0
+        for cached, new in zip(self.tokens, ids.tolist(), strict=False):  # the shorter decides
+            if cached != new:
+                break
+            kept += 1
+        self.tokens = self.tokens[:kept]
+        return kept
+
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         self.tokens += tokens.tolist()
         self.clock.tick(0.0)
@@ -58,14 +65,6 @@ class BigramLM:
         self.tokens = self.tokens[:length]
 
 
-def generate(target, drafter, prompt, **kw) -> tuple[list[int], GenerationStats]:
-    stats = GenerationStats()
-    out: list[int] = []
-    for step in decode(target, drafter, prompt, DecodeConfig(**kw), stats):
-        out += step.tokens
-    return out, stats
-
-
 def test_backends_and_drafters_satisfy_their_protocols(target):
     assert isinstance(target, CausalLM) and isinstance(BigramLM(0), CausalLM)
     model = ModelDrafter(tiny_lm(1), target_vocab_size=target.vocab_size)
@@ -76,27 +75,27 @@ def test_backends_and_drafters_satisfy_their_protocols(target):
 
 def test_a_backend_without_transformers_runs_the_loop_exactly(prompt):
     target = BigramLM(0, "bigram-target")
-    plain, _ = generate(target, None, prompt, max_new_tokens=30)
+    plain, _ = decode_tokens(target, None, prompt, max_new_tokens=30)
     expected, last = [], int(prompt[-1])
     for _ in range(30):
         last = int(torch.argmax(target.table[last]))
         expected.append(last)
     assert plain == expected
     drafter = ModelDrafter(BigramLM(1, "bigram-draft"), target_vocab_size=TINY_VOCAB)
-    spec, stats = generate(target, drafter, prompt, rule=Rule("strict"), k=4, max_new_tokens=30)
+    spec, stats = decode_tokens(target, drafter, prompt, rule=Rule("strict"), k=4, max_new_tokens=30)
     assert spec == plain and stats.rejected > 0
-    tree, _ = generate(target, drafter, prompt, rule=Rule("strict"), k=4, max_new_tokens=30, tree=(2, 2))
+    tree, _ = decode_tokens(target, drafter, prompt, rule=Rule("strict"), k=4, max_new_tokens=30, tree=(2, 2))
     assert tree == plain
 
 
 def test_clocks_count_forwards_and_the_loop_reads_them(target, prompt):
     drafter = ModelDrafter(tiny_lm(1, "tiny-draft"), target_vocab_size=target.vocab_size)
     before = (target.clock.calls, drafter.draft_model.clock.calls)
-    _, stats = generate(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
+    _, stats = decode_tokens(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
     assert target.clock.calls - before[0] == stats.target_forwards + 1  # + the prefill
     assert drafter.draft_model.clock.calls - before[1] == stats.draft_forwards > 0
     assert stats.draft_forward_s > 0 and 0 < stats.prefill_s < stats.target_forward_s
-    _, lookup = generate(target, NgramDrafter(), prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
+    _, lookup = decode_tokens(target, NgramDrafter(), prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
     assert lookup.draft_forwards == 0 and lookup.draft_forward_s == 0.0
 
 

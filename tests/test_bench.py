@@ -155,6 +155,26 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
         table.rows(tmp_path)
 
 
+def test_second_turns_reuse_the_first_turns_cache_and_decode_the_same(decoder, tmp_path):
+    spec = "plain,strict,mars"
+    methods = parse_methods(spec, 0.9)
+    questions = load_task("mtbench", 1)
+    runs = {}
+    for reuse in (False, True):
+        cfg = replace(config(spec), task="mtbench", prefix_reuse=reuse)
+        run_bench(decoder, questions, methods, cfg, tmp_path / str(reuse), grader_for("mtbench"))
+        runs[reuse] = {r["method"]: r["turns"] for r in load_records(tmp_path / str(reuse)).values()}
+    for method in ("plain", "strict", "mars"):
+        fresh, reused = runs[False][method], runs[True][method]
+        assert [t["token_ids"] for t in reused] == [t["token_ids"] for t in fresh], method
+        assert [t["reused_tokens"] for t in fresh] == [0, 0]
+        # Turn 1 always starts empty, so no method inherits another method's cache; turn 2 keeps at least
+        # turn 1's prompt.
+        assert reused[0]["reused_tokens"] == 0
+        assert reused[1]["reused_tokens"] >= reused[0]["prompt_tokens"] - 1
+        assert reused[1]["prefill_s"] < fresh[1]["prefill_s"]
+
+
 def test_tree_methods_run_in_the_bench_and_strict_tree_equals_plain(decoder, tmp_path):
     spec = "plain,strict+tree,mars@0.5+tree"
     cfg = replace(config(spec), tree="2,2")

@@ -177,3 +177,21 @@ def test_prompt_longer_than_context_is_refused(decoder):
     too_long = "word " * (decoder.target.context_length + 10)
     with pytest.raises(MarspecError, match="context"):
         decoder.generate(too_long, rule="plain", max_new_tokens=1)
+
+
+def test_a_chats_next_turn_keeps_its_cache_and_decodes_as_a_fresh_prefill(decoder):
+    """Prefix reuse is exact in fp32: turn 2 decoded on the cache turn 1 left gives the tokens a fresh
+    prefill of the whole conversation gives, for strict (which still equals plain) and MARS."""
+    conversation = [{"role": "user", "content": PROMPTS[0]}]
+    second = {"role": "user", "content": "Now make it work for any number of sorted lists."}
+    results = {}
+    for name, opts in {"plain": {"rule": "plain"}, "strict": {"rule": "strict"}, "mars": {}}.items():
+        first = decoder.generate(conversation, k=5, max_new_tokens=48, **opts)
+        turn2 = [*conversation, {"role": "assistant", "content": first.text}, second]
+        kept = decoder.generate(turn2, k=5, max_new_tokens=NEW_TOKENS, **opts)
+        fresh = decoder.generate(turn2, k=5, max_new_tokens=NEW_TOKENS, reuse_prefix=False, **opts)
+        assert kept.stats.reused_tokens > first.stats.prompt_tokens, name  # turn 1's output was kept too
+        assert fresh.stats.reused_tokens == 0
+        assert kept.token_ids == fresh.token_ids, name
+        results[name] = kept.token_ids
+    assert results["strict"] == results["plain"]

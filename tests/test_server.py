@@ -203,6 +203,26 @@ def test_mars_relaxes_and_strict_equals_plain(client: openai.OpenAI) -> None:
     assert mars_text != strict_text  # a relaxed accept took the target's runner-up
 
 
+def test_a_chats_next_turn_reuses_the_cache_and_answers_as_if_fresh(client: openai.OpenAI) -> None:
+    def ask(messages: list[dict[str, str]]):
+        return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16)
+
+    first = ask(chat(LIST_PROMPT))
+    follow_up = [
+        *chat(LIST_PROMPT),
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Now say it in reverse order."},
+    ]
+    reused = ask(follow_up)
+    # The server keeps the last conversation's cache: at least the whole first prompt but its last token.
+    assert reused.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert reused.usage.prompt_tokens_details.cached_tokens < reused.usage.prompt_tokens
+    client.completions.create(model=MODEL, prompt="Count to three:", max_tokens=4)  # replaces the cache
+    fresh = ask(follow_up)
+    assert fresh.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens - 1
+    assert fresh.choices[0].message.content == reused.choices[0].message.content
+
+
 def test_models_and_health(client: openai.OpenAI, http: httpx.Client) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     assert client.models.retrieve(MODEL).model_extra["context_length"] == 8192

@@ -165,6 +165,8 @@ def test_keep_path_compacts_a_sibling_into_place(prompt):
     nxt = lm.forward(torch.tensor([6]))[-1]
     expected = fresh.forward(torch.cat((prompt, torch.tensor([4, 6]))))[-1]
     assert torch.allclose(nxt, expected, atol=1e-4)
+    # The cache's token ids moved with it, so the whole sequence is a prefix a next prompt can keep.
+    assert lm.keep_prefix(torch.cat((prompt, torch.tensor([4, 6, 9])))) == base + 3
 
 
 class WrongChainRightSibling:

@@ -318,6 +318,13 @@ class GenerationOptions:
         guard: ``"none"`` (MARS as published) or ``"next"``, a variant of ours that relaxes a close
             call only where the target, after the relaxed token, predicts the draft's next token
             (see :mod:`marspec.verify`); chains only.
+        reuse_prefix: keep the cached part of the prompt that the previous generation of this Decoder
+            already scored (its prompt and output: the earlier turns of a chat) instead of scoring it
+            again; ``stats.reused_tokens`` says how many of the target's prompt tokens that spared. In
+            fp32 the output is the one a fresh prefill gives (tested on real weights); in bf16 the kept
+            keys and values, computed in other chunks, may round a near-tie the other way, so turn it
+            off for runs that must not depend on order. An int8 draft always re-reads the whole prompt
+            (dynamic quantisation scales each forward as a whole, so its cache depends on chunking).
     """
 
     rule: str = "mars"
@@ -332,6 +339,7 @@ class GenerationOptions:
     chat: bool | None = None
     tree: str | Sequence[int] | None = None
     guard: str = "none"
+    reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -376,6 +384,7 @@ class GenerationOptions:
             max_new_tokens=self.max_new_tokens,
             eos_token_ids=eos_token_ids,
             tree=parse_tree_shape(self.tree),
+            reuse_prefix=self.reuse_prefix,
         )
 
 

@@ -370,6 +370,7 @@ def _run_bench(
     tree: str | None = None,
     sampling: SamplingSettings | None = None,
     offset: int = 0,
+    prefix_reuse: bool = True,
 ) -> dict:
     import torch
 
@@ -435,6 +436,8 @@ def _run_bench(
         temperature=sampling.temperature,
         samples=sampling.samples,
         plain_limit=sampling.plain_limit,
+        # Recorded only where it can matter, so single-turn runs stay comparable with older ones.
+        prefix_reuse=prefix_reuse and any(len(q.turns) > 1 for q in questions),
     )
     prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
     decoder = _load_decoder(target, draft if needs_draft else None, dtype, threads, load_settings)
@@ -487,6 +490,13 @@ def bench(
     offset: Annotated[
         int, typer.Option("--offset", help="Skip the first N questions (e.g. a calibration's slice).")
     ] = 0,
+    prefix_reuse: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-reuse/--no-prefix-reuse",
+            help="Later turns of a conversation keep the cache of the earlier ones (marspec's methods).",
+        ),
+    ] = True,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -508,6 +518,7 @@ def bench(
             tree,
             SamplingSettings(temperature, samples, plain_limit),
             offset,
+            prefix_reuse,
         )
 
 

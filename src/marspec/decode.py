@@ -46,6 +46,9 @@ class DecodeConfig:
     # Token-tree drafting: candidates per depth, e.g. (3, 2) scores the draft's two runner-ups as extra
     # leaves at depth 1 and one at depth 2, all in the one verification forward. None: a plain chain.
     tree: tuple[int, ...] | None = None
+    # Keep the cached prefix a new prompt shares with the previous sequence (multi-turn chat) instead of
+    # scoring it again. Off: every prompt is scored from scratch.
+    reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -70,6 +73,8 @@ class DecodeConfig:
                 f"the {self.rule.guard!r} guard works on draft chains, not token trees: "
                 "drop the guard or the tree"
             )
+        if not isinstance(self.reuse_prefix, bool):
+            raise MarspecError(f"reuse_prefix must be true or false, got {self.reuse_prefix!r}")
         if self.tree is not None and self.temperature > 0:
             raise MarspecError(
                 "tree drafting verifies greedily only (temperature 0); use temperature=0 or drop the tree"
@@ -113,15 +118,15 @@ def decode(
     draft_lm = drafter.draft_model if drafter is not None else None
     alternatives = max(config.tree) - 1 if config.tree else 0
 
-    target.reset()
-    if drafter is not None:
-        drafter.reset()
+    # Both caches hold at most the prompt but its last token, which the first step scores.
+    reused = _start_sequence(target, drafter, seq[: prompt_len - 1], config.reuse_prefix)
     target_s0 = target.clock.seconds
     draft_s0 = draft_lm.clock.seconds if draft_lm else 0.0
     draft_calls0 = draft_lm.clock.calls if draft_lm else 0
-    if prompt_len > 1:
-        target.forward(seq[: prompt_len - 1], last_only=True)
+    if reused < prompt_len - 1:
+        target.forward(seq[reused : prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
+    stats.reused_tokens = reused
     stats.prefill_s = target.clock.seconds - target_s0
 
     produced = 0
@@ -206,6 +211,26 @@ def decode(
         )
         if finished:
             return
+
+
+def _start_sequence(
+    target: CausalLM, drafter: Drafter | None, cached_prompt: torch.Tensor, reuse: bool
+) -> int:
+    """Ready both caches for a new sequence whose cache should hold ``cached_prompt`` (long[L - 1]):
+    keep what each already holds of it when ``reuse``, else start empty. Returns the target's kept
+    positions (the draft model catches up on its own: it scores the context it has not seen)."""
+    if not reuse:
+        target.reset()
+        if drafter is not None:
+            drafter.reset()
+        return 0
+    kept = target.keep_prefix(cached_prompt)
+    if drafter is not None:
+        if drafter.draft_model is None:
+            drafter.reset()
+        else:
+            drafter.rollback(drafter.draft_model.keep_prefix(cached_prompt))
+    return kept
 
 
 # A step read back: accepted tokens, their relaxed flags, the margins, the target's top-1 at each.

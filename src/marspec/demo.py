@@ -79,7 +79,10 @@ def run_demo(
     for kind, prompt in prompts:
         plain_ids: list[int] | None = None
         for name, options in METHODS:
-            result = decoder.generate(prompt, k=k, theta=theta, max_new_tokens=max_new_tokens, **options)
+            # Every method scores the prompt itself: a kept prefix would make later methods look faster.
+            result = decoder.generate(
+                prompt, k=k, theta=theta, max_new_tokens=max_new_tokens, reuse_prefix=False, **options
+            )
             if plain_ids is None:
                 plain_ids = result.token_ids
             summary = summaries[name]

@@ -31,6 +31,7 @@ class GenerationStats:
     new_tokens: int = 0  # tokens returned to the caller (an EOS that ended generation is not among them)
     stopped_at_eos: bool = False
     prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose cache was kept from the previous sequence (not scored)
     target_forwards: int = 0
     draft_forwards: int = 0  # forwards of a draft model (lookup drafts cost none)
     drafted: int = 0

@@ -49,6 +49,12 @@ class CausalLM(Protocol):
         """Drop the cache (a new sequence starts)."""
         ...
 
+    def keep_prefix(self, ids: torch.Tensor) -> int:
+        """Keep the longest cached prefix that equals the start of ``ids`` (long[n]), drop the rest, and
+        return its length: a new sequence that starts like the cached one (the next turn of a chat)
+        need not score that prefix again. A backend that cannot keep one resets and returns 0."""
+        ...
+
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append ``tokens`` (long[n], n >= 1) to the cache; return float32 logits [n, V], or [1, V] for
         the last position only when ``last_only``."""

@@ -7,10 +7,12 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from marspec.backends.base import ForwardClock
-from marspec.backends.kv_cache import position_cache
+from marspec.backends.kv_cache import PositionLayer, position_cache
 
 # A verification forward scores several tokens, so transformers hands SDPA a mask, and with a mask it
 # expands grouped key/value heads to every query head (repeat_kv: a copy of the layer's whole cache per
@@ -52,6 +54,12 @@ class HFCausalLM:
         self.position_cache = position_cache
         self._cache = self._new_cache()
         self._cached = 0
+        # The token id at every cached position, so a new prompt can keep the prefix it shares with
+        # what is cached (:meth:`keep_prefix`). Grown by doubling like the position cache.
+        self._ids = torch.empty(256, dtype=torch.long, device=self.device)
+        # Sliding-window layers drop old positions, so they cannot be rolled back to an arbitrary prefix.
+        layer_types = (PositionLayer,) if position_cache else (DynamicLayer,)
+        self._rolls_back_anywhere = all(type(layer) in layer_types for layer in self._cache.layers)
 
     @property
     def cached_len(self) -> int:
@@ -65,6 +73,47 @@ class HFCausalLM:
         else:
             self._cache = self._new_cache()
         self._cached = 0
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether :meth:`keep_prefix` can keep anything: a kept prefix must be what a fresh prefill would
+        have cached, up to rounding. Not with sliding-window layers (they drop old positions), nor with
+        dynamically quantised linears: they scale each forward's activations as a whole, so a prefix scored
+        in other chunks differs beyond rounding (an int8 draft would then draft differently, and a lossy
+        rule's output follows the drafts)."""
+        return self._rolls_back_anywhere and not any(
+            isinstance(module, DynamicQuantLinear) for module in self.model.modules()
+        )
+
+    def keep_prefix(self, ids: torch.Tensor) -> int:
+        """Keep the longest cached prefix that equals the start of ``ids`` (long[n]) and drop the rest;
+        return its length (0 after a reset when nothing matches or the cache cannot be rolled back).
+
+        A cached position's keys and values depend only on the tokens up to it, so a kept prefix is
+        what a fresh forward over those tokens would have cached (up to floating-point rounding: the
+        prefix may have been computed in other chunks). One host read.
+        """
+        n = min(self._cached, int(ids.shape[0]))
+        if not self.reuses_prefix or n == 0:
+            self.reset()
+            return 0
+        differs = self._ids[:n] != ids[:n].to(self._ids.device)  # bool[n]
+        # The number of leading positions before the first difference.
+        kept = int(torch.cumsum(differs, 0).eq(0).sum())
+        if kept == 0:
+            self.reset()
+        else:
+            self.rollback(kept)
+        return kept
+
+    def _record_ids(self, tokens: torch.Tensor) -> None:
+        """Note ``tokens`` (long[n]) as the ids of the next ``n`` cache positions."""
+        end = self._cached + int(tokens.shape[0])
+        if end > self._ids.shape[0]:
+            grown = torch.empty(max(end, 2 * self._ids.shape[0]), dtype=torch.long, device=self._ids.device)
+            grown[: self._cached] = self._ids[: self._cached]
+            self._ids = grown
+        self._ids[self._cached : end] = tokens
 
     def _new_cache(self) -> DynamicCache:
         config = self.model.config
@@ -84,6 +133,7 @@ class HFCausalLM:
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
+        self._record_ids(tokens)
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [n or 1, V]
         self.clock.tick(time.perf_counter() - start)
@@ -108,6 +158,7 @@ class HFCausalLM:
             past_key_values=self._cache,
             use_cache=True,
         )
+        self._record_ids(tokens)
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [N+1, V]
         self.clock.tick(time.perf_counter() - start)
@@ -127,6 +178,7 @@ class HFCausalLM:
                 for layer in self._cache.layers:
                     layer.keys[..., dst, :] = layer.keys[..., src, :]
                     layer.values[..., dst, :] = layer.values[..., src, :]
+                self._ids[dst] = self._ids[src]
         self.rollback(base + 1 + len(path))
 
     def rollback(self, length: int) -> None:

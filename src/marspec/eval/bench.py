@@ -62,6 +62,9 @@ class BenchConfig:
     samples: int = 1  # decodes per question and method (more than 1 only makes sense when sampling)
     plain_limit: int | None = None  # plain runs on the first N questions only (None: on all)
     device: str = "cpu"  # where the models ran (runs before --device existed ran on the CPU)
+    # A conversation's later turns keep the cache of its earlier ones (the first turn of every question
+    # and method is always scored from scratch, so no method inherits another's prefill).
+    prefix_reuse: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
@@ -163,6 +166,8 @@ def turn_record(out: TurnOutput) -> dict[str, Any]:
         "draft_forward_s": s.draft_forward_s,
         # For the ideal time (marspec.profile); a peer's loop (hf-*) records no steps.
         "prefill_s": s.prefill_s if s.steps else None,
+        "prompt_tokens": s.prompt_tokens,
+        "reused_tokens": s.reused_tokens,  # prompt tokens kept cached from the conversation's last turn
         "verify_sizes": s.verify_sizes() if s.steps else None,
         "draft_forwards": s.draft_forwards,
         "hit_limit": out.hit_limit,
@@ -288,6 +293,7 @@ def _run_turns(
             tree=config.tree_shape,
             temperature=config.temperature,
             seed=sample_seed(question.qid, sample, turn) if config.temperature > 0 else None,
+            reuse_prefix=config.prefix_reuse and turn > 0,
         )
         messages.append({"role": "assistant", "content": out.text})
         outputs.append(out)

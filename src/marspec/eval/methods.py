@@ -130,9 +130,11 @@ def run_method(
     tree: tuple[int, ...] | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
+    reuse_prefix: bool = False,
 ) -> TurnOutput:
     """Generate one assistant turn for ``messages`` with ``method`` (``tree``: the shape a ``+tree``
-    method drafts; ``seed`` makes a sampled turn reproducible)."""
+    method drafts; ``seed`` makes a sampled turn reproducible; ``reuse_prefix``: keep the cache of the
+    conversation so far, for marspec's own methods; transformers' peers always score the whole prompt)."""
     if method.kind in PEERS:
         return _run_hf_peer(
             decoder, method, messages, k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
@@ -145,6 +147,7 @@ def run_method(
         "temperature": temperature,
         "seed": seed,
         "guard": method.guard,
+        "reuse_prefix": reuse_prefix,
     }
     if method.theta is not None:
         options["theta"] = method.theta

@@ -18,11 +18,14 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-def usage(outcome: Outcome) -> dict[str, int]:
+def usage(outcome: Outcome) -> dict[str, Any]:
+    # cached_tokens: prompt tokens the previous request had cached (OpenAI's name for prefix reuse).
+    cached = int((outcome.stats or {}).get("reused_tokens", 0))
     return {
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
         "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
