@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from marspec.backends.memory import own_remaining_tensors, release_pages
 from marspec.errors import MarspecError
 
 
@@ -51,7 +52,7 @@ def prepack_linears(model: torch.nn.Module) -> int:
     Returns how many layers were replaced (0 where oneDNN is unavailable: the model is then left as it
     was). Quantised layers are not ``nn.Linear`` and are left alone. A weight tied to the input
     embeddings (Qwen's LM head) is copied into the packed layout, so the embedding keeps its own. Memory
-    stays about what the unpacked model takes.
+    stays about what the unpacked model takes, while packing too (:mod:`marspec.backends.memory`).
     """
     if not prepack_available():
         return 0
@@ -66,12 +67,10 @@ def prepack_linears(model: torch.nn.Module) -> int:
                     "bf16, or turn prepacking off (prepack=False, --no-prepack)"
                 )
             setattr(module, name, PrepackedLinear(child))
+            release_pages(child.weight)
             replaced += 1
     if replaced:
-        # transformers maps the checkpoint file into memory and its tensors are views of that mapping.
-        # The packed weights are copies, so any tensor still viewing the file (embeddings, norms) would
-        # keep the whole file resident beside them: copy those few out and let the mapping go.
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                tensor.data = tensor.data.clone()
+        # The packed weights are copies; the few tensors still viewing the checkpoint file (embeddings,
+        # norms) would keep its whole mapping: copy them out and let it go.
+        own_remaining_tensors(model)
     return replaced

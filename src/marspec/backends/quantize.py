@@ -11,8 +11,10 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from transformers import PreTrainedModel
 
+from marspec.backends.memory import own_remaining_tensors, release_pages
 from marspec.errors import MarspecError
 
 DRAFT_QUANTS = ("none", "int8")
@@ -26,9 +28,17 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
     """
     if next(model.parameters()).dtype != torch.float32:
         raise MarspecError("int8 draft quantisation needs the draft loaded in fp32 (use dtype='fp32')")
-    spec = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
     with warnings.catch_warnings():
         # torch.ao's eager quantisation is deprecated in favour of torchao, which does not ship for this
         # torch build; the kernels (fbgemm) are the same ones and still present.
         warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+        # Layer by layer (what quantize_dynamic does, one swap at a time), giving back each fp32 weight's
+        # pages as soon as its int8 copy exists (:mod:`marspec.backends.memory`).
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear:
+                    child.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+                    setattr(parent, name, DynamicQuantLinear.from_float(child))
+                    release_pages(child.weight)
+    own_remaining_tensors(model)
+    return model
