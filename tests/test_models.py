@@ -32,6 +32,7 @@ from marspec.models import (
     resolve_model_dir,
 )
 from marspec.models import cache as model_cache
+from marspec.models.gguf_weights import write_safetensors
 
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
 
@@ -56,8 +57,11 @@ def _byte_chars() -> list[str]:
     return [chr(c) for _, c in sorted(zip(keep, codes, strict=True))]
 
 
-def write_tiny_gguf(path: Path, *, chat_template: str | None = CHAT_TEMPLATE, seed: int = 0) -> Path:
-    """A valid llama-architecture GGUF: 1 layer, hidden 16, byte-level BPE vocabulary of 262 tokens."""
+def write_tiny_gguf(
+    path: Path, *, chat_template: str | None = CHAT_TEMPLATE, seed: int = 0, skip: str | None = None
+) -> Path:
+    """A valid llama-architecture GGUF: 1 layer, hidden 16, byte-level BPE vocabulary of 262 tokens
+    (``skip``: leave out the tensor of that GGUF name)."""
     import gguf
 
     merges = ["h e", "l l", "he ll", "o r"]
@@ -94,6 +98,13 @@ def write_tiny_gguf(path: Path, *, chat_template: str | None = CHAT_TEMPLATE, se
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
+    add_tensor = writer.add_tensor
+
+    def add(name: str, data: np.ndarray) -> None:
+        if name != skip:
+            add_tensor(name, data)
+
+    writer.add_tensor = add  # type: ignore[method-assign]
     # GGUF stores a [out, in] matrix with numpy shape (out, in).
     writer.add_tensor("token_embd.weight", w(vocab, hidden))
     writer.add_tensor("output.weight", w(vocab, hidden))
@@ -264,6 +275,30 @@ def test_bad_dtype(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # Conversion of a .gguf path, end to end on a tiny model
+
+
+def test_a_gguf_missing_a_weight_is_refused_and_nothing_is_cached(cache: Path, tmp_path: Path) -> None:
+    gguf_path = write_tiny_gguf(tmp_path / "holey.gguf", skip="blk.0.ffn_up.weight")
+    with pytest.raises(MarspecError, match=r"lacks 1 weights the model needs \(e\.g\. model\.layers\.0\.mlp"):
+        resolve_model_dir(gguf_path)
+    assert not any((cache / "models").glob("gguf-*"))
+
+
+@pytest.mark.parametrize("count", [5, 0], ids=["header-fits", "header-outgrows-its-room"])
+def test_streamed_safetensors_read_back_exactly(tmp_path: Path, count: int) -> None:
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(0)
+    tensors = {f"layer.{i}.{'x' * 300}": rng.standard_normal((3, i + 1)).astype(np.float32) for i in range(5)}
+    names = write_safetensors(tmp_path / "w.safetensors", iter(tensors.items()), count)
+    assert names == list(tensors)
+    back = load_file(tmp_path / "w.safetensors")
+    assert back.keys() == tensors.keys()
+    assert all(np.array_equal(back[k], v) for k, v in tensors.items())
+    assert model_cache._safetensors_ok(tmp_path / "w.safetensors")
+    header_len = int.from_bytes((tmp_path / "w.safetensors").read_bytes()[:8], "little")
+    reserved = 1024 + 256 * count  # room for 5 names of 300 characters, or for none
+    assert (header_len == reserved) == (count == 5) and header_len % 8 == 0
 
 
 def test_gguf_path_converts_once_and_matches_the_gguf(

@@ -9,7 +9,6 @@ the network: names resolve to installed packages or local paths only.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import json
 import os
@@ -38,6 +37,7 @@ from marspec.models.registry import MODELS, ModelSpec, missing_requirements
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from transformers import PretrainedConfig
 
 
 # Conversion
@@ -113,7 +113,8 @@ def _convert_gguf(
 ) -> None:
     """Convert a GGUF file into a Hugging Face folder `out_dir` (float32 safetensors, tokenizer, configs)."""
     from rich.console import Console
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     console = Console(stderr=True, soft_wrap=True)
     label = f"marspec: converting {display_name}"
@@ -122,48 +123,28 @@ def _convert_gguf(
 
     with quiet_transformers():
         try:
-            with _phase(console, label, "loading the tokenizer from the GGUF"):
+            with _phase(console, label, "loading the tokenizer and configuration from the GGUF"):
                 tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-            with _phase(console, label, "dequantizing the GGUF weights"):
-                gguf_model = AutoModelForCausalLM.from_pretrained(
-                    folder,
-                    gguf_file=filename,
-                    # Unpack every weight even where transformers could keep GGUF blocks packed.
-                    quantization_config=GgufConfig(gguf_file=filename, dequantize=True),
-                    dtype=torch.float32,
-                    local_files_only=True,
-                )
+                config = AutoConfig.from_pretrained(folder, gguf_file=filename, local_files_only=True)
         except MemoryError:
             raise
         except Exception as exc:
-            if "accelerate" in str(exc):
-                raise MarspecError(
-                    "loading a GGUF needs the accelerate package; pip install accelerate"
-                ) from exc
             raise MarspecError(f"cannot load GGUF file {gguf_path} ({one_line(exc)}); {fix}") from exc
 
         template = meta.get("tokenizer.chat_template")
         if not getattr(tokenizer, "chat_template", None) and isinstance(template, str) and template:
             tokenizer.chat_template = template
 
-        with _phase(console, label, "writing float32 safetensors and tokenizer files"):
-            config = copy.deepcopy(gguf_model.config)
-            # The GGUF model refuses save_pretrained; rebuild a plain model (on the meta device, so no memory
-            # is allocated) and hand it the dequantized tensors.
-            if hasattr(config, "quantization_config"):
-                del config.quantization_config
-            config.architectures = [type(gguf_model).__name__]
-            config.name_or_path = display_name
-            if spec is not None and spec.eos_token_ids:
-                config.eos_token_id = spec.eos_token_ids[0]
-            with torch.device("meta"):
-                plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            plain.load_state_dict(gguf_model.state_dict(), strict=True, assign=True)
-            del gguf_model
-            out_dir.mkdir(parents=True)
-            plain.save_pretrained(out_dir, max_shard_size="1000GB")
-            del plain
-
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+        config.name_or_path = display_name
+        config.dtype = torch.float32
+        if spec is not None and spec.eos_token_ids:
+            config.eos_token_id = spec.eos_token_ids[0]
+        out_dir.mkdir(parents=True)
+        with _phase(console, label, "dequantizing the GGUF weights into float32 safetensors"):
+            _write_weights(gguf_path, config, out_dir / WEIGHTS_FILE, fix)
+        with _phase(console, label, "writing the tokenizer and configuration files"):
+            config.save_pretrained(out_dir)
             tokenizer.save_pretrained(out_dir)
             generation = GenerationConfig.from_model_config(config)
             if spec is not None and spec.eos_token_ids:
@@ -183,6 +164,29 @@ def _convert_gguf(
     if not (out_dir / WEIGHTS_FILE).is_file():
         raise MarspecError(
             f"conversion of {display_name} did not produce {WEIGHTS_FILE}; report this as a bug"
+        )
+
+
+def _write_weights(gguf_path: Path, config: PretrainedConfig, out_file: Path, fix: str) -> None:
+    """Dequantize the GGUF's weights into ``out_file`` one tensor at a time (see
+    :mod:`marspec.models.gguf_weights`) and check that every weight the model needs is there."""
+    from gguf import GGUFReader
+
+    from marspec.models.gguf_weights import gguf_tensors, parameter_names, write_safetensors
+
+    try:
+        count = len(GGUFReader(gguf_path).tensors)
+        written = set(write_safetensors(out_file, gguf_tensors(gguf_path, config), count))
+    except (MemoryError, OSError):
+        raise
+    except Exception as exc:  # gguf and numpy raise assorted errors on damaged tensors
+        raise MarspecError(
+            f"cannot read the weights of GGUF file {gguf_path} ({one_line(exc)}); {fix}"
+        ) from exc
+    missing = sorted(parameter_names(config) - written)
+    if missing:
+        raise MarspecError(
+            f"GGUF file {gguf_path} lacks {len(missing)} weights the model needs (e.g. {missing[0]}); {fix}"
         )
 
 

@@ -1,0 +1,122 @@
+"""A GGUF's weights written to one float32 safetensors file a tensor at a time, so that converting a
+model never holds more than one dequantized tensor in memory.
+
+transformers' GGUF loader dequantizes the whole model into a state dict and then builds the model from
+it; converting that way peaked at ~14 GB resident for the 1.5B target (6.2 GB of fp32 weights). Here each
+tensor goes through transformers' own name mapping and per-architecture processing (the same functions
+its loader calls, so the weights are the same bytes) and is written straight to disk. The safetensors
+library has no streaming writer; its format is one JSON header (names, dtypes, shapes, byte offsets),
+then the raw tensors: we reserve room for the header, write the tensors, then write the header, padded
+with spaces as the format allows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+# Room reserved per tensor for its header entry (~100 bytes for the longest Qwen2 names).
+_HEADER_BYTES_PER_TENSOR = 256
+
+
+def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hugging Face parameter name, float32 array) for every weight of the GGUF, one at a time, exactly
+    as transformers' GGUF loader maps and processes them for a model of ``config``."""
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+    )
+
+    parsed: dict[str, Any] = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
+    architecture = parsed["config"]["model_type"]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+    skeleton = _skeleton(config)
+    key_mapping = get_gguf_hf_weights_map(skeleton, processor)
+    # A GGUF may carry an output layer the model ties to its input embedding: the model does not load it.
+    wanted = {name for name, _ in skeleton.named_parameters()}
+    # Processors of mixture-of-experts models put the experts they assemble here instead of returning
+    # them; they are handed on as soon as they appear.
+    parsed["tensors"] = {}
+    for tensor in GGUFReader(gguf_path).tensors:
+        result = processor.process(
+            weights=dequantize(tensor.data, tensor.tensor_type),
+            name=tensor.name,
+            tensor_key_mapping=key_mapping,
+            parsed_parameters=parsed,
+        )
+        if key_mapping.get(result.name) in wanted:
+            yield key_mapping[result.name], np.ascontiguousarray(result.weights, dtype=np.float32)
+        while parsed["tensors"]:
+            name, weights = parsed["tensors"].popitem()
+            if name in wanted:
+                yield name, np.ascontiguousarray(weights.numpy(force=True), dtype=np.float32)
+
+
+def parameter_names(config: PretrainedConfig) -> set[str]:
+    """The weights a model of ``config`` loads (a tied output layer is the input embedding's)."""
+    return {name for name, _ in _skeleton(config).named_parameters()}
+
+
+def _skeleton(config: PretrainedConfig) -> torch.nn.Module:
+    """The model on the meta device: its parameter names and shapes, with nothing allocated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def write_safetensors(path: Path, tensors: Iterator[tuple[str, np.ndarray]], count: int) -> list[str]:
+    """Write float32 ``tensors`` (about ``count`` of them, to size the header) to ``path`` one by one;
+    return their names. Memory: one tensor at a time."""
+    reserved = _aligned(1024 + count * _HEADER_BYTES_PER_TENSOR)
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    with open(path, "wb") as f:
+        f.seek(8 + reserved)
+        for name, array in tensors:
+            if name in header:
+                raise ValueError(f"tensor {name} appears twice in the GGUF")
+            f.write(memoryview(array).cast("B"))
+            header[name] = {
+                "dtype": "F32",
+                "shape": list(array.shape),
+                "data_offsets": [offset, offset + array.nbytes],
+            }
+            offset += array.nbytes
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        if len(encoded) <= reserved:
+            f.seek(0)
+            f.write(struct.pack("<Q", reserved) + encoded.ljust(reserved, b" "))
+            return [name for name in header if name != "__metadata__"]
+    # Longer names than any model we know: move the tensors behind a header of the right size.
+    _rewrite_with_header(path, encoded, reserved)
+    return [name for name in header if name != "__metadata__"]
+
+
+def _aligned(n: int) -> int:
+    """Round up to a multiple of 8, so the tensors start aligned as the safetensors writer aligns them."""
+    return (n + 7) // 8 * 8
+
+
+def _rewrite_with_header(path: Path, encoded: bytes, reserved: int) -> None:
+    size = _aligned(len(encoded))
+    moved = path.with_suffix(".tmp")
+    with open(path, "rb") as src, open(moved, "wb") as dst:
+        dst.write(struct.pack("<Q", size) + encoded.ljust(size, b" "))
+        src.seek(8 + reserved)
+        shutil.copyfileobj(src, dst, 64 << 20)
+    moved.replace(path)
