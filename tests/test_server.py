@@ -169,7 +169,13 @@ def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
     assert finals[0].model_extra["marspec"]["new_tokens"] == whole.usage.completion_tokens
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage  # the usage chunk comes last
+    usage = chunks[-1].usage  # the usage chunk comes last
+    assert chunks[-1].choices == [] and usage is not None
+    # The same counts; the stream found the whole answer's prompt cached (all of it but the last token).
+    assert usage.model_dump(exclude={"prompt_tokens_details"}) == whole.usage.model_dump(
+        exclude={"prompt_tokens_details"}
+    )
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
     assert all(c.usage is None for c in chunks[:-1])
 
 
