@@ -489,6 +489,31 @@ def test_request_body_over_the_limit_is_413(server: ServerProcess, http: httpx.C
     assert http.post(TEXT, json=SHORT_BODY).status_code == 200
 
 
+def test_a_refused_body_still_being_sent_gets_its_413_intact(server: ServerProcess) -> None:
+    """The server reads and discards the rest of a refused body before it answers and closes: closing
+    with unread bytes makes the kernel reset the connection, which can destroy the 413 on its way (CI
+    saw the headers arrive and the body not). A client that is still sending when the server decides
+    must receive the whole answer."""
+    body = json.dumps({**SHORT_BODY, "prompt": "x" * (5 * 2**20)}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        f"POST {TEXT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(head + body[: 2**20])
+        time.sleep(0.5)  # the server has seen the declared length by now
+        sock.sendall(body[2**20 :])
+        sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    status, _, rest = reply.partition(b"\r\n")
+    assert status == b"HTTP/1.1 413 Request Entity Too Large", reply[:200]
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_too_large"
+
+
 def test_unknown_route_and_method_are_json_errors(http: httpx.Client) -> None:
     res = http.get("/v1/engines")
     assert res.status_code == 404 and res.json()["error"]["message"] == "Not Found"
