@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from marspec.errors import MarspecError
-from marspec.eval.bench import BenchConfig, load_records, read_run, runs_on
+from marspec.eval.bench import whole_run
 
 HEADER = (
     "| task | temperature | method | questions x samples | speedup | tau | score [95% CI] "
@@ -23,30 +23,11 @@ HEADER = (
 )
 
 
-def is_whole(run: Path, config: BenchConfig, summary: dict) -> bool:
-    """Whether every planned decode of the run's methods on its questions is recorded."""
-    records = load_records(run)
-    # Summaries written before they listed their questions: the questions the records hold.
-    qids = summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
-    if len(qids) != summary["questions"]:
-        return False
-    return all(
-        (qid, method, sample) in records
-        for index, qid in enumerate(qids)
-        for method in summary["methods"]
-        if runs_on(method, index, config)
-        for sample in range(config.samples)
-    )
-
-
 def rows(run: Path) -> list[str]:
     try:
-        raw, summary = read_run(run)
+        config, summary = whole_run(run)
     except MarspecError as exc:
-        raise SystemExit(f"{run} is not a whole run: {exc}") from None
-    config = BenchConfig(**{**raw, "methods": tuple(raw["methods"])})
-    if not is_whole(run, config, summary):
-        raise SystemExit(f"{run} is not a whole run: finish it before tabulating it")
+        raise SystemExit(str(exc)) from None
     temp = config.temperature
     ref = summary["quality_reference"]
     out = []

@@ -24,7 +24,7 @@ from marspec.eval.bench import (
 from marspec.eval.datasets import load_task
 from marspec.eval.grading import grader_for
 from marspec.eval.methods import parse_methods
-from marspec.eval.report import make_report
+from marspec.eval.report import combined_pareto, make_report
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,36 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     (tmp_path / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(SystemExit, match="not a whole run"):
         table.rows(tmp_path)
+
+
+def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
+    questions = load_task("gsm8k", 2)
+
+    def length_score(question, texts):  # the small model solves no GSM8K question: recovery needs a score
+        return {"score": min(1.0, len(texts[0]) / 100)}
+
+    for name, spec in (("sweep", "strict,mars-prob@0.3"), ("rivals", "strict,typical@0.2,topk@2")):
+        run_bench(decoder, questions, parse_methods(spec, 0.9), config(spec), tmp_path / name, length_score)
+    plot = combined_pareto([tmp_path / "rivals", tmp_path / "sweep"], tmp_path / "both.png")
+    assert plot.stat().st_size > 1000
+
+    spec = "strict,mars-prob@0.3"
+    other_task = replace(config(spec), task="mtbench")
+    run_bench(
+        decoder,
+        load_task("mtbench", 1),
+        parse_methods(spec, 0.9),
+        other_task,
+        tmp_path / "mt",
+        grader_for("mtbench"),
+    )
+    with pytest.raises(MarspecError, match="differ in task"):
+        combined_pareto([tmp_path / "sweep", tmp_path / "mt"], tmp_path / "x.png")
+    lines = (tmp_path / "sweep" / RECORDS_FILE).read_text().splitlines()
+    (tmp_path / "sweep" / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(MarspecError, match="not a whole run"):
+        combined_pareto([tmp_path / "rivals", tmp_path / "sweep"], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_second_turns_reuse_the_first_turns_cache_and_decode_the_same(decoder, tmp_path):

@@ -752,7 +752,7 @@ def compare(
 
 @app.command()
 def report(
-    out: Annotated[Path, typer.Argument(help="A directory written by `marspec bench` or `sweep`.")],
+    runs: Annotated[list[Path], typer.Argument(help="Directories written by `marspec bench` or `sweep`.")],
     as_html: Annotated[
         bool,
         typer.Option(
@@ -760,18 +760,29 @@ def report(
             help="Also write audit.html: every relaxed token in context beside the reference's output.",
         ),
     ] = False,
+    combined: Annotated[
+        Path | None,
+        typer.Option(
+            "--combined",
+            help="Also write one Pareto plot (PNG) over all the RUNS, which must be whole runs of one "
+            "task on the same questions (e.g. a MARS sweep and a run of rival rules).",
+        ),
+    ] = None,
 ) -> None:
-    """Plots (PNG) for a benchmark directory: speed against recovery, theta curve, acceptance by
+    """Plots (PNG) for each benchmark directory: speed against recovery, theta curve, acceptance by
     position, margin distribution; with --html, the audit page of what the lossy rules changed."""
-    from marspec.eval.report import make_report
+    from marspec.eval.report import combined_pareto, make_report
 
     with user_errors():
-        for path in make_report(out):
-            err.print(f"wrote {path}")
-        if as_html:
-            from marspec.eval.audit import write_audit
+        for out in runs:
+            for path in make_report(out):
+                err.print(f"wrote {path}")
+            if as_html:
+                from marspec.eval.audit import write_audit
 
-            err.print(f"wrote {write_audit(out)}")
+                err.print(f"wrote {write_audit(out)}")
+        if combined is not None:
+            err.print(f"wrote {combined_pareto(runs, combined)}")
 
 
 @app.command()

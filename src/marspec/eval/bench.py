@@ -127,6 +127,26 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise MarspecError(f"{run_dir} holds a corrupt config.json or summary.json: {exc}") from None
 
 
+def whole_run(run_dir: Path) -> tuple[BenchConfig, dict[str, Any]]:
+    """A finished run's ``(config, summary)``; a MarspecError if any planned decode of its methods on its
+    questions is missing, so a partial run is never read as a whole one."""
+    raw, summary = read_run(run_dir)
+    config = BenchConfig(**{**raw, "methods": tuple(raw["methods"])})
+    records = load_records(run_dir)
+    # Summaries written before they listed their questions: the questions the records hold.
+    qids = summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
+    missing = len(qids) != summary["questions"] or not all(
+        (qid, method, sample) in records
+        for index, qid in enumerate(qids)
+        for method in summary["methods"]
+        if runs_on(method, index, config)
+        for sample in range(config.samples)
+    )
+    if missing:
+        raise MarspecError(f"{run_dir} is not a whole run: finish it (rerun its marspec bench) first")
+    return config, summary
+
+
 def load_records(out_dir: Path) -> dict[RecordKey, dict]:
     """Records by (question id, method, sample). A torn last line left by an interrupted run is cut off,
     so the next record starts on a line of its own."""

@@ -4,6 +4,7 @@ where the logit ratio r falls for exact, relaxed and rejected draft tokens."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -12,7 +13,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 from marspec.errors import MarspecError
-from marspec.eval.bench import SUMMARY_JSON, load_records
+from marspec.eval.bench import SUMMARY_JSON, load_records, whole_run
 
 
 def make_report(out_dir: Path) -> list[Path]:
@@ -69,11 +70,61 @@ def _setting(name: str) -> float:
 
 
 def _pareto(summary: dict, out_dir: Path) -> Path | None:
+    return _plot_pareto(
+        summary["methods"],
+        reference=summary.get("quality_reference", summary["baseline"]),
+        baseline=summary["baseline"],
+        title="Speed against quality\n" + _title(summary),
+        path=out_dir / "pareto.png",
+    )
+
+
+def combined_pareto(runs: Sequence[Path], path: Path) -> Path:
+    """One Pareto plot over several whole runs of one task on the same questions (e.g. a MARS sweep and
+    a run of rival rules): each method's speedup is over its own run's baseline, so the runs must share
+    the baseline, the quality reference and the decoding settings. A method in several runs is drawn from
+    the first run listed."""
+    if len(runs) < 2:
+        raise MarspecError("--combined needs at least two runs to put on one plot")
+    summaries = [whole_run(run)[1] for run in runs]
+    first = summaries[0]
+    shared = ("task", "temperature", "k", "dtype", "max_new_tokens", "target", "draft")
+    for run, summary in zip(runs[1:], summaries[1:], strict=True):
+        differing = [f for f in shared if summary["config"].get(f) != first["config"].get(f)]
+        for key in ("baseline", "quality_reference", "questions", "samples"):
+            if summary.get(key) != first.get(key):
+                differing.append(key)
+        if first.get("qids") and summary.get("qids") and summary["qids"] != first["qids"]:
+            differing.append("qids")
+        if differing:
+            raise MarspecError(
+                f"{run} cannot share a plot with {runs[0]}: they differ in {', '.join(differing)}"
+            )
+    methods: dict[str, dict] = {}
+    for summary in summaries:
+        for name, metrics in summary["methods"].items():
+            methods.setdefault(name, metrics)
+    baseline = first["baseline"]
+    plotted = _plot_pareto(
+        methods,
+        reference=first.get("quality_reference", baseline),
+        baseline=f"{baseline} (each run's own)",
+        title=f"Speed against quality, {len(runs)} runs\n" + _title(first),
+        path=path,
+    )
+    if plotted is None:
+        raise MarspecError(f"{', '.join(map(str, runs))} hold fewer than two methods with a recovery")
+    return plotted
+
+
+def _plot_pareto(
+    methods: dict[str, dict], *, reference: str, baseline: str, title: str, path: Path
+) -> Path | None:
     """Speedup against recovery, with recovery's 95% interval as error bars: one curve per rule and
     margin, the reference (recovery 100% by definition) and the peers as single points."""
     points = [
         (name, m["recovery"], m.get("recovery_ci"), m["speedup"])
-        for name, m in summary["methods"].items()
+        for name, m in methods.items()
         if m.get("recovery") is not None and m.get("speedup") is not None
     ]
     if len(points) < 2:
@@ -104,12 +155,11 @@ def _pareto(summary: dict, out_dir: Path) -> Path | None:
                     fontsize=7,
                     color=line[0].get_color(),
                 )
-    reference = summary.get("quality_reference", summary["baseline"])
     ax.axvline(100, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel(f"recovery vs {reference} (%), 95% bootstrap interval")
-    ax.set_ylabel(f"speedup over {summary['baseline']} (x)")
+    ax.set_ylabel(f"speedup over {baseline} (x)")
     ax.legend(fontsize=8)
-    return _save(fig, ax, "Speed against quality\n" + _title(summary), out_dir / "pareto.png")
+    return _save(fig, ax, title, path)
 
 
 def _theta_curve(summary: dict, out_dir: Path) -> Path | None:
