@@ -165,6 +165,15 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
         run_bench(decoder, questions, parse_methods(spec, 0.9), config(spec), tmp_path / name, length_score)
     plot = combined_pareto([tmp_path / "rivals", tmp_path / "sweep"], tmp_path / "both.png")
     assert plot.stat().st_size > 1000
+    # benchmarks/rules_table.py: the same runs as one table, a method shared by both taken from the first.
+    lines, points = _benchmark_script("rules_table").rows([tmp_path / "rivals", tmp_path / "sweep"])
+    assert [line.split(" (")[0].removeprefix("| ") for line in lines] == [
+        "strict",
+        "typical@0.2",
+        "topk@2",
+        "mars-prob@0.3",
+    ]
+    assert [p[0] for p in points] == ["typical@0.2", "topk@2", "mars-prob@0.3"]
 
     spec = "strict,mars-prob@0.3"
     other_task = replace(config(spec), task="mtbench")
