@@ -60,6 +60,23 @@ def test_self_draft_accepts_everything_and_uses_bonus(target, prompt):
     assert stats.accepted_by_position()[0] == 1.0
 
 
+def test_drafts_after_an_accepted_eos_are_not_counted_as_accepted(target, prompt):
+    """The text ends at an EOS inside an accepted draft: the drafts after it were scored but never judged,
+    so neither the accepted counts nor the acceptance rate include them."""
+    plain, _, _ = run(target, None, prompt, max_new_tokens=8)
+    eos = plain[2]
+    assert eos not in plain[:2]  # the tiny model's greedy text; the test needs its first EOS at index 2
+    drafter = ModelDrafter(tiny_lm(0, "same-weights"), target_vocab_size=target.vocab_size)
+    spec, _, stats = run(
+        target, drafter, prompt, rule=Rule("strict"), k=5, max_new_tokens=8, eos_token_ids=frozenset({eos})
+    )
+    assert spec == plain[:2] and stats.stopped_at_eos
+    assert (stats.drafted, stats.unjudged, stats.accepted_exact, stats.rejected) == (5, 2, 3, 0)
+    assert stats.acceptance_rate == 1.0
+    assert stats.position_counts() == ([1, 1, 1], [1, 1, 1])
+    assert len(stats.steps[0].margins) == 3  # the margins of judged positions only
+
+
 def test_mars_theta_one_equals_strict(target, prompt):
     drafter = ModelDrafter(tiny_lm(2, "tiny-draft"), target_vocab_size=target.vocab_size)
     strict, _, _ = run(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=30)

@@ -159,9 +159,11 @@ def decode(
         relaxed_at = tuple(i for i, flag in enumerate(relaxed_flags) if flag)
         relaxed = [*relaxed_flags, False]
         finished = False
+        judged = verdict.n_accepted  # accepted drafts the sequence goes on from
         for i, tok in enumerate(tokens):
             if tok in config.eos_token_ids:
                 tokens, relaxed, finished = tokens[:i], relaxed[:i], True
+                judged = min(judged, i + 1)  # drafts after an accepted EOS never count: the text ended
                 break
         if config.adaptive_k and n_draft:
             all_accepted = verdict.n_accepted == n_draft
@@ -184,16 +186,19 @@ def decode(
         if drafter is not None:
             drafter.rollback(min(length - 1, draft_valid))
 
+        ended_in_draft = judged < verdict.n_accepted
+        judged_relaxed = tuple(p for p in relaxed_at if p < judged)
         stats.record(
             StepRecord(
                 drafted=n_draft,
                 siblings=len(tree) - n_draft if tree is not None else 0,
-                accepted_exact=verdict.n_accepted - len(relaxed_at),
-                accepted_relaxed=len(relaxed_at),
-                rejected=verdict.n_accepted < n_draft,
+                accepted_exact=judged - len(judged_relaxed),
+                accepted_relaxed=len(judged_relaxed),
+                rejected=verdict.n_accepted < n_draft and not ended_in_draft,
                 emitted=len(tokens),
-                margins=tuple(margins),
-                relaxed_at=relaxed_at,
+                margins=tuple(margins[:judged]) if ended_in_draft else tuple(margins),
+                relaxed_at=judged_relaxed,
+                unjudged=n_draft - judged if ended_in_draft else 0,
             )
         )
         stats.new_tokens = produced

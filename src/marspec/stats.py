@@ -17,6 +17,9 @@ class StepRecord:
     margins: tuple[float, ...] = ()  # the rule's margin measure at each drafted position
     siblings: int = 0  # extra tree nodes scored beside the drafted chain (token-tree drafting)
     relaxed_at: tuple[int, ...] = ()  # draft positions accepted by relaxation
+    # Drafts after an accepted EOS: scored by the verification (their cost is in ``drafted``) but never
+    # judged, because the text ended before them; acceptance counts leave them out.
+    unjudged: int = 0
 
 
 @dataclass
@@ -35,6 +38,7 @@ class GenerationStats:
     target_forwards: int = 0
     draft_forwards: int = 0  # forwards of a draft model (lookup drafts cost none)
     drafted: int = 0
+    unjudged: int = 0  # drafts after an accepted EOS (see StepRecord.unjudged)
     accepted_exact: int = 0
     accepted_relaxed: int = 0
     rejected: int = 0
@@ -48,6 +52,7 @@ class GenerationStats:
         self.steps.append(step)
         self.target_forwards += 1
         self.drafted += step.drafted
+        self.unjudged += step.unjudged
         self.accepted_exact += step.accepted_exact
         self.accepted_relaxed += step.accepted_relaxed
         self.rejected += int(step.rejected)
@@ -74,8 +79,9 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens / drafted tokens."""
-        return (self.accepted_exact + self.accepted_relaxed) / self.drafted if self.drafted else 0.0
+        """Accepted draft tokens / judged draft tokens (drafts after an accepted EOS are not judged)."""
+        judged = self.drafted - self.unjudged
+        return (self.accepted_exact + self.accepted_relaxed) / judged if judged else 0.0
 
     def position_counts(self) -> tuple[list[int], list[int]]:
         """Per draft position (index 0 = first drafted token): how many steps drafted that far, and how
@@ -84,7 +90,7 @@ class GenerationStats:
         accepted: list[int] = []
         for step in self.steps:
             n_accepted = step.accepted_exact + step.accepted_relaxed
-            for pos in range(step.drafted):
+            for pos in range(step.drafted - step.unjudged):
                 if pos == len(reached):
                     reached.append(0)
                     accepted.append(0)
