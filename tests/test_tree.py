@@ -36,6 +36,23 @@ def verify(rows: list[list[float]], rule: Rule, tree: DraftTree = TREE):
     return verify_tree_greedy(torch.tensor(rows), tree, rule)
 
 
+@pytest.mark.parametrize("rule", [STRICT, MARS, Rule("topk", 2)])
+def test_a_tree_is_read_back_in_one_copy(rule):
+    from test_verify import OnDevice
+
+    logits = torch.tensor([row(3, 10.0, 4, 9.9), row(5, 10.0, 1, 2.0), BONUS_2, BONUS_3]).as_subclass(
+        OnDevice
+    )
+    tree = DraftTree(
+        tokens=TREE.tokens.as_subclass(OnDevice), parents=TREE.parents, depths=TREE.depths, chain_len=2
+    )
+    OnDevice.reads.clear()
+    v = verify_tree_greedy(logits, tree, rule)
+    v.relaxed.tolist(), v.margins.tolist(), v.top1.tolist()
+    assert OnDevice.reads == ["cpu"]
+    assert v.emitted() == [3, 5, 6]
+
+
 @pytest.mark.parametrize("rule", [STRICT, MARS])
 def test_whole_chain_accepted_gives_the_bonus_of_its_leaf(rule):
     v = verify([row(3, 10.0, 4, 2.0), row(5, 10.0, 1, 2.0), BONUS_2, BONUS_3], rule)

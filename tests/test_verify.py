@@ -378,9 +378,45 @@ def test_greedy_rule_that_cannot_relax_equals_strict(never: Rule) -> None:
 
 
 def test_verification_emitted_and_n_relaxed() -> None:
-    out = Verification(2, 9, torch.tensor([True, False]), torch.zeros(3))
-    assert out.emitted(tok(4, 5, 6)) == [4, 5, 9]
+    out = Verification(2, 9, torch.tensor([True, False]), torch.zeros(3), tokens=(4, 5))
+    assert out.emitted() == [4, 5, 9]
     assert out.n_relaxed == 1
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor standing for one on an accelerator: every read of its values by the host (a
+    synchronisation there) is logged; the copy ``.cpu()`` makes is a plain tensor, free to read."""
+
+    reads: list[str] = []  # noqa: RUF012 (shared log, cleared by each test)
+    HOST_READS = ("cpu", "tolist", "item", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in cls.HOST_READS:
+            cls.reads.append(name)
+            if name == "cpu":
+                return args[0].as_subclass(torch.Tensor).clone()
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_verification_reads_the_device_once() -> None:
+    """A decode step waits on the device once: everything the loop reads of a verification (accepted
+    count, next token, accepted tokens, relaxed flags, margins, top-1) arrives in one copy."""
+    logits = rows(CLOSE, [0.0, 1.0, 0.5, 3.0], CLOSE, BONUS).as_subclass(OnDevice)
+    draft = tok(1, 2, 0).as_subclass(OnDevice)
+    for rule in (MARS, STRICT, Rule("typical", 0.2)):
+        for sampling in (False, True):
+            OnDevice.reads.clear()
+            if sampling:
+                out = verify_sampling(logits, draft, None, rule, 1.0, torch.Generator().manual_seed(0))
+            else:
+                out = verify_greedy(logits, draft, rule)
+            assert OnDevice.reads == ["cpu"], rule
+            assert isinstance(out.n_accepted, int) and isinstance(out.next_token, int)
+            assert type(out.relaxed) is type(out.margins) is type(out.top1) is torch.Tensor
+            out.relaxed.tolist(), out.margins.tolist(), out.top1.tolist()
+            assert OnDevice.reads == ["cpu"]
 
 
 # --------------------------------------------------------------------------------- verify_sampling

@@ -154,7 +154,7 @@ def decode(
             else:
                 verdict = verify_greedy(logits, draft.tokens, config.rule)
 
-        accepted, relaxed_flags, margins, top1 = _read_step(verdict, draft.tokens)
+        accepted, relaxed_flags, margins, top1 = _read_step(verdict)
         tokens = [*accepted, verdict.next_token]
         relaxed_at = tuple(i for i, flag in enumerate(relaxed_flags) if flag)
         relaxed = [*relaxed_flags, False]
@@ -238,26 +238,10 @@ def _start_sequence(
     return kept
 
 
-# A step read back: accepted tokens, their relaxed flags, the margins, the target's top-1 at each.
-StepRead = tuple[list[int], list[bool], list[float], list[int]]
-
-
-def _read_step(verdict: Verification, draft_tokens: torch.Tensor) -> StepRead:
-    """The step's one device-to-host read (verification has read the accepted count and the next token):
-    the accepted tokens, their relaxed flags, the rule's margins and the target's top-1 at the accepted
-    positions (empty when the verification has none), as Python values."""
+def _read_step(verdict: Verification) -> tuple[list[int], list[bool], list[float], list[int]]:
+    """The step as Python values: accepted tokens, their relaxed flags, the rule's margins and the
+    target's top-1 at the accepted positions (empty when the verification has none). Verification
+    already read them back to the host in the step's one copy, so nothing here waits on a device."""
     n = verdict.n_accepted
-    device = verdict.margins.device
-    chain = not isinstance(verdict, TreeVerification)  # a tree's path tokens are on the host already
-    parts = [draft_tokens[:n] if chain else None, verdict.relaxed[:n], verdict.margins]
-    parts.append(verdict.top1[:n] if verdict.top1 is not None else None)
-    # float64 holds token ids (< 2^53) exactly, so one tensor carries all four.
-    host = torch.cat([p.to(device, torch.float64) for p in parts if p is not None]).tolist()
-    accepted = [int(t) for t in host[:n]] if chain else list(verdict.tokens)  # type: ignore[attr-defined]
-    at = n if chain else 0
-    relaxed = [bool(f) for f in host[at : at + n]]
-    at += n
-    margins = host[at : at + verdict.margins.shape[0]]
-    at += verdict.margins.shape[0]
-    top1 = [int(t) for t in host[at:]]
-    return accepted, relaxed, margins, top1
+    top1 = verdict.top1[:n].tolist() if verdict.top1 is not None else []
+    return list(verdict.tokens), verdict.relaxed.tolist(), verdict.margins.tolist(), top1

@@ -136,7 +136,11 @@ class Rule:
 
 @dataclass(frozen=True)
 class Verification:
-    """The outcome of verifying one block of ``K`` draft tokens."""
+    """The outcome of verifying one block of ``K`` draft tokens, on the host.
+
+    The verify functions read everything back in one device-to-host copy, so a decode step that reads
+    these fields pays no further synchronisation; the tensors here are CPU tensors.
+    """
 
     n_accepted: int  # draft tokens accepted, 0..K
     next_token: int  # correction token (n_accepted < K) or bonus token (n_accepted == K)
@@ -147,16 +151,17 @@ class Verification:
     # long[K]: the target's top-1 at each draft position (what strict would take): where a token was
     # relaxed, the one it replaced. Read only at relaxed positions, for audits.
     top1: torch.Tensor | None = None
+    tokens: tuple[int, ...] = ()  # the accepted draft tokens (n_accepted of them)
 
     @property
     def n_relaxed(self) -> int:
         """How many of the accepted draft tokens were relaxed accepts."""
         return int(self.relaxed.sum())
 
-    def emitted(self, draft_tokens: torch.Tensor) -> list[int]:
-        """The tokens this step commits: the accepted draft prefix followed by ``next_token``."""
-        # draft_tokens: long[K]
-        return [*draft_tokens[: self.n_accepted].tolist(), self.next_token]
+    def emitted(self, draft_tokens: torch.Tensor | None = None) -> list[int]:
+        """The tokens this step commits: the accepted draft tokens followed by ``next_token``
+        (``draft_tokens`` is accepted for callers of older versions and not needed)."""
+        return [*self.tokens, self.next_token]
 
 
 def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,33 +277,22 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
     if rule.guard != "none":
         relaxed = relaxed & _guard_allows(draft, v1[1:k])
     n = _leading_true(exact | relaxed)  # 0-dim long
-    n_accepted, next_token = _to_ints(n, v1.index_select(0, n.view(1)))
-    return Verification(
-        n_accepted=n_accepted,
-        next_token=next_token,
-        relaxed=relaxed[:n_accepted],
-        margins=margin_measure(z1, z2, rule.margin).float(),
-        top1=v1[:k],
-    )
+    margins = margin_measure(z1, z2, rule.margin)
+    return _read_back(n, v1.index_select(0, n.view(1)), draft, relaxed, margins, v1[:k])
 
 
 @dataclass(frozen=True)
 class TreeVerification(Verification):
     """The outcome of verifying a token tree: ``Verification`` along the accepted path.
 
-    ``path`` lists the accepted nodes root-down (``n_accepted`` of them); ``tokens`` their tokens.
+    ``path`` lists the accepted nodes root-down (``n_accepted`` of them); ``tokens`` are their tokens.
     ``chain_prefix`` is how many leading path nodes are chain nodes (the draft model's cache holds the
     chain, so that much of it stays valid). ``margins`` are measured at the rows the walk judged: the
     root's and each path node's except a leaf's, so entry ``i`` is where depth ``i + 1`` was decided.
     """
 
     path: tuple[int, ...] = ()
-    tokens: tuple[int, ...] = ()
     chain_prefix: int = 0
-
-    def emitted(self, draft_tokens: torch.Tensor | None = None) -> list[int]:
-        """The tokens this step commits: the accepted path followed by ``next_token``."""
-        return [*self.tokens, self.next_token]
 
 
 def _guard_allows(draft: torch.Tensor, next_top1: torch.Tensor) -> torch.Tensor:
@@ -336,11 +330,17 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
     rows = target_logits.index_select(0, parents) if rule.name in RIVALS else target_logits
     parent_values = values.index_select(0, parents)  # [N, 2]
     relaxed = relaxed_accepts(rows, parent_values, parent_top, node_tokens, rule) & ~exact
-    # One host copy for the walk: accept flags, relaxed flags, every row's top-1, the tokens.
+    # The step's one host copy: accept flags, relaxed flags, every row's top-1 and margin, the tokens.
+    # float64 holds token ids (< 2^53) and the margins exactly.
     n = n_nodes + 1
-    flags = torch.cat([exact | relaxed, relaxed, top[:, 0], node_tokens]).tolist()
+    every_margin = margin_measure(values[:, 0], values[:, 1], rule.margin)  # [N+1]
+    parts = (exact | relaxed, relaxed, top[:, 0], every_margin, node_tokens)
+    host = torch.cat([p.to(torch.float64) for p in parts]).cpu()
+    flags = host.tolist()
     accepted, relaxed_flags = flags[:n_nodes], flags[n_nodes : 2 * n_nodes]
-    top1, token_list = flags[2 * n_nodes : 2 * n_nodes + n], flags[2 * n_nodes + n :]
+    top1 = [int(t) for t in flags[2 * n_nodes : 2 * n_nodes + n]]
+    row_margins = host[2 * n_nodes + n : 2 * n_nodes + 2 * n]  # float64[N+1], on the host
+    token_list = flags[2 * n_nodes + 2 * n :]
 
     children = tree.children()
     path: list[int] = []
@@ -356,12 +356,11 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
         chain_prefix += 1
     # The rows the walk judged: the root's and each path node's, but not a leaf's (its row is the bonus).
     judged = [0, *path] if children[node] else [0, *path[:-1]]
-    z1, z2 = values.index_select(0, torch.tensor(judged, dtype=torch.long, device=device)).unbind(-1)
     return TreeVerification(
         n_accepted=len(path),
-        next_token=int(top1[node]),
+        next_token=top1[node],
         relaxed=torch.tensor([bool(relaxed_flags[p - 1]) for p in path], dtype=torch.bool),
-        margins=margin_measure(z1, z2, rule.margin).float(),
+        margins=row_margins[judged].float(),
         top1=torch.tensor([top1[tree.parents[p - 1]] for p in path], dtype=torch.long),
         path=tuple(path),
         tokens=tuple(int(token_list[p - 1]) for p in path),
@@ -437,15 +436,7 @@ def verify_sampling(
         # An all-zero residual (p_n == q_n) cannot follow a genuine rejection; fall back to p_n anyway.
         weights = torch.where(residual.sum() > 0, residual, p_n)
     token = _sample(weights, u[k])
-
-    n_accepted, next_token = _to_ints(n, token)
-    return Verification(
-        n_accepted=n_accepted,
-        next_token=next_token,
-        relaxed=relaxed[:n_accepted],
-        margins=margin_measure(z1, z2, rule.margin).float(),
-        top1=tokens[:, 0],
-    )
+    return _read_back(n, token, draft, relaxed, margin_measure(z1, z2, rule.margin), tokens[:, 0])
 
 
 def sample_token(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -481,7 +472,26 @@ def _leading_true(mask: torch.Tensor) -> torch.Tensor:
     return mask.long().cumprod(0).sum()
 
 
-def _to_ints(n: torch.Tensor, token: torch.Tensor) -> tuple[int, int]:
-    """``(n, token)`` as Python ints with a single device-to-host copy."""
-    n_accepted, next_token = torch.cat([n.view(1), token.view(1).to(n.dtype)]).tolist()
-    return n_accepted, next_token
+def _read_back(
+    n: torch.Tensor,
+    token: torch.Tensor,
+    draft: torch.Tensor,
+    relaxed: torch.Tensor,
+    margins: torch.Tensor,
+    top1: torch.Tensor,
+) -> Verification:
+    """A chain verification on the host, in one device-to-host copy: the accepted count ``n`` and the
+    next token (0-dim each), and the ``[K]`` draft tokens, relaxed flags, margins and target top-1."""
+    k = draft.shape[0]
+    parts = (n.view(1), token.view(1), draft, relaxed, margins, top1)
+    # float64 holds token ids (< 2^53) and the float32 margins exactly, so one tensor carries them all.
+    host = torch.cat([p.to(torch.float64) for p in parts]).cpu()  # [2 + 4K]
+    n_accepted, next_token = int(host[0]), int(host[1])
+    return Verification(
+        n_accepted=n_accepted,
+        next_token=next_token,
+        relaxed=host[2 + k : 2 + k + n_accepted].bool(),
+        margins=host[2 + 2 * k : 2 + 3 * k].float(),
+        top1=host[2 + 3 * k :].long(),
+        tokens=tuple(int(t) for t in host[2 : 2 + n_accepted].tolist()),
+    )
