@@ -155,6 +155,42 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
         table.rows(tmp_path)
 
 
+def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, tmp_path):
+    spec = "plain,strict"
+    methods = parse_methods(spec, 0.9)
+    questions = load_task("gsm8k", 2)
+    run_bench(decoder, questions, methods, config(spec), tmp_path, grader_for("gsm8k"))
+    records = load_records(tmp_path)
+    assert all("other_cores" in r and r["started"].endswith("+00:00") for r in records.values())
+    # Mark one record as made while another process kept a core busy (what LoadWatch measures), the
+    # others as made on a quiet machine (this test may itself run beside other work).
+    path = tmp_path / RECORDS_FILE
+    marked = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, rec in enumerate(marked):
+        rec["other_cores"] = 1.0 if i == 1 else 0.0
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in marked))
+    busy = marked[1]
+    summary = run_bench(decoder, questions, methods, config(spec), tmp_path, grader_for("gsm8k"))
+    assert summary["methods"][busy["method"]]["contended"] == 1
+    assert "Timings suspect" in (tmp_path / "summary.md").read_text()
+
+    redone = []
+    run_bench(
+        decoder,
+        questions,
+        methods,
+        config(spec),
+        tmp_path,
+        grader_for("gsm8k"),
+        lambda q, m, sample, skipped: redone.append((q.qid, m.name)) if not skipped else None,
+        redo_contended=True,
+    )
+    assert redone == [(busy["qid"], busy["method"])]
+    assert len(path.read_text().splitlines()) == len(marked) + 1  # appended; the newest line wins
+    latest = load_records(tmp_path)[busy["qid"], busy["method"], 0]
+    assert latest["other_cores"] != 1.0 and latest["turns"][0]["text"] == busy["turns"][0]["text"]
+
+
 def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
     questions = load_task("gsm8k", 2)
 

@@ -371,6 +371,7 @@ def _run_bench(
     sampling: SamplingSettings | None = None,
     offset: int = 0,
     prefix_reuse: bool = True,
+    redo_contended: bool = False,
 ) -> dict:
     import torch
 
@@ -449,7 +450,7 @@ def _run_bench(
             which = f" sample {sample}" if config.samples > 1 else ""
             advance(f"{question.qid}{which} {method.name}" + (" (done before)" * skipped))
 
-        summary = run_bench(decoder, questions, methods, config, out, grader_for(task), on_done=done)
+        summary = run_bench(decoder, questions, methods, config, out, grader_for(task), done, redo_contended)
     from marspec.eval.bench import summary_markdown
 
     Console().print(summary_markdown(summary))
@@ -497,6 +498,14 @@ def bench(
             help="Later turns of a conversation keep the cache of the earlier ones (marspec's methods).",
         ),
     ] = True,
+    redo_contended: Annotated[
+        bool,
+        typer.Option(
+            "--redo-contended",
+            help="Decode again the records made while other processes loaded the machine (their "
+            "timings are suspect; the summary counts them).",
+        ),
+    ] = False,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -519,6 +528,7 @@ def bench(
             SamplingSettings(temperature, samples, plain_limit),
             offset,
             prefix_reuse,
+            redo_contended,
         )
 
 

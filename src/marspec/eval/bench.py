@@ -20,11 +20,13 @@ import json
 import platform
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from marspec.api import Decoder
 from marspec.errors import MarspecError
+from marspec.eval.contention import CONTENDED_CORES, LoadWatch, contended
 from marspec.eval.datasets import Question
 from marspec.eval.grading import Grader, agreement
 from marspec.eval.intervals import Estimate, difference_interval, mean_interval, ratio_interval
@@ -237,9 +239,12 @@ def run_bench(
     out_dir: Path,
     grade: Grader,
     on_done: Callable[[Question, Method, int, bool], None] | None = None,
+    redo_contended: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark and write its summary. ``grade(question, turn_texts)`` returns at
-    least ``{"score": float | None}``; ``on_done(question, method, sample, skipped)`` reports progress."""
+    least ``{"score": float | None}``; ``on_done(question, method, sample, skipped)`` reports progress.
+    With ``redo_contended``, records decoded while other processes loaded the machine are decoded again
+    (the new record is appended and supersedes the old one)."""
     records = prepare_out_dir(out_dir, config)
     with (out_dir / RECORDS_FILE).open("a") as sink:
         for index, question in enumerate(questions):
@@ -248,11 +253,13 @@ def run_bench(
                     if not runs_on(method.name, index, config):
                         continue
                     key = (question.qid, method.name, sample)
-                    if key in records:
+                    if key in records and not (redo_contended and contended(records[key])):
                         if on_done:
                             on_done(question, method, sample, True)
                         continue
-                    turns = _run_turns(decoder, method, question, sample, config)
+                    started = datetime.now(UTC).isoformat(timespec="seconds")
+                    with LoadWatch() as load:
+                        turns = _run_turns(decoder, method, question, sample, config)
                     rec = {
                         "qid": question.qid,
                         "method": method.name,
@@ -264,6 +271,8 @@ def run_bench(
                         # Runs resumed or extended on another machine mix CPUs (whose kernels round
                         # near-ties differently): each record says where it ran.
                         "cpu": cpu_name(),
+                        "started": started,
+                        "other_cores": load.other_cores,  # see marspec.eval.contention
                         **grade(question, [t.text for t in turns]),
                     }
                     sink.write(json.dumps(rec) + "\n")
@@ -475,6 +484,7 @@ def _method_metrics(
         "target_share": _share(turns, "target_forward_s", wall),
         "draft_share": _share(turns, "draft_forward_s", wall),
         "hit_limit": sum(t["hit_limit"] for t in turns),
+        "contended": sum(contended(r) for r in recs),  # decodes timed on a busy machine
         "turns": len(turns),
         "questions": len(by_q),
         "decodes": len(recs),
@@ -569,6 +579,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"| {fmt(m['overhead_share'], '.1%')} "
             f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
         )
+    busy = {name: m["contended"] for name, m in summary["methods"].items() if m.get("contended")}
+    if busy:
+        counts = ", ".join(f"{name} {n}" for name, n in busy.items())
+        lines += [
+            "",
+            f"**Timings suspect**: decodes made while other processes used more than {CONTENDED_CORES:g} "
+            f"of a core ({counts}). Their speed is not comparable; `marspec bench ... --redo-contended` "
+            "decodes them again.",
+        ]
     check = summary.get("strict_minus_plain")
     if check is not None and check["value"] is not None:
         verdict = (
