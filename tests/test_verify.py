@@ -272,7 +272,7 @@ def test_greedy_all_accepted_gives_bonus_from_last_row() -> None:
     out = verify_greedy(rows(CLEAR, CLOSE, CLEAR, BONUS), tok(0, 1, 0), MARS)
     assert (out.n_accepted, out.next_token, out.n_relaxed) == (3, 3, 1)
     assert out.relaxed.tolist() == [False, True, False]
-    assert out.emitted(tok(0, 1, 0)) == [0, 1, 0, 3]
+    assert out.emitted() == [0, 1, 0, 3]
 
 
 def test_greedy_first_rejection_stops_acceptance() -> None:
@@ -280,7 +280,7 @@ def test_greedy_first_rejection_stops_acceptance() -> None:
     draft = tok(0, 2, 0, 3)
     out = verify_greedy(rows(CLEAR, CLOSE, CLEAR, BONUS, CLEAR), draft, MARS)
     assert (out.n_accepted, out.next_token) == (1, 0)
-    assert out.emitted(draft) == [0, 0]
+    assert out.emitted() == [0, 0]
     assert out.margins.shape == (4,)
 
 
@@ -588,7 +588,7 @@ def _three_token_run(draft_probs_known: bool, n_trials: int) -> tuple[torch.Tens
     emitted = []
     for x, y, draft in zip(d1.tolist(), d2.tolist(), torch.stack([d1, d2], 1).unbind(0), strict=True):
         out = verify_sampling(logits[x, y], draft, draft_probs[x], STRICT, TEMPERATURE, verify_gen)
-        emitted.append([*out.emitted(draft), -1, -1][:3])
+        emitted.append([*out.emitted(), -1, -1][:3])
     tokens = torch.tensor(emitted).T  # [3, N], -1 where the step ended early
     assert 0.1 < (tokens[1] < 0).float().mean() < 0.9  # corrections at position 1 are common but not all
     assert 0.04 < (tokens[2] >= 0).float().mean() < 0.9  # and so are bonus tokens
@@ -623,7 +623,7 @@ def test_mars_sampling_is_lossy_on_a_close_call() -> None:
         gen = torch.Generator().manual_seed(5)
         counts = torch.zeros(4)
         for _ in range(n_trials):
-            counts[verify_sampling(logits, tok(1), None, rule, 1.0, gen).emitted(tok(1))[0]] += 1
+            counts[verify_sampling(logits, tok(1), None, rule, 1.0, gen).emitted()[0]] += 1
         results[rule.name] = 0.5 * float((counts / n_trials - p).abs().sum())
         if rule is MARS:
             assert counts[1] == n_trials  # every step took the second choice

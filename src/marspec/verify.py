@@ -158,9 +158,8 @@ class Verification:
         """How many of the accepted draft tokens were relaxed accepts."""
         return int(self.relaxed.sum())
 
-    def emitted(self, draft_tokens: torch.Tensor | None = None) -> list[int]:
-        """The tokens this step commits: the accepted draft tokens followed by ``next_token``
-        (``draft_tokens`` is accepted for callers of older versions and not needed)."""
+    def emitted(self) -> list[int]:
+        """The tokens this step commits: the accepted draft tokens followed by ``next_token``."""
         return [*self.tokens, self.next_token]
 
 
