@@ -25,6 +25,7 @@ from pathlib import Path
 
 from marspec.errors import MarspecError
 from marspec.eval.bench import load_records, whole_run
+from marspec.eval.contention import contended
 
 HEADER = (
     "| method (run) | speedup vs strict | paired median | tau (vs strict) | passed | lost / won "
@@ -40,9 +41,10 @@ def _rate(record: dict) -> float:
 Point = tuple[str, float, float, int]  # method, speedup vs strict, recovery, answers lost
 
 
-def rows(runs: list[Path]) -> tuple[list[str], list[Point]]:
-    """Table rows, and a point for every lossy method."""
-    lines, points, seen = [], [], set()
+def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
+    """Table rows, a point for every lossy method, and how many of the decodes used were timed while
+    other processes loaded the machine (their speed is suspect: ``marspec bench --redo-contended``)."""
+    lines, points, seen, busy = [], [], set(), 0
     for run in runs:
         try:
             _, summary = whole_run(run)
@@ -61,6 +63,7 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point]]:
                 continue
             seen.add(name)
             mine = by_method[name]
+            busy += sum(contended(rec) for rec in mine.values())
             paired = statistics.median(_rate(mine[q]) / _rate(strict[q]) for q in mine)
             lost = sum(strict[q]["score"] > mine[q]["score"] for q in mine)
             won = sum(strict[q]["score"] < mine[q]["score"] for q in mine)
@@ -75,7 +78,7 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point]]:
             )
             if name != "strict":
                 points.append((name, m["speedup"], m["recovery"], lost))
-    return lines, points
+    return lines, points, busy
 
 
 def fastest(points: list[Point], label: str, qualifies: Callable[[Point], bool]) -> str:
@@ -92,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("runs", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    lines, points = rows(args.runs)
+    lines, points, busy = rows(args.runs)
     print("\n".join([HEADER, *lines]))
     print()
+    if busy:
+        print(f"- **{busy} decodes were timed on a busy machine**: speeds are suspect until a rerun of")
+        print("  `marspec bench ... --redo-contended` decodes them again")
     # Recovery is net: on a task where answers churn both ways, 100% can hide losses, hence the third.
     print(f"- {fastest(points, 'at recovery >= 100%', lambda p: p[2] >= 1 - 1e-9)}")
     print(f"- {fastest(points, 'at recovery >= 95%', lambda p: p[2] >= 0.95 - 1e-9)}")
