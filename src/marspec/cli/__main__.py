@@ -1,0 +1,5 @@
+"""``python -m marspec.cli``."""
+
+from marspec.cli import main
+
+main()

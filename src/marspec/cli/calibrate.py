@@ -1,0 +1,187 @@
+"""``calibrate`` (measure and store a theta for a model pair) and ``choose`` (pick from a run)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from marspec.calibration import Choice
+from marspec.cli.bench import bench_task
+from marspec.cli.common import LoadSettings, SamplingSettings, app, err, user_errors
+from marspec.cli.options import (
+    DeviceOpt,
+    DraftConfidenceOpt,
+    DraftOpt,
+    DraftQuantOpt,
+    DtypeOpt,
+    KOpt,
+    LookupOpt,
+    MaxNewOpt,
+    OutOpt,
+    PrepackOpt,
+    SamplesOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+)
+from marspec.defaults import (
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_K,
+    DEFAULT_LOOKUP,
+    DEFAULT_MARGIN,
+    DEFAULT_PREPACK,
+    DEFAULT_THETA,
+)
+from marspec.errors import MarspecError
+from marspec.eval.calibrate import DEFAULT_CANDIDATES as CALIBRATION_CANDIDATES
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+@app.command()
+def calibrate(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
+    task: Annotated[
+        str, typer.Option("--task", help="Comma-separated graded tasks: humaneval, gsm8k.")
+    ] = "humaneval,gsm8k",
+    limit: Annotated[int, typer.Option("--limit", help="Calibration questions per task (the first N).")] = 30,
+    budget: Annotated[
+        float,
+        typer.Option("--budget", help="Least recovery (95% lower bound, vs strict) to accept, in (0, 1]."),
+    ] = 0.99,
+    candidates: Annotated[
+        str, typer.Option("--candidates", help="Comma-separated settings: mars-ratio@T, mars-prob@T, ...")
+    ] = ",".join(CALIBRATION_CANDIDATES),
+    temperature: TemperatureOpt = 0.0,
+    samples: SamplesOpt = 1,
+    k: KOpt = DEFAULT_K,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    max_new_tokens: MaxNewOpt = None,
+    out: OutOpt = Path("runs/calibrate"),
+) -> None:
+    """Choose MARS's setting for a model pair by measurement, and store it for theta=auto.
+
+    Runs strict and each candidate on the first --limit questions of each task (resumable, in
+    OUT/TASK-tT), then keeps the fastest candidate whose recovery's 95% lower bound reaches --budget on
+    every task (theta 1, i.e. strict, if none does)."""
+    from marspec.calibration import calibration_path, read_calibration_file, save_choice, validate_budget
+    from marspec.eval.calibrate import candidates_of, make_choice, storable
+    from marspec.eval.datasets import load_task
+    from marspec.eval.methods import parse_methods
+
+    with user_errors():
+        validate_budget(budget)
+        tasks = [t.strip() for t in task.split(",") if t.strip()]
+        for name in tasks:
+            if name not in ("humaneval", "gsm8k"):
+                raise MarspecError(
+                    f"cannot calibrate on {name!r}: calibration needs a graded task (humaneval, gsm8k)"
+                )
+        if not tasks:
+            raise MarspecError("--task is empty: give humaneval, gsm8k or both")
+        if limit < 1:
+            raise MarspecError(f"--limit must be >= 1, got {limit}")
+        if draft == "none":
+            raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
+        spec = f"strict,{candidates}"
+        methods = parse_methods(spec, DEFAULT_THETA)
+        unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
+        if unstorable:
+            raise MarspecError(
+                f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
+                "do not describe +next or +tree; compare those with marspec bench"
+            )
+        if not any(m.kind == "mars" for m in methods):
+            raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
+        # A corrupt or foreign calibration file is refused now, not after hours of measuring.
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
+        save_path = calibration_path(target, draft)
+        read_calibration_file(save_path, target, draft)
+        rows = []
+        for name in tasks:
+            summary = bench_task(
+                name,
+                limit,
+                spec,
+                str(DEFAULT_THETA),
+                DEFAULT_MARGIN,
+                k,
+                out / f"{name}-t{temperature:g}",
+                target,
+                draft,
+                dtype,
+                threads,
+                max_new_tokens,
+                load_settings,
+                sampling=SamplingSettings(temperature, samples),
+            )
+            rows += candidates_of(summary, methods, name)
+        questions = {name: [q.qid for q in load_task(name, limit)] for name in tasks}
+        drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
+        choice = make_choice(rows, budget, temperature, questions, drafting)
+        path = save_choice(target, draft, choice)
+    _print_calibration(target, draft, choice, path)
+
+
+@app.command()
+def choose(
+    runs: Annotated[list[Path], typer.Argument(help="Finished bench runs, one per task (humaneval, gsm8k).")],
+    budget: Annotated[
+        float,
+        typer.Option("--budget", help="Least recovery (95% lower bound, vs strict) to accept, in (0, 1]."),
+    ] = 0.99,
+) -> None:
+    """Choose MARS's setting from bench runs you already have, and store it for theta=auto.
+
+    Each run must hold strict and MARS settings (e.g. a sweep); nothing is measured again. The choice
+    follows calibrate's rule, for the runs' pair, drafting settings and temperature."""
+    from marspec.calibration import calibration_path, read_calibration_file, save_choice, validate_budget
+    from marspec.eval.calibrate import choice_from_runs
+
+    with user_errors():
+        validate_budget(budget)
+        config, choice = choice_from_runs(runs, budget)
+        target, draft = config["target"], config["draft"]
+        read_calibration_file(calibration_path(target, draft), target, draft)
+        path = save_choice(target, draft, choice)
+    _print_calibration(target, draft, choice, path)
+
+
+def _print_calibration(target: str, draft: str, choice: Choice, path: Path) -> None:
+    """The candidates' table and the choice, as calibrate and choose report them."""
+    regime = "greedy" if not choice.temperature else f"temperature {choice.temperature:g}"
+    table = Table(title=f"calibration of {target} with {draft} ({regime})")
+    for col in ("setting", "task", "speedup vs strict", "tau vs strict", "recovery [95% CI]", "questions"):
+        table.add_column(col, justify="left" if col in ("setting", "task") else "right")
+    for r in choice.table:
+        chosen = (r.margin, r.theta) == (choice.margin, choice.theta)
+        recovery = (
+            "—" if r.recovery is None else f"{r.recovery:.1%} [{r.recovery_lo:.1%}, {r.recovery_hi:.1%}]"
+        )
+        table.add_row(
+            f"{r.method}{' (chosen)' if chosen else ''}",
+            r.task,
+            "—" if r.speedup_vs_strict is None else f"{r.speedup_vs_strict:.3f}x",
+            "—" if r.tau_vs_strict is None else f"{r.tau_vs_strict:.3f}x",
+            recovery,
+            str(r.questions),
+        )
+    Console().print(table)
+    err.print(
+        f"chose {choice.margin} theta={choice.theta:g}: {choice.reason}. Stored in {path}; "
+        "theta=auto (--theta auto) now uses it.",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,76 @@
+"""What every command shares: the app, the error channel, the settings that travel to the library, and
+the model loader."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+
+from marspec.errors import MarspecError
+from marspec.progress import status
+
+if TYPE_CHECKING:
+    from marspec.api import Decoder
+
+app = typer.Typer(
+    help="Speculative decoding with margin-aware verification (MARS).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a MarspecError into one line on stderr and exit status 2."""
+    try:
+        yield
+    except MarspecError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+_loaded: dict[tuple, Any] = {}  # the last Decoder loaded, by its arguments (calibrate runs several tasks)
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """The drafter and kernel settings every model-loading command takes (Decoder's keyword arguments
+    of the same names)."""
+
+    draft_quant: str
+    draft_confidence: float
+    lookup: bool
+    prepack: bool
+    device: str = "auto"
+
+
+def load_decoder(
+    target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings
+) -> Decoder:
+    """Load the models, or reuse the pair the last call loaded with the same arguments."""
+    from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
+
+    key = (target, draft, dtype, threads, settings)
+    if key not in _loaded:
+        _loaded.clear()  # hold one pair of models at a time
+        with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
+            _loaded[key] = Decoder(target, draft, dtype=dtype, threads=threads, **asdict(settings))
+    return _loaded[key]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a benchmark decodes: greedily (temperature 0) or sampled ``samples`` times per question."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    plain_limit: int | None = None

@@ -1,0 +1,92 @@
+"""The options several commands take, with their help text in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+TargetOpt = Annotated[
+    str, typer.Option("--target", help="Target model: a known name, HF folder or .gguf file.")
+]
+DraftOpt = Annotated[
+    str, typer.Option("--draft", help="Draft model name/path, 'ngram' for prompt lookup, or 'none'.")
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 (exact; default) or bf16 (half the memory).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
+ThetaOpt = Annotated[
+    str,
+    typer.Option(
+        "--theta",
+        help="MARS's close-call threshold for --margin (default 0.5 on p2/p1: relax where the target prefers "
+        "its top choice at most 2x; chosen by measurement, docs/results.md), 1 = strict; or 'auto': the "
+        "setting `marspec calibrate` chose for this target and draft; a rival rule's parameter.",
+    ),
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="auto | cpu | cuda | cuda:N | mps: where models, caches and verification run (auto: a GPU if "
+        "there is one); int8 drafts and prepacking are CPU kernels. Only cpu is tested by this project.",
+    ),
+]
+MarginOpt = Annotated[
+    str,
+    typer.Option(
+        "--margin", help="prob_ratio (p2/p1, the default) | logit_ratio (the paper's z2/z1) | logit_gap"
+    ),
+]
+KOpt = Annotated[
+    int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
+]
+TreeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tree",
+        help="Token-tree drafting (greedy): candidates per depth, e.g. 2,2 also verifies the draft's "
+        "runner-up at depths 1 and 2 in the same forward.",
+    ),
+]
+DraftQuantOpt = Annotated[
+    str, typer.Option("--draft-quant", help="int8 (default: ~3x cheaper draft forwards) or none.")
+]
+DraftConfidenceOpt = Annotated[
+    float,
+    typer.Option("--draft-confidence", help="End a draft at a token the draft is less sure of; 0 = never."),
+]
+LookupOpt = Annotated[
+    bool, typer.Option("--lookup/--no-lookup", help="Try prompt lookup before the draft model.")
+]
+PrepackOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prepack/--no-prepack", help="oneDNN-prepacked linear weights: ~3x cheaper multi-token forwards."
+    ),
+]
+
+
+TemperatureOpt = Annotated[
+    float, typer.Option("--temperature", help="0 = greedy; > 0 samples (seeds shared by all methods).")
+]
+SamplesOpt = Annotated[
+    int, typer.Option("--samples", help="Decodes per question and method (needs --temperature > 0).")
+]
+PlainLimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--plain-limit",
+        help="Run plain on the first N questions only (the speed baseline); strict is the quality reference.",
+    ),
+]
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", help="First N questions of the task (default: all).")
+]
+OutOpt = Annotated[
+    Path, typer.Option("--out", help="Results directory (resumes a run with the same config).")
+]
+TaskOpt = Annotated[str, typer.Option("--task", help="humaneval | gsm8k | mtbench")]
+MaxNewOpt = Annotated[
+    int | None, typer.Option("--max-new-tokens", help="Per turn (default: long enough to finish; 512).")
+]

@@ -1,0 +1,224 @@
+"""Commands that generate: ``generate``, ``demo``; and ``models``, which prepares them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from marspec.calibration import parse_theta
+from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
+from marspec.cli.options import (
+    DeviceOpt,
+    DraftConfidenceOpt,
+    DraftOpt,
+    DraftQuantOpt,
+    DtypeOpt,
+    KOpt,
+    LookupOpt,
+    MarginOpt,
+    PrepackOpt,
+    TargetOpt,
+    ThetaOpt,
+    ThreadsOpt,
+    TreeOpt,
+)
+from marspec.defaults import (
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_K,
+    DEFAULT_LOOKUP,
+    DEFAULT_MARGIN,
+    DEFAULT_PREPACK,
+    DEFAULT_THETA,
+)
+from marspec.errors import MarspecError
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+from marspec.progress import progress
+
+
+@app.command()
+def generate(
+    prompt: Annotated[
+        str, typer.Argument(help="The prompt (a chat template is applied for instruct models).")
+    ],
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
+    rule: Annotated[
+        str, typer.Option("--rule", help="plain | strict | mars; rivals: typical | pthresh | topk (--theta)")
+    ] = "mars",
+    theta: ThetaOpt = str(DEFAULT_THETA),
+    margin: MarginOpt = DEFAULT_MARGIN,
+    k: KOpt = DEFAULT_K,
+    adaptive_k: Annotated[
+        bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")
+    ] = False,
+    tree: TreeOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Upper bound on new tokens.")] = 128,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
+) -> None:
+    """Generate text for PROMPT, streaming it (or printing one JSON object with --json)."""
+    from marspec.api import GenerationOptions
+
+    with user_errors():
+        if not prompt.strip():
+            raise MarspecError("empty prompt: give some text to continue")
+        options = GenerationOptions(
+            rule=rule,
+            theta=parse_theta(theta),
+            margin=margin,
+            k=k,
+            adaptive_k=adaptive_k,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            stop=stop or None,
+            tree=tree,
+        )
+        decoder = load_decoder(
+            target,
+            None if rule == "plain" else draft,
+            dtype,
+            threads,
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
+        )
+        opts = asdict(options)
+        if as_json:
+            result = decoder.generate(prompt, **opts)
+            print(json.dumps(result.to_dict()))
+            return
+        result = decoder.generate(prompt, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), **opts)
+        sys.stdout.write("\n")
+        s = result.stats
+        err.print(
+            f"[dim]{s.new_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_s:.2f} tok/s), tau {s.tau:.2f}, "
+            f"accepted {s.accepted_exact} exact + {s.accepted_relaxed} relaxed, {s.rejected} rejections, "
+            f"overhead {s.overhead_s * 1000:.0f} ms, finish: {result.finish_reason}[/]"
+        )
+
+
+@app.command()
+def demo(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
+    theta: ThetaOpt = str(DEFAULT_THETA),
+    k: KOpt = DEFAULT_K,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print the summary as JSON.")] = False,
+) -> None:
+    """Plain vs strict speculative vs MARS decoding side by side on built-in prompts (code, math, chat)."""
+    from marspec.api import GenerationOptions, GenerationResult
+    from marspec.demo import DEMO_PROMPTS, METHODS, run_demo
+
+    with user_errors():
+        theta_value = parse_theta(theta)
+        GenerationOptions(theta=theta_value, k=k, max_new_tokens=max_new_tokens)  # fail fast, before loading
+        if draft in ("none",):
+            raise MarspecError(
+                "the demo compares speculative methods: give a drafter with --draft NAME|ngram"
+            )
+        decoder = load_decoder(
+            target,
+            draft,
+            dtype,
+            threads,
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
+        )
+        decoder.resolve_theta(GenerationOptions(theta=theta_value))  # theta=auto: calibrated? (fail fast)
+        total = len(DEMO_PROMPTS) * len(METHODS)
+        with progress(err, "generating", total) as advance:
+
+            def done(kind: str, method: str, result: GenerationResult) -> None:
+                s = result.stats
+                advance(f"{kind:<4} {method:<6} {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s")
+
+            summaries = run_demo(
+                decoder, k=k, theta=theta_value, max_new_tokens=max_new_tokens, on_result=done
+            )
+
+    plain = summaries[0]
+    table = Table(
+        title=f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, theta={theta}, "
+        f"{len(DEMO_PROMPTS)} prompts x {max_new_tokens} new tokens"
+    )
+    for col in ("method", "tokens", "tok/s", "speedup", "tau", "relaxed share", "overhead", "same as plain"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for s in summaries:
+        table.add_row(
+            s.name,
+            str(s.tokens),
+            f"{s.mean_tokens_per_s:.2f}",
+            f"{s.mean_tokens_per_s / plain.mean_tokens_per_s:.2f}x",
+            f"{s.tau:.2f}",
+            f"{s.relaxed_share:.1%}",
+            f"{s.overhead_share:.1%}",
+            f"{s.same_as_plain}/{len(s.results)}",
+        )
+    Console().print(table)
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "method": s.name,
+                        "tokens": s.tokens,
+                        "tokens_per_s": s.mean_tokens_per_s,
+                        "speedup": s.mean_tokens_per_s / plain.mean_tokens_per_s,
+                        "tau": s.tau,
+                        "relaxed_share": s.relaxed_share,
+                        "overhead_share": s.overhead_share,
+                        "same_as_plain": s.same_as_plain,
+                        "prompts": len(s.results),
+                    }
+                    for s in summaries
+                ]
+            )
+        )
+
+
+@app.command()
+def models(
+    prepare: Annotated[
+        list[str] | None, typer.Option("--prepare", help="Convert a model into the cache now (repeatable).")
+    ] = None,
+) -> None:
+    """List the known models, or convert some into the cache ahead of time."""
+    from marspec.models import cache_dir, resolve_model_dir
+
+    with user_errors():
+        for name in prepare or []:
+            path = resolve_model_dir(name)
+            err.print(f"{name}: ready at {path}")
+        if prepare:
+            return
+    table = Table(title=f"known models (cache: {cache_dir()})")
+    for col in ("name", "role", "description"):
+        table.add_column(col)
+    for name, spec in MODELS.items():
+        role = (
+            "default target" if name == DEFAULT_TARGET else "default draft" if name == DEFAULT_DRAFT else ""
+        )
+        table.add_row(name, role, spec.description)
+    Console().print(table)

@@ -1,0 +1,124 @@
+"""``serve``: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import typer
+
+from marspec.calibration import parse_theta
+from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
+from marspec.cli.options import (
+    DeviceOpt,
+    DraftConfidenceOpt,
+    DraftOpt,
+    DraftQuantOpt,
+    DtypeOpt,
+    KOpt,
+    LookupOpt,
+    PrepackOpt,
+    TargetOpt,
+    ThetaOpt,
+    ThreadsOpt,
+)
+from marspec.defaults import (
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_K,
+    DEFAULT_LOOKUP,
+    DEFAULT_MARGIN,
+    DEFAULT_PREPACK,
+    DEFAULT_THETA,
+)
+from marspec.errors import MarspecError
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+@app.command()
+def serve(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
+    prepack: PrepackOpt = DEFAULT_PREPACK,
+    device: DeviceOpt = "auto",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
+    rule: Annotated[
+        str, typer.Option("--rule", help="Default rule: plain | strict | mars | typical | pthresh | topk")
+    ] = "mars",
+    theta: ThetaOpt = str(DEFAULT_THETA),
+    margin: Annotated[
+        str, typer.Option("--margin", help="Default margin: logit_ratio | prob_ratio | logit_gap")
+    ] = DEFAULT_MARGIN,
+    k: KOpt = DEFAULT_K,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")
+    ] = 256,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")
+    ] = 8,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            "--request-timeout",
+            help="Seconds from arrival; a generation then ends with its text so far, a queued request "
+            "gets 503. 0 = no limit.",
+        ),
+    ] = 300.0,
+    shutdown_grace: Annotated[
+        float, typer.Option("--shutdown-grace", help="Seconds work may still finish after SIGTERM.")
+    ] = 20.0,
+    max_request_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-request-mb",
+            help="Largest request body in MB (2**20 bytes); a larger one gets 413 before it is parsed.",
+        ),
+    ] = 4.0,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="The `model` clients send (default: --target).")
+    ] = None,
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve an OpenAI-compatible HTTP API (chat and text completions, models, health, Prometheus metrics)."""
+    with user_errors():
+        try:
+            from marspec.serve.server import bind_socket, run_server
+            from marspec.serve.settings import ServerSettings
+        except ImportError as exc:
+            raise MarspecError(
+                f"marspec serve needs the serve extra ({exc.name} is missing): pip install 'marspec[serve]'"
+            ) from None
+        from marspec.api import GenerationOptions
+
+        if rule != "plain" and draft == "none":
+            raise MarspecError(f"--rule {rule} needs a drafter: give --draft NAME|ngram, or use --rule plain")
+        levels = ("critical", "error", "warning", "info", "debug", "trace")
+        if log_level not in levels:
+            raise MarspecError(f"unknown --log-level {log_level!r}: choose one of {', '.join(levels)}")
+        settings = ServerSettings(
+            model_name=served_model_name or target,
+            defaults=GenerationOptions(
+                rule=rule, theta=parse_theta(theta), margin=margin, k=k, max_new_tokens=max_tokens
+            ),
+            max_queue=max_queue,
+            request_timeout=request_timeout or None,
+            shutdown_grace=shutdown_grace,
+            max_request_bytes=round(max_request_mb * 2**20) if math.isfinite(max_request_mb) else 0,
+        )
+        sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
+        try:
+            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
+            decoder = load_decoder(target, draft, dtype, threads, load_settings)
+            decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
+            where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+            url = f"http://{where}:{sock.getsockname()[1]}"
+            err.print(f"marspec serve: {settings.model_name} on {url}", highlight=False, soft_wrap=True)
+            run_server(decoder, settings, sock, log_level)
+        finally:
+            sock.close()
