@@ -1,4 +1,4 @@
-"""Task scoring for the benchmark: one grader per task, from the graders in ``graders.py``.
+"""Task scoring for the benchmark: one grader per task, from :mod:`marspec.eval.graders`.
 
 MT-Bench has no reachable judge, so its score is agreement with the baseline (plain decoding): chrF of
 each turn against the baseline's turn, filled in when the summary is computed (``agreement``).

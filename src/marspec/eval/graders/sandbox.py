@@ -1,4 +1,4 @@
-"""Graders: GSM8K answer matching, HumanEval execution in a sandbox process, MT-Bench text agreement.
+"""HumanEval: running a program and its tests in a sandbox process.
 
 HumanEval programs are model output, so they never run in this process. :func:`run_humaneval` writes the
 program and its test into a fresh temporary directory and starts two short-lived interpreters in a new
@@ -21,183 +21,23 @@ for what was actually enforced on this machine.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from functools import cache
 from typing import Any, Literal
 
 from marspec.errors import MarspecError
-
-# --------------------------------------------------------------------------------------------------------
-# GSM8K
-# --------------------------------------------------------------------------------------------------------
-
-_NUMBER = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
-# "#### 1,234.5", "#### $18", "####-3": the format the GSM8K prompt asks for (the last one counts).
-_STRICT_RE = re.compile(r"####[ \t]*(-?)[ \t]*\$?[ \t]*(" + _NUMBER + ")")
-# Any number; a minus sign counts only when it does not follow a word, digit or ")" ("2019-2020").
-_ANY_NUMBER_RE = re.compile(r"((?<![\w.)])-)?\$?(" + _NUMBER + ")")
-
-
-def normalize_number(text: str) -> str:
-    """Canonical spelling of a number: no commas, '$' or trailing '.'; ``"18.0"`` -> ``"18"``.
-
-    Text that is not a number comes back stripped of those characters but otherwise unchanged.
-    """
-    t = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-    try:
-        d = Decimal(t)
-    except InvalidOperation:
-        return t
-    if not d.is_finite():
-        return t
-    if d == d.to_integral_value():
-        return str(int(d))
-    return format(d.normalize(), "f")
-
-
-def extract_gsm8k_answer(text: str) -> str | None:
-    """The model's final answer, normalised (see :func:`normalize_number`), or ``None`` if it has none.
-
-    The last ``#### <number>`` wins; without one, the last number anywhere in the text.
-    """
-    strict = _STRICT_RE.findall(text)
-    if strict:
-        sign, number = strict[-1]
-        return normalize_number(sign + number)
-    loose = _ANY_NUMBER_RE.findall(text)
-    if loose:
-        sign, number = loose[-1]
-        return normalize_number(sign + number)
-    return None
-
-
-def grade_gsm8k(text: str, reference: str) -> bool:
-    """Whether the answer extracted from ``text`` equals the reference number."""
-    if reference is None or not normalize_number(str(reference)):
-        raise MarspecError("grade_gsm8k needs the reference answer: pass the question's .reference")
-    return extract_gsm8k_answer(text) == normalize_number(str(reference))
-
-
-# --------------------------------------------------------------------------------------------------------
-# MT-Bench agreement (no judge model is reachable: compare a decoding method's output with plain decoding)
-# --------------------------------------------------------------------------------------------------------
-
-
-@cache
-def _chrf_metric() -> Any:
-    try:
-        from sacrebleu.metrics import CHRF
-    except ImportError as e:
-        raise MarspecError("sacrebleu is not installed: run `pip install 'marspec[eval]'`") from e
-    return CHRF()
-
-
-def chrf(hypothesis: str, reference: str) -> float:
-    """Sentence-level chrF (sacrebleu defaults: character 6-grams, beta 2), from 0 to 100.
-
-    Identical strings score 100 (also when both are empty, where sacrebleu would say 0). Like sacrebleu,
-    whitespace is ignored, so texts differing only in spacing also score 100: use :func:`exact_match`
-    for byte-identity.
-    """
-    if not isinstance(hypothesis, str) or not isinstance(reference, str):
-        raise MarspecError("chrf compares two strings: pass the decoded texts, not token ids")
-    if hypothesis == reference:
-        return 100.0
-    return float(_chrf_metric().sentence_score(hypothesis, [reference]).score)
-
-
-def exact_match(a: str, b: str) -> bool:
-    """Whether two texts are identical, character for character (no stripping or normalising)."""
-    if not isinstance(a, str) or not isinstance(b, str):
-        raise MarspecError("exact_match compares two strings: pass the decoded texts, not token ids")
-    return a == b
-
-
-# --------------------------------------------------------------------------------------------------------
-# HumanEval: turning a chat reply into a program
-# --------------------------------------------------------------------------------------------------------
-
-# An opening fence with an optional language tag, then everything up to a closing fence at the start or
-# the end of a line ("return x```"), or to the end of the text (a reply cut off by the token limit).
-_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:^[ \t]*```|```[ \t]*$|\Z)", re.S | re.M)
-_PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
-_CODE_START_RE = re.compile(r"^(?:import |from |def |class |@|async def )", re.M)
-_FUTURE_RE = re.compile(r"^from __future__ import [^\n]*\n?", re.M)
-
-
-def _def_re(entry_point: str) -> re.Pattern[str]:
-    return re.compile(r"^(?:async[ \t]+)?def[ \t]+" + re.escape(entry_point) + r"[ \t]*\(", re.M)
-
-
-def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
-def extract_code(completion_text: str, prompt: str, entry_point: str) -> str:
-    """The program to run for a model's reply to a HumanEval prompt: it defines ``entry_point``.
-
-    The code is the first ```python block that defines ``entry_point`` (else the first Python block,
-    else the whole reply; an unterminated block runs to the end). If it defines the function, the
-    prompt's text before its ``def`` (imports and helpers the tests may use) is put in front of it; if
-    it is only a body, it is indented under the prompt's signature and docstring.
-    """
-    _check_entry_point(entry_point)
-    blocks = [(tag.lower(), body) for tag, body in _FENCE_RE.findall(completion_text)]
-    python_blocks = [body for tag, body in blocks if tag in _PYTHON_TAGS]
-    defines = _def_re(entry_point)
-    defining = [b for b in python_blocks if defines.search(textwrap.dedent(b))]
-    if defining:
-        code = defining[0]
-    elif python_blocks:
-        code = python_blocks[0]
-    elif blocks:
-        code = blocks[0][1]
-    else:
-        code = completion_text
-        start = _CODE_START_RE.search(code)
-        if start and start.start() > 0 and not _parses(textwrap.dedent(code)):
-            code = code[start.start() :]  # drop prose before the code
-    code = textwrap.dedent(code).strip("\n")
-
-    if defines.search(code):
-        futures = "".join(line if line.endswith("\n") else line + "\n" for line in _FUTURE_RE.findall(code))
-        code = _FUTURE_RE.sub("", code)
-        in_prompt = defines.search(prompt)
-        preamble = prompt[: in_prompt.start()] if in_prompt else ""
-        return futures + preamble + code + "\n"
-    # Only the body: put it under the prompt's signature and docstring.
-    body = textwrap.indent(code, "    ") if code else "    pass"
-    head = prompt if prompt.endswith("\n") else prompt + "\n"
-    return head + body + "\n"
-
-
-def _check_entry_point(entry_point: str) -> None:
-    if not isinstance(entry_point, str) or not entry_point.isidentifier():
-        raise MarspecError(f"entry_point must be a Python function name, got {entry_point!r}")
-
-
-# --------------------------------------------------------------------------------------------------------
-# HumanEval: running a program in the sandbox
-# --------------------------------------------------------------------------------------------------------
+from marspec.eval.graders.humaneval_code import check_entry_point
 
 Status = Literal["passed", "failed", "timeout", "error"]
 
@@ -543,7 +383,7 @@ def _tail(f: Any, limit: int = _OUTPUT_TAIL) -> str:
 
 
 def _run(program: str, test: str, entry_point: str, timeout_s: float) -> tuple[HumanEvalOutcome, dict]:
-    _check_entry_point(entry_point)
+    check_entry_point(entry_point)
     if not isinstance(program, str) or not isinstance(test, str):
         raise MarspecError("run_humaneval needs the program and the test as strings")
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
