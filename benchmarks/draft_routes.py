@@ -10,7 +10,14 @@ Prints, for one-token draft forwards after a short prompt (median of 40 greedy s
 - int4 weight-only matrix products (torch's CPU int4pack kernel) against int8 dynamic ones, per shape;
 - int8 products fused where they read the same input (q/k/v, gate/up) against apart;
 - with ``--compile``: torch.compile (inductor, dynamic shapes) of the draft's forward, its compile time,
-  its ms/token and whether its greedy tokens equal eager's (takes minutes).
+  its ms/token and whether its greedy tokens equal eager's (takes minutes);
+- with ``--llama-cpp``: the same model's own GGUF (Q4_K_M) run by llama.cpp (llama-cpp-python, not a
+  marspec dependency: it compiles for ~8-12 minutes), its ms/token and how many of its greedy tokens
+  equal the int8 draft's. On a CPU with AMX, build it without AMX (a default native build crashed in
+  its first forward on this project's Intel Xeon):
+  ``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON
+  -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  pip install llama-cpp-python==0.3.36``.
 Run on a quiet machine: every figure is a timing.
 """
 
@@ -126,6 +133,52 @@ def int8_product_ms(in_features: int, out_features: int) -> float:
     return per_call_ms(lambda: int8(x))
 
 
+def llama_cpp_steps(draft: str, threads: int, prompt: list[int], n: int = 40) -> tuple[float, list[int]]:
+    """:func:`draft_steps` for the draft's GGUF in llama.cpp: median ms of ``n`` greedy one-token decodes
+    after ``prompt``, and the tokens."""
+    import tempfile
+
+    import llama_cpp as lc
+    import numpy as np
+
+    from marspec.models.registry import get_spec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = Path(tmp) / "draft.gguf"
+        get_spec(draft).write_gguf(gguf)
+        lc.llama_backend_init()
+        model = lc.llama_model_load_from_file(str(gguf).encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = 2048, 512, 512
+    params.n_threads = params.n_threads_batch = threads
+    ctx = lc.llama_init_from_model(model, params)
+    batch = lc.llama_batch_init(512, 0, 1)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+
+    def decode(tokens: list[int], base: int) -> int:
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, base + i, 1, 0
+            batch.seq_id[i][0] = 0
+        batch.logits[len(tokens) - 1] = 1
+        if lc.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, len(tokens) - 1), shape=(vocab,))
+        return int(logits.argmax())
+
+    decode(prompt, 0)
+    token, times, tokens = prompt[-1], [], []
+    for i in range(n):
+        start = time.perf_counter()
+        token = decode([token], len(prompt) + i)
+        times.append(time.perf_counter() - start)
+        tokens.append(token)
+    lc.llama_batch_free(batch)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)
+    return 1000 * statistics.median(times), tokens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,6 +186,7 @@ def main() -> None:
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="also try torch.compile (minutes)")
+    parser.add_argument("--llama-cpp", action="store_true", help="also time the GGUF in llama.cpp")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lm, _ = load_lm(args.draft, torch.float32)
@@ -162,6 +216,10 @@ def main() -> None:
     print(f"q, k, v products: {separate:.3f} ms apart, {fused:.3f} ms fused (per layer)")
     separate, fused = 2 * int8_product_ms(hidden, inner), int8_product_ms(hidden, 2 * inner)
     print(f"gate, up products: {separate:.3f} ms apart, {fused:.3f} ms fused (per layer)")
+    if args.llama_cpp:
+        ms, tokens = llama_cpp_steps(args.draft, args.threads, prompt.tolist())
+        same = sum(a == b for a, b in zip(tokens, eager_tokens, strict=True))
+        print(f"llama.cpp (its GGUF): {ms:.1f} ms/token; {same} of {len(tokens)} greedy tokens as int8's")
     if args.compile:
         lm.model.forward = torch.compile(lm.model.forward, dynamic=True)
         start = time.perf_counter()
