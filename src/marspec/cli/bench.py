@@ -49,6 +49,7 @@ from marspec.progress import progress, status
 
 
 def bench_task(
+    *,
     task: str,
     limit: int | None,
     method_spec: str,
@@ -208,24 +209,24 @@ def bench(
     with user_errors():
         load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
         bench_task(
-            task,
-            limit,
-            methods,
-            theta,
-            margin,
-            k,
-            out,
-            target,
-            draft,
-            dtype,
-            threads,
-            max_new_tokens,
-            load_settings,
-            tree,
-            SamplingSettings(temperature, samples, plain_limit),
-            offset,
-            prefix_reuse,
-            redo_contended,
+            task=task,
+            limit=limit,
+            method_spec=methods,
+            theta=theta,
+            margin=margin,
+            k=k,
+            out=out,
+            target=target,
+            draft=draft,
+            dtype=dtype,
+            threads=threads,
+            max_new_tokens=max_new_tokens,
+            load_settings=load_settings,
+            tree=tree,
+            sampling=SamplingSettings(temperature, samples, plain_limit),
+            offset=offset,
+            prefix_reuse=prefix_reuse,
+            redo_contended=redo_contended,
         )
 
 
@@ -273,19 +274,19 @@ def sweep(
         spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
         load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
         bench_task(
-            task,
-            limit,
-            spec,
-            str(DEFAULT_THETA),
-            margin,
-            k,
-            out,
-            target,
-            draft,
-            dtype,
-            threads,
-            max_new_tokens,
-            load_settings,
+            task=task,
+            limit=limit,
+            method_spec=spec,
+            theta=str(DEFAULT_THETA),
+            margin=margin,
+            k=k,
+            out=out,
+            target=target,
+            draft=draft,
+            dtype=dtype,
+            threads=threads,
+            max_new_tokens=max_new_tokens,
+            load_settings=load_settings,
             sampling=SamplingSettings(temperature, samples),
         )
     report(out)

@@ -112,19 +112,19 @@ def calibrate(
         rows = []
         for name in tasks:
             summary = bench_task(
-                name,
-                limit,
-                spec,
-                str(DEFAULT_THETA),
-                DEFAULT_MARGIN,
-                k,
-                out / f"{name}-t{temperature:g}",
-                target,
-                draft,
-                dtype,
-                threads,
-                max_new_tokens,
-                load_settings,
+                task=name,
+                limit=limit,
+                method_spec=spec,
+                theta=str(DEFAULT_THETA),
+                margin=DEFAULT_MARGIN,
+                k=k,
+                out=out / f"{name}-t{temperature:g}",
+                target=target,
+                draft=draft,
+                dtype=dtype,
+                threads=threads,
+                max_new_tokens=max_new_tokens,
+                load_settings=load_settings,
                 sampling=SamplingSettings(temperature, samples),
             )
             rows += candidates_of(summary, methods, name)
