@@ -22,12 +22,18 @@ from marspec.profile import verify_seconds
 
 
 def budget(run: Path) -> dict[str, dict[str, float]]:
-    """Seconds by component, per method that records its steps (a peer's loop does not)."""
+    """Seconds by component, per method that records its steps (a peer's loop does not), over the
+    questions plain decoded (a run with --plain-limit times plain on its first questions only, and the
+    ratios must compare the same questions)."""
     costs = load_costs(run)
     if costs is None:
         raise SystemExit(f"{run} has no profile.json: run `marspec bench` to the end once")
+    records = load_records(run)
+    with_plain = {qid for qid, method, _ in records if method == "plain"}
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for (_, method, _), record in load_records(run).items():
+    for (qid, method, _), record in records.items():
+        if qid not in with_plain:
+            continue
         for turn in record["turns"]:
             if turn.get("verify_sizes") is None:
                 break
