@@ -113,6 +113,20 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     }
     assert all(p.stat().st_size > 1000 for p in paths)
 
+    # Where plain ran on some questions only (--plain-limit), time_budget.py prices every method over
+    # those questions, so its ratios compare the same questions.
+    first, second = (q.qid for q in questions)
+    path = tmp_path / RECORDS_FILE
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if (json.loads(line)["qid"], json.loads(line)["method"]) != (second, "plain")
+    ]
+    path.write_text("\n".join(kept) + "\n")
+    records = load_records(tmp_path)
+    strict_first = records[first, "strict", 0]["turns"]
+    assert budget.budget(tmp_path)["strict"]["tokens"] == sum(turn["new_tokens"] for turn in strict_first)
+
 
 def _benchmark_script(name: str):
     path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
