@@ -58,6 +58,13 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     assert "Traceback" not in result.output
 
 
+def test_bench_help_names_every_kind_of_method():
+    result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for name in ("mars-prob@THETA", "+next", "typical@EPS", "pthresh@P", "topk@K", "hf-assisted"):
+        assert name in result.output
+
+
 def test_models_lists_known_names():
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0

@@ -44,6 +44,7 @@ from marspec.defaults import (
     DEFAULT_THETA,
 )
 from marspec.errors import MarspecError
+from marspec.eval.methods import METHOD_HELP
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.progress import progress, status
 
@@ -164,8 +165,7 @@ def bench(
         str,
         typer.Option(
             "--methods",
-            help="Comma-separated: plain, strict, mars, mars@THETA, mars-ratio@THETA, mars-prob@THETA, "
-            "mars-gap@THETA (marspec's with +tree too), hf-assisted, hf-prompt-lookup",
+            help=f"Comma-separated: {METHOD_HELP}",
         ),
     ] = "plain,strict,mars,hf-assisted",
     theta: ThetaOpt = str(DEFAULT_THETA),
