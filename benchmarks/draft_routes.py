@@ -43,19 +43,26 @@ PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n' * 6
 RUNS = Path(__file__).parents[1] / "docs" / "results"
 
 
+def timed_steps(step: Callable[[int], int], token: int, n: int = 40) -> tuple[float, list[int]]:
+    """Median ms of ``n`` greedy steps (``step``: a token -> the next), from ``token``, and the tokens."""
+    times, tokens = [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        token = step(token)
+        times.append(time.perf_counter() - start)
+        tokens.append(token)
+    return 1000 * statistics.median(times), tokens
+
+
 def draft_steps(lm: HFCausalLM, prompt: torch.Tensor, n: int = 40) -> tuple[float, list[int]]:
     """Median ms of ``n`` greedy one-token forwards after ``prompt``, and the tokens drafted."""
     lm.reset()
     lm.forward(prompt, last_only=True)
-    token = prompt[-1:].clone()
-    times, tokens = [], []
-    for _ in range(n):
-        start = time.perf_counter()
-        logits = lm.forward(token, last_only=True)
-        times.append(time.perf_counter() - start)
-        token = logits[-1].argmax().view(1)
-        tokens.append(int(token))
-    return 1000 * statistics.median(times), tokens
+
+    def step(token: int) -> int:
+        return int(lm.forward(torch.tensor([token]), last_only=True)[-1].argmax())
+
+    return timed_steps(step, int(prompt[-1]), n)
 
 
 def linear_share(lm: HFCausalLM, prompt: torch.Tensor) -> float:
@@ -167,16 +174,12 @@ def llama_cpp_steps(draft: str, threads: int, prompt: list[int], n: int = 40) ->
         return int(logits.argmax())
 
     decode(prompt, 0)
-    token, times, tokens = prompt[-1], [], []
-    for i in range(n):
-        start = time.perf_counter()
-        token = decode([token], len(prompt) + i)
-        times.append(time.perf_counter() - start)
-        tokens.append(token)
+    position = iter(range(len(prompt), len(prompt) + n))
+    result = timed_steps(lambda token: decode([token], next(position)), prompt[-1], n)
     lc.llama_batch_free(batch)
     lc.llama_free(ctx)
     lc.llama_model_free(model)
-    return 1000 * statistics.median(times), tokens
+    return result
 
 
 def main() -> None:

@@ -17,38 +17,35 @@ quiet machine).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from draft_routes import draft_steps  # this folder's script (run from it, it is on the path)
 
 from marspec.api import load_lm
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.quantize import quantize_int8
+from marspec.defaults import DEFAULT_K
+from marspec.eval.bench import load_records, whole_run
 from marspec.eval.datasets import load_task
 from marspec.models.registry import DEFAULT_DRAFT
 from marspec.prompting import encode_prompt
 
 RUN = Path(__file__).parents[1] / "docs" / "results" / "rivals-greedy-humaneval-30"
-MAX_RUN = 12  # the default k
+MAX_RUN = DEFAULT_K  # a step drafts at most k tokens
 
 
-def committed(run: Path, method: str, limit: int) -> tuple[list[tuple[str, list[int]]], str]:
-    """(question id, output token ids) of ``method``'s first ``limit`` questions in a whole run; the task."""
-    config = json.loads((run / "config.json").read_text())
-    records = {}
-    for line in (run / "records.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["method"] == method and rec["sample"] == 0:
-            records[rec["qid"]] = rec["turns"][0]["token_ids"]  # the newest line wins
-    questions = load_task(config["task"], limit)
-    missing = [q.qid for q in questions if q.qid not in records]
+def committed(run: Path, method: str, limit: int) -> tuple[list[list[int]], str]:
+    """The output token ids of ``method``'s first ``limit`` questions in a whole run, and its task."""
+    config, _ = whole_run(run)
+    records = load_records(run)
+    questions = load_task(config.task, limit)
+    missing = [q.qid for q in questions if (q.qid, method, 0) not in records]
     if missing:
         sys.exit(f"{run} has no {method} record for {', '.join(missing)}")
-    return [(q.qid, records[q.qid]) for q in questions], config["task"]
+    return [records[q.qid, method, 0]["turns"][0]["token_ids"] for q in questions], config.task
 
 
 def agreement(lm: HFCausalLM, sequences: list[tuple[torch.Tensor, int]]) -> tuple[float, float]:
@@ -69,17 +66,6 @@ def agreement(lm: HFCausalLM, sequences: list[tuple[torch.Tensor, int]]) -> tupl
     return sum(agree) / len(agree), statistics.mean(runs)
 
 
-def ms_per_token(lm: HFCausalLM, prompt: torch.Tensor, steps: int = 40) -> float:
-    lm.reset()
-    lm.forward(prompt, last_only=True)
-    token, times = prompt[-1:], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        token = lm.forward(token, last_only=True)[-1].argmax().view(1)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -95,7 +81,7 @@ def main() -> None:
     lm, chat = load_lm(args.draft, torch.float32)
     quantize_int8(lm.model)
     sequences = []
-    for question, (_, tokens) in zip(load_task(task, args.questions), outputs, strict=True):
+    for question, tokens in zip(load_task(task, args.questions), outputs, strict=True):
         prompt = encode_prompt(lm.tokenizer, question.turns[0], chat, lm.name)
         sequences.append((torch.cat([prompt, torch.tensor(tokens)]), len(prompt)))
     layers = lm.model.model.layers
@@ -116,7 +102,7 @@ def main() -> None:
     order = sorted(every, key=lambda i: -single[i][1])
     prompt = sequences[0][0][: sequences[0][1]]
     keep(set())
-    full_ms = ms_per_token(lm, prompt)
+    full_ms, _ = draft_steps(lm, prompt)
     print(f"\n| layers skipped | which | agreement | mean run | draft ms/token (all layers: {full_ms:.1f}) |")
     print("|---|---|---|---|---|")
     for n in (1, 2, 4, 6, 8):
@@ -124,7 +110,7 @@ def main() -> None:
         keep(skipped)
         share, run = agreement(lm, sequences)
         print(
-            f"| {n} | {sorted(skipped)} | {share:.1%} | {run:.2f} | {ms_per_token(lm, prompt):.1f} |",
+            f"| {n} | {sorted(skipped)} | {share:.1%} | {run:.2f} | {draft_steps(lm, prompt)[0]:.1f} |",
             flush=True,
         )
     keep(set())

@@ -12,17 +12,12 @@ DEF=mars-prob@0.5  # the default MARS setting (marspec.defaults)
 RIVALS=typical@0.09,typical@0.2,typical@0.4,pthresh@0.1,pthresh@0.25,pthresh@0.4,topk@2,topk@3,topk@5
 COMMON=(--margin prob_ratio --threads 2)
 
-# Each step runs twice with --redo-contended: the second pass decodes again whatever the first (or an
+bench() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
+# A timed step runs twice with --redo-contended: the second pass decodes again whatever the first (or an
 # earlier sitting) timed while other processes loaded the machine, and is nearly free when nothing was.
-step() {
-  for pass in 1 2; do
-    echo "=== $(date -u +%FT%TZ) bench (pass $pass) $*"
-    "$MARSPEC" bench "$@" "${COMMON[@]}" --redo-contended
-    echo "=== rc $?"
-  done
-}
+step() { bench "$@" --redo-contended; bench "$@" --redo-contended; }
 # A run read only for its outputs (the bf16 noise floor): its timings do not matter, so no redo.
-outputs_step() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
+outputs_step() { bench "$@"; }
 
 # Greedy confirmation of the default (plain on a subset: greedy strict equals plain, so plain only
 # gives the speed baseline).
