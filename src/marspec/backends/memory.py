@@ -46,9 +46,45 @@ def release_pages(tensor: torch.Tensor) -> None:
         madvise(first, last - first, _MADV_PAGEOUT)  # an old kernel refuses (EINVAL): nothing lost
 
 
+@cache
+def _malloc_trim() -> ctypes._CFuncPtr | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        func = ctypes.CDLL(None).malloc_trim  # glibc's; musl and others have none
+    except AttributeError:
+        return None
+    func.argtypes = (ctypes.c_size_t,)
+    func.restype = ctypes.c_int
+    return func
+
+
+def trim_heap() -> None:
+    """Give the C heap's free memory back to the kernel (glibc; a no-op elsewhere). Rewriting a layer
+    frees temporaries of a few to tens of MB, which glibc keeps in its heap rather than unmapping: over
+    the 1.5B target's 197 int8 layers that kept ~1 GB resident for nothing."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def own_remaining_tensors(model: torch.nn.Module) -> None:
     """Copy every parameter and buffer of ``model`` into memory of its own, so that no tensor still views
-    the checkpoint file and its mapping can go (with it, the pages of the weights already rewritten)."""
+    the checkpoint file and its mapping can go (with it, the pages of the weights already rewritten).
+    The copy is made a slice at a time, each slice's pages handed back once copied, so a large tensor
+    (the 1.5B's 0.9 GB embedding) is never resident twice."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
-            tensor.data = tensor.data.clone()
+            tensor.data = _copy_releasing(tensor.data)
+
+
+def _copy_releasing(original: torch.Tensor, slice_bytes: int = 64 << 20) -> torch.Tensor:
+    if not original.is_contiguous() or original.dim() == 0:
+        return original.clone()
+    copy = torch.empty_like(original)
+    source, target = original.view(-1), copy.view(-1)
+    step = max(1, slice_bytes // original.element_size())
+    for start in range(0, source.numel(), step):
+        target[start : start + step] = source[start : start + step]
+        release_pages(source[start : start + step])
+    return copy
