@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from marspec import Decoder, MarspecError
+from marspec.backends.quantize import RowwiseInt8Linear, rowwise_int8_available
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 pytestmark = pytest.mark.real
@@ -195,3 +196,28 @@ def test_a_chats_next_turn_keeps_its_cache_and_decodes_as_a_fresh_prefill(decode
         assert kept.token_ids == fresh.token_ids, name
         results[name] = kept.token_ids
     assert results["strict"] == results["plain"]
+
+
+@pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
+def test_an_int8_target_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding():
+    """The invariants hold for the int8 target (a different model from the fp32 one): its strict and
+    MARS(theta=1) decodes equal its own plain decoding, and a chat's next turn on the kept cache equals a
+    fresh prefill, because each token row is quantised on its own."""
+    decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int8")
+    layers = list(decoder.target.model.modules())
+    assert any(isinstance(m, RowwiseInt8Linear) for m in layers)
+    assert not any(type(m) is torch.nn.Linear for m in layers)
+    for prompt in PROMPTS:
+        plain = decoder.generate(prompt, rule="plain", max_new_tokens=NEW_TOKENS)
+        assert len(plain.token_ids) == NEW_TOKENS
+        for opts in ({"rule": "strict"}, {"rule": "mars", "theta": 1.0}):
+            run = decoder.generate(prompt, k=5, max_new_tokens=NEW_TOKENS, **opts)
+            assert run.token_ids == plain.token_ids, opts
+            assert run.stats.target_forwards < plain.stats.target_forwards
+    conversation = [{"role": "user", "content": PROMPTS[0]}]
+    first = decoder.generate(conversation, rule="strict", k=5, max_new_tokens=32)
+    reply, shorter = {"role": "assistant", "content": first.text}, {"role": "user", "content": "Shorter."}
+    turn2 = [*conversation, reply, shorter]
+    kept = decoder.generate(turn2, rule="strict", k=5, max_new_tokens=32)
+    fresh = decoder.generate(turn2, rule="strict", k=5, max_new_tokens=32, reuse_prefix=False)
+    assert kept.stats.reused_tokens > 0 and kept.token_ids == fresh.token_ids

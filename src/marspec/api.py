@@ -13,7 +13,7 @@ import torch
 
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.prepack import prepack_linears
-from marspec.backends.quantize import DRAFT_QUANTS, quantize_int8
+from marspec.backends.quantize import DRAFT_QUANTS, TARGET_QUANTS, quantize_int8, quantize_target_int8
 from marspec.calibration import AUTO, load_choice
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import (
@@ -103,6 +103,30 @@ def load_lm(
     return HFCausalLM(hf_model, tokenizer, model), is_instruct(spec, tokenizer)
 
 
+def _check_target_quant(
+    target_quant: str, target: str | HFCausalLM, dtype: torch.dtype, device: torch.device
+) -> str:
+    """``target_quant`` if the target can be quantised that way, else a one-line error saying why."""
+    if target_quant not in TARGET_QUANTS:
+        raise MarspecError(f"unknown target_quant {target_quant!r}: choose one of {', '.join(TARGET_QUANTS)}")
+    if target_quant == "none":
+        return target_quant
+    if device.type != "cpu":
+        raise MarspecError(
+            f"target_quant={target_quant!r} is a CPU kernel and the device is {device}: use "
+            "target_quant='none' (dtype='bf16' halves the target's memory on a GPU)"
+        )
+    if dtype != torch.float32:
+        raise MarspecError(f"target_quant={target_quant!r} quantises an fp32 target: use dtype='fp32'")
+    if isinstance(target, HFCausalLM):
+        raise MarspecError(
+            f"target_quant={target_quant!r} applies to a target loaded by name or path; a model passed in "
+            "loaded is used as it is: pass its name, or quantise it yourself "
+            "(marspec.backends.quantize.quantize_target_int8)"
+        )
+    return target_quant
+
+
 def check_same_tokenizer(target: HFCausalLM, draft: HFCausalLM) -> None:
     """A draft model is only usable if its token ids mean what the target's mean."""
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
@@ -123,7 +147,7 @@ class Decoder:
         dtype: ``"fp32"`` (default: exact, and on CPUs without fast bf16 kernels as fast) or ``"bf16"``.
         threads: torch intra-op threads (default: torch's choice).
         draft_quant: ``"int8"`` quantises the linear layers of a draft loaded by name (about 3x cheaper
-            draft forwards on CPU; the target is never quantised, so exactness is unaffected) or ``"none"``.
+            draft forwards on CPU; it does not touch the target, so exactness is unaffected) or ``"none"``.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
             (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
@@ -136,6 +160,10 @@ class Decoder:
             ``"cuda:N"`` or ``"mps"``: where the models, caches and verification run. ``draft_quant`` and
             ``prepack`` are CPU kernel choices and apply on the CPU only. Only the CPU has been tested
             by this project (see the README).
+        target_quant: ``"int8"`` runs the target's linear layers in int8 with one activation scale per
+            token (oneDNN, CPU only, fp32 target loaded by name): a smaller, faster target that is a
+            different model from the fp32 one (its answers can differ), while strict verification still
+            equals plain decoding of that int8 target. ``"none"`` (default) keeps the target as loaded.
     """
 
     def __init__(
@@ -150,6 +178,7 @@ class Decoder:
         lookup: bool = DEFAULT_LOOKUP,
         prepack: bool = DEFAULT_PREPACK,
         device: str | torch.device = "auto",
+        target_quant: str = "none",
     ) -> None:
         self.device = resolve_device(device)
         if threads is not None:
@@ -165,7 +194,13 @@ class Decoder:
         if not isinstance(prepack, bool):
             raise MarspecError(f"prepack must be true or false, got {prepack!r}")
         torch_dtype = parse_dtype(dtype)
-        self.target, self.chat_default = load_lm(target, torch_dtype, prepack, self.device)
+        self.target_quant = _check_target_quant(target_quant, target, torch_dtype, self.device)
+        quantize_target = self.target_quant == "int8"
+        self.target, self.chat_default = load_lm(
+            target, torch_dtype, prepack and not quantize_target, self.device
+        )
+        if quantize_target:
+            quantize_target_int8(self.target.model)
         on_cpu = self.device.type == "cpu"
         self.drafter: Drafter | None = None
         # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
@@ -200,6 +235,11 @@ class Decoder:
             return opts
         if opts.rule != "mars" or self.draft_name is None:
             return replace(opts, theta=1.0)  # plain and strict never relax: theta plays no part
+        if self.target_quant != "none":
+            raise MarspecError(
+                f"theta='auto' reads a calibration of the unquantised target, and this Decoder's target is "
+                f"{self.target_quant}: give theta a number (or use target_quant='none')"
+            )
         rule = load_choice(self.target.name, self.draft_name, opts.temperature)
         return replace(opts, theta=rule.theta, margin=rule.margin)
 

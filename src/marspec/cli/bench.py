@@ -28,6 +28,7 @@ from marspec.cli.options import (
     PrepackOpt,
     SamplesOpt,
     TargetOpt,
+    TargetQuantOpt,
     TaskOpt,
     TemperatureOpt,
     ThetaOpt,
@@ -132,6 +133,7 @@ def bench_task(
         threads=torch.get_num_threads(),
         tree=",".join(map(str, tree_shape)) if tree_shape else None,
         prepack=load_settings.prepack,
+        target_quant=load_settings.target_quant,
         device=str(resolve_device(load_settings.device)),
         temperature=sampling.temperature,
         samples=sampling.samples,
@@ -175,6 +177,7 @@ def bench(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    target_quant: TargetQuantOpt = "none",
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -207,7 +210,7 @@ def bench(
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant)
         bench_task(
             task=task,
             limit=limit,
@@ -243,6 +246,7 @@ def sweep(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    target_quant: TargetQuantOpt = "none",
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -272,7 +276,7 @@ def sweep(
         if reference not in ("plain", "strict"):
             raise MarspecError(f"--reference must be plain or strict, got {reference!r}")
         spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
+        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant)
         bench_task(
             task=task,
             limit=limit,
@@ -354,6 +358,7 @@ def profile(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    target_quant: TargetQuantOpt = "none",
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     max_tokens: Annotated[
@@ -377,7 +382,9 @@ def profile(
             None if draft in ("none", "ngram") else draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack, device),
+            LoadSettings(
+                draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack, device, target_quant
+            ),
         )
         draft_lm = decoder.drafter.draft_model if decoder.drafter else None
         with status(err, "measuring forwards"):
@@ -389,7 +396,7 @@ def profile(
 
     one = costs.target_s(1)
     table = Table(
-        title=f"forward costs: {target} ({dtype}{', oneDNN-prepacked' if prepack else ''}, "
+        title=f"forward costs: {target} ({_kernels(dtype, prepack, target_quant)}, "
         f"{torch.get_num_threads()} threads, {context} cached positions)"
     )
     for col in ("scored tokens", "target ms", "x one-token step", "ms per scored token"):
@@ -403,3 +410,10 @@ def profile(
             f"draft {draft} ({draft_quant}): {d * 1000:.1f} ms per token = {d / one:.2f} of a target step. "
             f"Bound: time per token >= (T_verify(K+1) + K x {d * 1000:.0f} ms) / tau."
         )
+
+
+def _kernels(dtype: str, prepack: bool, target_quant: str) -> str:
+    """How the target's linear layers run, for a table title."""
+    if target_quant != "none":
+        return f"{target_quant} linear layers"
+    return dtype + (", oneDNN-prepacked" if prepack else "")

@@ -51,6 +51,7 @@ class LoadSettings:
     lookup: bool
     prepack: bool
     device: str = "auto"
+    target_quant: str = "none"
 
 
 def load_decoder(

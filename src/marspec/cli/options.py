@@ -52,6 +52,14 @@ TreeOpt = Annotated[
 DraftQuantOpt = Annotated[
     str, typer.Option("--draft-quant", help="int8 (default: ~3x cheaper draft forwards) or none.")
 ]
+TargetQuantOpt = Annotated[
+    str,
+    typer.Option(
+        "--target-quant",
+        help="none (default) or int8: the target's linear layers in int8 (CPU; smaller and faster, a "
+        "slightly different model; strict still equals plain decoding of it).",
+    ),
+]
 DraftConfidenceOpt = Annotated[
     float,
     typer.Option("--draft-confidence", help="End a draft at a token the draft is less sure of; 0 = never."),

@@ -24,6 +24,7 @@ from marspec.cli.options import (
     MarginOpt,
     PrepackOpt,
     TargetOpt,
+    TargetQuantOpt,
     ThetaOpt,
     ThreadsOpt,
     TreeOpt,
@@ -50,6 +51,7 @@ def generate(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    target_quant: TargetQuantOpt = "none",
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -95,7 +97,7 @@ def generate(
             None if rule == "plain" else draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
         )
         opts = asdict(options)
         if as_json:
@@ -117,6 +119,7 @@ def demo(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    target_quant: TargetQuantOpt = "none",
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -144,7 +147,7 @@ def demo(
             draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
         )
         decoder.resolve_theta(GenerationOptions(theta=theta_value))  # theta=auto: calibrated? (fail fast)
         total = len(DEMO_PROMPTS) * len(METHODS)

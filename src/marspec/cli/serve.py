@@ -19,6 +19,7 @@ from marspec.cli.options import (
     LookupOpt,
     PrepackOpt,
     TargetOpt,
+    TargetQuantOpt,
     ThetaOpt,
     ThreadsOpt,
 )
@@ -40,6 +41,7 @@ def serve(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
+    target_quant: TargetQuantOpt = "none",
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -113,7 +115,7 @@ def serve(
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
-            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
+            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant)
             decoder = load_decoder(target, draft, dtype, threads, load_settings)
             decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL

@@ -67,6 +67,7 @@ class BenchConfig:
     # A conversation's later turns keep the cache of its earlier ones (the first turn of every question
     # and method is always scored from scratch, so no method inherits another's prefill).
     prefix_reuse: bool = False
+    target_quant: str = "none"  # "int8": the target's linear layers in int8 (runs before it had none)
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
@@ -524,6 +525,11 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
     return out
 
 
+def _target_quant(cfg: dict[str, Any]) -> str:
+    quant = cfg.get("target_quant", "none")
+    return "" if quant == "none" else f" ({quant})"
+
+
 def _drafting(cfg: dict[str, Any]) -> str:
     """How the draft model drafted (absent from summaries written before these options existed)."""
     if cfg["draft"] in ("none", "ngram") or "draft_quant" not in cfg:
@@ -548,7 +554,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# {cfg['task']}: {summary['questions']} questions, {decoding}",
         "",
-        f"target `{cfg['target']}`, draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}"
+        f"target `{cfg['target']}`{_target_quant(cfg)}, "
+        f"draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}"
         f"{', oneDNN-prepacked' if cfg.get('prepack') else ''}, "
         f"{cfg['threads']} threads, "
         f"k={cfg['k']}, theta={cfg['theta']} ({cfg['margin']}), max_new_tokens={cfg['max_new_tokens']}",

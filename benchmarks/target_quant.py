@@ -1,0 +1,124 @@
+"""The int8 target against the fp32 target, side by side in one process (issue 18, item 6).
+
+Both targets share one (int8) draft. For each question, plain and MARS (the default setting) run on the
+fp32 target and on the int8 one, back to back in the same order, so a slow stretch of the machine lands
+on all four alike. Reported per target: ms per token of plain and MARS, MARS's speedup over its own
+plain, tau, and the int8 target's speed over the fp32 one's (medians of per-question ratios). How far
+the int8 target's greedy output follows the fp32 one's is the first token where their plain decodes
+part; whether its answers are as good is a graded run's question (``marspec bench --target-quant int8``).
+Peak memory is per process: measure it with GNU time around ``marspec generate``.
+
+    python benchmarks/target_quant.py --questions humaneval:4,gsm8k:4 --out docs/results/target-int8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from marspec.api import Decoder
+from marspec.eval.bench import cpu_name
+from marspec.eval.datasets import load_task
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+RULES = ("plain", "mars")
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where ``a`` and ``b`` differ (or where the shorter ends); None if equal."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None) if a != b else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--questions", default="humaneval:4,gsm8k:4", help="TASK:N,... (the first N of each)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="write the per-decode measurements here as JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    decoders = {"fp32": Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", threads=args.threads)}
+    assert decoders["fp32"].drafter is not None
+    shared_draft = decoders["fp32"].drafter.draft_model  # already int8: a loaded model is used as it is
+    decoders["int8"] = Decoder(DEFAULT_TARGET, shared_draft, dtype="fp32", target_quant="int8")
+    questions = [
+        q
+        for spec in args.questions.split(",")
+        for q in load_task(spec.split(":")[0], int(spec.split(":")[1]))
+    ]
+    rows: list[dict[str, Any]] = []
+    for question in questions:
+        messages = [{"role": "user", "content": question.turns[0]}]
+        for target, decoder in decoders.items():
+            for rule in RULES:
+                result = decoder.generate(messages, rule=rule, max_new_tokens=args.max_new_tokens)
+                stats = result.stats
+                rows.append(
+                    {
+                        "qid": question.qid,
+                        "target": target,
+                        "rule": rule,
+                        "token_ids": result.token_ids,
+                        "new_tokens": stats.new_tokens,
+                        "wall_s": stats.wall_s,
+                        "ms_per_token": 1000 * stats.wall_s / stats.new_tokens,
+                        "tau": stats.new_tokens / stats.target_forwards,
+                    }
+                )
+                print(f"{question.qid} {target} {rule}: {rows[-1]['ms_per_token']:.0f} ms/token", flush=True)
+
+    def cell(qid: str, target: str, rule: str) -> dict[str, Any]:
+        return next(r for r in rows if (r["qid"], r["target"], r["rule"]) == (qid, target, rule))
+
+    qids = [q.qid for q in questions]
+    print(
+        "\n| target | plain ms/token | MARS ms/token | MARS vs own plain | MARS tau "
+        "| plain vs fp32 | MARS vs fp32 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for target in decoders:
+        ms = {rule: statistics.median(cell(q, target, rule)["ms_per_token"] for q in qids) for rule in RULES}
+        speedup = statistics.median(
+            cell(q, target, "plain")["ms_per_token"] / cell(q, target, "mars")["ms_per_token"] for q in qids
+        )
+        tau = statistics.median(cell(q, target, "mars")["tau"] for q in qids)
+        vs_fp32 = {
+            rule: statistics.median(
+                cell(q, "fp32", rule)["ms_per_token"] / cell(q, target, rule)["ms_per_token"] for q in qids
+            )
+            for rule in RULES
+        }
+        print(
+            f"| {target} | {ms['plain']:.0f} | {ms['mars']:.0f} | {speedup:.2f}x | {tau:.2f} "
+            f"| {vs_fp32['plain']:.2f}x | {vs_fp32['mars']:.2f}x |"
+        )
+    parted = [
+        first_difference(cell(q, "fp32", "plain")["token_ids"], cell(q, "int8", "plain")["token_ids"])
+        for q in qids
+    ]
+    same = sum(p is None for p in parted)
+    print(
+        f"\nint8 plain vs fp32 plain: {same}/{len(qids)} outputs identical; "
+        f"first differing token of the others: {sorted(p for p in parted if p is not None)}"
+    )
+    if args.out:
+        meta = {
+            "target": DEFAULT_TARGET,
+            "draft": DEFAULT_DRAFT,
+            "threads": args.threads,
+            "max_new_tokens": args.max_new_tokens,
+            "cpu": cpu_name(),
+        }
+        args.out.write_text(json.dumps({"meta": meta, "decodes": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
