@@ -31,7 +31,9 @@ RULES = ("plain", "mars")
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (or where the shorter ends); None if equal."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None) if a != b else None
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def main() -> None:

@@ -9,10 +9,12 @@ import pytest
 import torch
 from conftest import SMALL, tiny_lm
 from test_decode import reference_greedy, run
+from test_tree import TREE
 from typer.testing import CliRunner
 
 from marspec import Decoder
 from marspec.backends.quantize import RowwiseInt8Linear, quantize_target_int8, rowwise_int8_available
+from marspec.backends.row_attention import row_by_row_attention
 from marspec.cli import app
 from marspec.drafters import ModelDrafter
 from marspec.errors import MarspecError
@@ -79,6 +81,20 @@ def test_each_row_of_a_chain_forward_is_scored_exactly_as_a_one_token_forward(pr
 
 
 @needs_onednn_int8
+def test_each_node_of_a_tree_forward_is_scored_exactly_as_plain_decoding_along_its_path(prompt):
+    lm = tiny_lm(0, "int8-target", layers=3)
+    quantize_target_int8(lm.model)
+    lm.forward(prompt[:-1])
+    base = lm.cached_len
+    rows = lm.forward_tree(TREE, prompt[-1:])  # [4, V]: root, then nodes 1-3
+    for node, path in {0: [], 1: [3], 2: [3, 5], 3: [4]}.items():
+        lm.rollback(base)
+        for token in [prompt[-1:], *(torch.tensor([t]) for t in path)]:
+            one_token = lm.forward(token)[-1]  # [V]
+        assert torch.equal(rows[node], one_token), node
+
+
+@needs_onednn_int8
 def test_an_int8_target_drafts_trees_too(prompt):
     target = tiny_lm(0, "int8-target", layers=3)
     quantize_target_int8(target.model)
@@ -90,8 +106,14 @@ def test_an_int8_target_drafts_trees_too(prompt):
 
 def test_a_sliding_window_model_is_refused():
     lm = tiny_lm(0, use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    with pytest.raises(MarspecError, match="sliding-window"):
+    with pytest.raises(MarspecError, match=r"other than full attention.*sliding_attention"):
         quantize_target_int8(lm.model)
+
+
+def test_a_sliding_window_reaching_the_attention_is_refused_not_ignored():
+    query, key = torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 3, 8)
+    with pytest.raises(MarspecError, match="sliding window"):
+        row_by_row_attention(torch.nn.Module(), query, key, key, None, sliding_window=2)
 
 
 def test_an_int8_target_needs_fp32():

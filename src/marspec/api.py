@@ -13,7 +13,14 @@ import torch
 
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.prepack import prepack_linears
-from marspec.backends.quantize import DRAFT_QUANTS, TARGET_QUANTS, quantize_int8, quantize_target_int8
+from marspec.backends.quantize import (
+    DRAFT_QUANTS,
+    INT8_UNAVAILABLE,
+    TARGET_QUANTS,
+    quantize_int8,
+    quantize_target_int8,
+    rowwise_int8_available,
+)
 from marspec.calibration import AUTO, load_choice
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import (
@@ -114,7 +121,7 @@ def _check_target_quant(
     if device.type != "cpu":
         raise MarspecError(
             f"target_quant={target_quant!r} is a CPU kernel and the device is {device}: use "
-            "target_quant='none' (dtype='bf16' halves the target's memory on a GPU)"
+            "device='cpu', or target_quant='none' (dtype='bf16' halves the target's memory on a GPU)"
         )
     if dtype != torch.float32:
         raise MarspecError(f"target_quant={target_quant!r} quantises an fp32 target: use dtype='fp32'")
@@ -124,6 +131,8 @@ def _check_target_quant(
             "loaded is used as it is: pass its name, or quantise it yourself "
             "(marspec.backends.quantize.quantize_target_int8)"
         )
+    if not rowwise_int8_available():
+        raise MarspecError(INT8_UNAVAILABLE)
     return target_quant
 
 

@@ -19,14 +19,16 @@ int8 target equals plain decoding of the same int8 target.
 
 from __future__ import annotations
 
+import functools
 import warnings
+from pathlib import Path
 
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from transformers import PreTrainedModel
 
 from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
-from marspec.backends.row_attention import use_row_attention
+from marspec.backends.row_attention import check_row_attention, use_row_attention
 from marspec.errors import MarspecError
 
 DRAFT_QUANTS = ("none", "int8")
@@ -58,18 +60,41 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+# CPU features with an int8 dot product that sums into 32 bits. Without one, x86 int8 kernels add pairs
+# of uint8 x int8 products in 16 bits, which saturates for activations near 255 against weights near
+# 127: the products would be quietly wrong (the same way in every row, so strict would still equal plain).
+_INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+INT8_UNAVAILABLE = (
+    "target_quant='int8' needs oneDNN's int8 kernels and a CPU with an int8 dot product (x86 VNNI or "
+    "AMX), which this torch build or CPU lacks: use target_quant='none'"
+)
+
+
+@functools.cache
 def rowwise_int8_available() -> bool:
-    """Whether this torch build has oneDNN's int8 linear kernels (x86 CPUs)."""
+    """Whether this torch build has oneDNN's int8 linear kernels and this CPU an int8 dot product that
+    cannot saturate (x86 with VNNI or AMX; read from Linux's /proc/cpuinfo, so elsewhere: no)."""
     ops = torch.ops.onednn
-    return (
+    if not (
         torch.backends.mkldnn.is_available()
         and hasattr(ops, "qlinear_prepack")
         and hasattr(ops, "qlinear_pointwise")
-    )
+    ):
+        return False
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return any(flag in flags for flag in _INT8_DOT_FLAGS)
 
 
 # The activations go in as uint8 around this zero point: oneDNN's x86 int8 kernels take unsigned inputs.
 _ZERO_POINT = 128
+# Floors for a row's largest magnitude: an all-zero row still gets a finite scale.
+_TINY = torch.finfo(torch.float32).tiny
+_PEAK_FLOOR = 1e-30
 
 
 def _int8_rows(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +106,7 @@ def _int8_rows(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torch.
     for start in range(0, weight.shape[0], rows_per_chunk):
         chunk = weight[start : start + rows_per_chunk]  # [rows, in]
         peak = torch.maximum(chunk.amax(dim=1), chunk.amin(dim=1).neg())  # [rows]
-        chunk_scale = peak.clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+        chunk_scale = (peak / 127.0).clamp_min(_TINY)
         int8[start : start + rows_per_chunk] = torch.div(chunk, chunk_scale[:, None]).round_()  # |q| <= 127
         scale[start : start + rows_per_chunk] = chunk_scale
         release_pages(chunk)
@@ -110,7 +135,8 @@ class RowwiseInt8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
         rows = x.reshape(-1, self.in_features)  # [M, in]
-        peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # [M, 1]
+        # The floor keeps 127 / peak finite (an all-zero row quantises to zeros).
+        peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(_PEAK_FLOOR)  # [M, 1]
         # Each row onto [-127, 127] by its own scale, then shifted to the kernel's unsigned range.
         q = (rows * (127.0 / peak)).round_().add_(_ZERO_POINT).to(torch.uint8)  # [M, in]
         # The kernel's output is int32 sum * weight scale (activation scale 1): [M, out].
@@ -129,17 +155,15 @@ class RowwiseInt8Linear(torch.nn.Module):
 def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     """Replace every ``nn.Linear`` of an fp32 model with a :class:`RowwiseInt8Linear`, in place.
 
-    About a quarter of the linear weights' bytes; the embeddings and norms stay fp32. A weight tied to
-    the input embeddings (Qwen's LM head) gets an int8 copy and the embedding keeps its own. The model's
-    attention is switched to the row-by-row form (:func:`use_row_attention`).
+    About a quarter of the linear weights' bytes; the embeddings and norms stay fp32. An LM head tied to
+    the input embeddings gets an int8 copy and the embedding keeps its own. The model's attention is
+    switched to the row-by-row form (:func:`use_row_attention`).
     """
-    if not rowwise_int8_available():
-        raise MarspecError(
-            "target_quant='int8' needs oneDNN's int8 kernels, which this torch build or CPU lacks: "
-            "use target_quant='none'"
-        )
     if next(model.parameters()).dtype != torch.float32:
         raise MarspecError("int8 target quantisation needs the target loaded in fp32 (use dtype='fp32')")
+    check_row_attention(model)
+    if not rowwise_int8_available():
+        raise MarspecError(INT8_UNAVAILABLE)
     use_row_attention(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

@@ -11,9 +11,14 @@ chain forward over ``q`` new tokens sees the first ``kv - q + i + 1`` cached pos
 decoding's forward at that position sees. That costs ~5-10% of a 13-token verification and ~10% of a
 prefill on this CPU (measured with the int8 target, one thread).
 
-A token-tree forward passes its own mask (a node sees its ancestors, not the whole prefix); its rows are
-attended one at a time under that mask, which is exact per row but not the prefix call plain decoding
-makes, so trees keep fp32's rounding-level guarantee only.
+A token-tree forward passes its own mask (a node sees the cache and its own ancestors). A row whose
+visible positions are a prefix (the chain's nodes) is attended over that prefix as above; another node's
+visible keys and values are gathered into a sequence of their own, the sequence plain decoding would
+have cached had it taken that node's path, and attended the same way.
+
+Only what marspec's models pass is supported: one sequence (batch 1 whenever there is a mask), causal
+full attention; a 2D padding mask never reaches this function (transformers drops it for an attention
+without a mask builder), so batches with padding are not handled.
 """
 
 from __future__ import annotations
@@ -38,36 +43,63 @@ def row_by_row_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; returns [B, q, H, D] and no weights."""
-    if kwargs.get("softcap") is not None:
-        raise MarspecError("row-by-row attention does not implement logit soft-capping")
+    for unsupported in ("softcap", "sliding_window"):
+        if kwargs.get(unsupported) is not None:
+            raise MarspecError(f"row-by-row attention does not implement {unsupported.replace('_', ' ')}")
+    if attention_mask is not None and query.shape[0] != 1:
+        raise MarspecError("row-by-row attention takes a mask for one sequence only (batch 1)")
     q_len, kv_len = query.shape[2], key.shape[2]
     rows = []
     for i in range(q_len):
         # A contiguous copy: the one-query call then sees the same layout whichever forward it is in.
         row = query[:, :, i : i + 1].contiguous()  # [B, H, 1, D]
         if attention_mask is None:
-            end = kv_len - q_len + i + 1
-            keys, values, mask = key[:, :, :end], value[:, :, :end], None
+            keys, values = _prefix(key, value, kv_len - q_len + i + 1)
         else:
-            keys, values, mask = key, value, attention_mask[:, :, i : i + 1]
-        rows.append(
-            F.scaled_dot_product_attention(row, keys, values, attn_mask=mask, scale=scaling, enable_gqa=True)
-        )
+            keys, values = _visible(key, value, attention_mask[0, 0, i])
+        rows.append(F.scaled_dot_product_attention(row, keys, values, scale=scaling, enable_gqa=True))
     return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _prefix(key: torch.Tensor, value: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return key[:, :, :end], value[:, :, :end]
+
+
+def _visible(
+    key: torch.Tensor, value: torch.Tensor, mask_row: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values a mask row (``[kv]``: bool True, or additive 0, where visible) lets a query
+    see, as the one sequence plain decoding would have cached: a prefix as a view, else gathered."""
+    visible = mask_row if mask_row.dtype == torch.bool else mask_row == 0  # bool[kv]
+    count = int(visible.sum())  # a host read per row: this attention runs on the CPU only
+    if bool(visible[:count].all()):
+        return _prefix(key, value, count)
+    positions = visible.nonzero().squeeze(1)  # long[count]
+    return key.index_select(2, positions), value.index_select(2, positions)
 
 
 AttentionInterface.register(ROW_ATTENTION, row_by_row_attention)
 
 
-def use_row_attention(model: PreTrainedModel) -> None:
-    """Switch ``model`` to :func:`row_by_row_attention`; only causal models whose every layer attends to
-    the whole prefix qualify (a sliding window sees another range than the prefix rule assumes)."""
+def check_row_attention(model: PreTrainedModel) -> None:
+    """Refuse a model whose layers do not all attend to the whole prefix: a sliding window sees another
+    range than the prefix rule assumes."""
     config = model.config
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        windowed = set(layer_types) != {"full_attention"}
+        kinds = ", ".join(sorted(set(layer_types)))
+    else:  # configs without layer types (Mistral's) window every layer when sliding_window is set
+        windowed = getattr(config, "sliding_window", None) is not None
+        kinds = "sliding_attention"
+    if windowed or getattr(config, "use_sliding_window", False):
         raise MarspecError(
-            f"{type(model).__name__} has sliding-window or other non-causal attention layers "
-            f"({', '.join(sorted(layer_types))}), which an int8 target does not support here: use "
-            "target_quant='none'"
+            f"{type(model).__name__} has attention layers other than full attention ({kinds}), which an "
+            "int8 target does not support here: use target_quant='none'"
         )
+
+
+def use_row_attention(model: PreTrainedModel) -> None:
+    """Switch ``model`` to :func:`row_by_row_attention` (after :func:`check_row_attention`)."""
+    check_row_attention(model)
     model.set_attn_implementation(ROW_ATTENTION)
