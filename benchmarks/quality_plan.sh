@@ -28,6 +28,10 @@ step --task gsm8k --limit 50 --methods "plain,strict,$DEF,hf-assisted" --plain-l
 # comparison by tau and by their own run's ratio to strict).
 step --task humaneval --limit 30 --methods "strict,$DEF,$RIVALS" --out $R/rivals-greedy-humaneval-30
 step --task gsm8k --limit 30 --methods "strict,$DEF,$RIVALS" --out $R/rivals-greedy-gsm8k-30
+# The int8 target's answers (--target-quant int8: a different model from the fp32 target), on the
+# sweep's questions and settings, against the fp32 sweep's strict (marspec compare).
+step --task humaneval --limit 30 --methods "strict,$DEF" --target-quant int8 --out $R/int8-target-humaneval-30
+step --task gsm8k --limit 30 --methods "strict,$DEF" --target-quant int8 --out $R/int8-target-gsm8k-30
 # The rounding noise floor: strict in bf16 on the confirmation questions (marspec compare against fp32),
 # first on GSM8K, where the default lost 8 answers and won 6: is that more churn than rounding alone makes?
 outputs_step --task gsm8k --limit 50 --methods strict --dtype bf16 --out $R/greedy-gsm8k-50-bf16
@@ -44,8 +48,4 @@ step --task humaneval --limit 30 --methods "plain,strict,$DEF,hf-assisted" --out
 step --task gsm8k --limit 30 --methods "plain,strict,$DEF,hf-assisted" --out $R/speed-gsm8k-30
 step --task mtbench --limit 30 --methods "plain,strict,$DEF,hf-assisted" --max-new-tokens 64 --out $R/speed-mtbench-30
 python benchmarks/time_budget.py $R/speed-humaneval-30 $R/speed-gsm8k-30 $R/speed-mtbench-30
-# The int8 target's answers (--target-quant int8: a different model from the fp32 target), on the
-# sweep's questions and settings, against the fp32 sweep's strict (marspec compare).
-step --task humaneval --limit 30 --methods "strict,$DEF" --target-quant int8 --out $R/int8-target-humaneval-30
-step --task gsm8k --limit 30 --methods "strict,$DEF" --target-quant int8 --out $R/int8-target-gsm8k-30
 echo "=== plan done $(date -u +%FT%TZ)"
