@@ -13,6 +13,14 @@ tau and its ratio to strict's, answers kept, lost and won against strict, recove
 interval, and relaxed accepts per 1,000 emitted tokens. Then the fastest rule at recovery >= 100%, at
 >= 95% (point estimates; the intervals say how far 30 questions can be trusted) and among those that
 lost no answer strict had.
+
+With --pooled, the runs are of different tasks (each with strict and the rivals side by side) and the
+table pools their questions, for the methods every run has: answers passed, lost and won against
+strict, and the difference in answers per 100 questions with a paired bootstrap interval (the pooled
+questions resampled as one set), beside each run's own speedup:
+
+    python benchmarks/rules_table.py --pooled docs/results/rivals-greedy-humaneval-30 \
+        docs/results/rivals-greedy-gsm8k-30
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from pathlib import Path
 from marspec.errors import MarspecError
 from marspec.eval.bench import load_records, whole_run
 from marspec.eval.contention import contended
+from marspec.eval.intervals import difference_interval
 
 HEADER = (
     "| method (run) | speedup vs strict | paired median | tau (vs strict) | passed | lost / won "
@@ -81,6 +90,44 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
     return lines, points, busy
 
 
+def pooled(runs: list[Path]) -> list[str]:
+    """One row per method that every run has: its questions pooled across the runs (see the module doc)."""
+    per_run = []
+    for run in runs:
+        try:
+            _, summary = whole_run(run)
+        except MarspecError as exc:
+            raise SystemExit(str(exc)) from None
+        by_method: dict[str, dict[str, float]] = {}
+        for (qid, method, _), rec in load_records(run).items():
+            by_method.setdefault(method, {})[qid] = rec["score"]
+        per_run.append((run, summary, by_method))
+    shared = [m for m in per_run[0][1]["methods"] if all(m in s["methods"] for _, s, _ in per_run)]
+    if "strict" not in shared:
+        raise SystemExit("--pooled needs strict in every run (it is the quality reference)")
+    names = " | ".join(f"speedup ({run.name})" for run, _, _ in per_run)
+    lines = [
+        f"| method | {names} | passed | lost / won | difference per 100 questions [95% CI] |",
+        "|---|" + "---|" * (len(per_run) + 3),
+    ]
+    for name in shared:
+        mine, reference = [], []
+        for _, _, by_method in per_run:
+            strict = by_method["strict"]
+            questions = sorted(by_method[name])
+            mine += [by_method[name][q] for q in questions]
+            reference += [strict[q] for q in questions]
+        lost = sum(r > m for m, r in zip(mine, reference, strict=True))
+        won = sum(r < m for m, r in zip(mine, reference, strict=True))
+        diff = difference_interval(mine, reference)
+        speeds = " | ".join(f"{s['methods'][name]['speedup']:.2f}x" for _, s, _ in per_run)
+        lines.append(
+            f"| {name} | {speeds} | {sum(mine):g}/{len(mine)} | {lost} / {won} "
+            f"| {100 * diff.value:+.1f} [{100 * diff.lo:+.1f}, {100 * diff.hi:+.1f}] |"
+        )
+    return lines
+
+
 def fastest(points: list[Point], label: str, qualifies: Callable[[Point], bool]) -> str:
     qualifying = [p for p in points if qualifies(p)]
     if not qualifying:
@@ -94,13 +141,24 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument(
+        "--pooled", action="store_true", help="runs of different tasks: their questions pooled per method"
+    )
     args = parser.parse_args(argv)
+    if args.pooled:
+        print("\n".join(pooled(args.runs)))
+        return 0
     lines, points, busy = rows(args.runs)
     print("\n".join([HEADER, *lines]))
     print()
     if busy:
         print(f"- **{busy} decodes were timed on a busy machine**: speeds are suspect until a rerun of")
         print("  `marspec bench ... --redo-contended` decodes them again")
+    for run in args.runs:
+        cpus = whole_run(run)[1].get("cpus", {})
+        if len(cpus) > 1:
+            print(f"- **{run.name} decoded on {len(cpus)} processor models** ({cpus}): speed ratios across")
+            print("  CPUs are not measurements until `marspec bench ... --redo-other-cpu` decodes them again")
     # Recovery is net: on a task where answers churn both ways, 100% can hide losses, hence the third.
     print(f"- {fastest(points, 'at recovery >= 100%', lambda p: p[2] >= 1 - 1e-9)}")
     print(f"- {fastest(points, 'at recovery >= 95%', lambda p: p[2] >= 0.95 - 1e-9)}")

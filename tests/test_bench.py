@@ -16,6 +16,7 @@ from marspec import Decoder, MarspecError
 from marspec.eval.bench import (
     RECORDS_FILE,
     BenchConfig,
+    cpu_name,
     load_records,
     prepare_out_dir,
     profile_once,
@@ -205,6 +206,41 @@ def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, 
     assert latest["other_cores"] != 1.0 and latest["turns"][0]["text"] == busy["turns"][0]["text"]
 
 
+def test_records_from_another_cpu_are_flagged_and_can_be_redone(decoder, tmp_path):
+    spec = "plain,strict"
+    methods = parse_methods(spec, 0.9)
+    questions = load_task("gsm8k", 2)
+    run_bench(decoder, questions, methods, config(spec), tmp_path, grader_for("gsm8k"))
+    path = tmp_path / RECORDS_FILE
+    lines = path.read_text().splitlines()
+    elsewhere = json.loads(lines[2])
+    elsewhere["cpu"] = "Another CPU"  # as if the run had been resumed on another machine
+    lines[2] = json.dumps(elsewhere)
+    path.write_text("\n".join(lines) + "\n")
+
+    def run(**redo) -> tuple[dict, list]:
+        redone = []
+        summary = run_bench(
+            decoder,
+            questions,
+            methods,
+            config(spec),
+            tmp_path,
+            grader_for("gsm8k"),
+            lambda q, m, sample, skipped: redone.append((q.qid, m.name)) if not skipped else None,
+            **redo,
+        )
+        return summary, redone
+
+    summary, redone = run()
+    assert redone == [] and summary["cpus"] == {cpu_name(): 3, "Another CPU": 1}
+    assert "Decoded on 2 processor models" in (tmp_path / "summary.md").read_text()
+    summary, redone = run(redo_other_cpu=True)
+    assert redone == [(elsewhere["qid"], elsewhere["method"])]
+    assert summary["cpus"] == {cpu_name(): 4}
+    assert "processor models" not in (tmp_path / "summary.md").read_text()
+
+
 def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
     questions = load_task("gsm8k", 2)
 
@@ -232,6 +268,16 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
         "mars-prob@0.3",
     ]
     assert [p[0] for p in points] == ["typical@0.2", "topk@2", "mars-prob@0.3"]
+    # --pooled: the rivals run twice over holds each question twice, so every count doubles.
+    cells = {line.split(" (")[0].removeprefix("| "): line.split(" | ") for line in lines}
+    twice = _benchmark_script("rules_table").pooled([tmp_path / "rivals", tmp_path / "rivals"])
+    names = [row.split(" | ")[0].removeprefix("| ") for row in twice[2:]]
+    assert names == ["strict", "typical@0.2", "topk@2"]
+    for name, row in zip(names, twice[2:], strict=True):
+        _, _, _, passed, lost_won, _ = row.split(" | ")
+        passed_once, n_once = cells[name][4].split("/")
+        assert passed == f"{2 * float(passed_once):g}/{2 * int(n_once)}"
+        assert lost_won == " / ".join(str(2 * int(x)) for x in cells[name][5].split(" / "))
 
     spec = "strict,mars-prob@0.3"
     other_task = replace(config(spec), task="mtbench")

@@ -70,6 +70,7 @@ def bench_task(
     offset: int = 0,
     prefix_reuse: bool = True,
     redo_contended: bool = False,
+    redo_other_cpu: bool = False,
 ) -> dict:
     """Benchmark ``method_spec`` on one task into ``out`` (resuming it), print the summary and return it:
     what `marspec bench`, `sweep` and `calibrate` run."""
@@ -151,7 +152,9 @@ def bench_task(
             which = f" sample {sample}" if config.samples > 1 else ""
             advance(f"{question.qid}{which} {method.name}" + (" (done before)" * skipped))
 
-        summary = run_bench(decoder, questions, methods, config, out, grader_for(task), done, redo_contended)
+        summary = run_bench(
+            decoder, questions, methods, config, out, grader_for(task), done, redo_contended, redo_other_cpu
+        )
     from marspec.eval.bench import summary_markdown
 
     Console().print(summary_markdown(summary))
@@ -207,6 +210,14 @@ def bench(
             "timings are suspect; the summary counts them).",
         ),
     ] = False,
+    redo_other_cpu: Annotated[
+        bool,
+        typer.Option(
+            "--redo-other-cpu",
+            help="Decode again the records made on another processor model (a run resumed on another "
+            "machine), so each question's speed ratios come from one CPU.",
+        ),
+    ] = False,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -230,6 +241,7 @@ def bench(
             offset=offset,
             prefix_reuse=prefix_reuse,
             redo_contended=redo_contended,
+            redo_other_cpu=redo_other_cpu,
         )
 
 

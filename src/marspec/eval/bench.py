@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import platform
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -241,11 +242,19 @@ def run_bench(
     grade: Grader,
     on_done: Callable[[Question, Method, int, bool], None] | None = None,
     redo_contended: bool = False,
+    redo_other_cpu: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark and write its summary. ``grade(question, turn_texts)`` returns at
     least ``{"score": float | None}``; ``on_done(question, method, sample, skipped)`` reports progress.
-    With ``redo_contended``, records decoded while other processes loaded the machine are decoded again
-    (the new record is appended and supersedes the old one)."""
+    With ``redo_contended``, records decoded while other processes loaded the machine are decoded again,
+    and with ``redo_other_cpu`` those decoded on another processor model than this machine's (a run
+    resumed elsewhere), so every question's speed ratios come from one CPU. A new record is appended
+    and supersedes the old one."""
+
+    def redo(record: dict) -> bool:
+        other_cpu = record.get("cpu") is not None and record["cpu"] != cpu_name()
+        return (redo_contended and contended(record)) or (redo_other_cpu and other_cpu)
+
     records = prepare_out_dir(out_dir, config)
     with (out_dir / RECORDS_FILE).open("a") as sink:
         for index, question in enumerate(questions):
@@ -254,7 +263,7 @@ def run_bench(
                     if not runs_on(method.name, index, config):
                         continue
                     key = (question.qid, method.name, sample)
-                    if key in records and not (redo_contended and contended(records[key])):
+                    if key in records and not redo(records[key]):
                         if on_done:
                             on_done(question, method, sample, True)
                         continue
@@ -378,6 +387,8 @@ def summarize(
         recovery = ratio_interval([scores[m][q] for q in paired], [scores[quality_base][q] for q in paired])
         metrics["recovery"] = recovery.value
         metrics["recovery_ci"] = [recovery.lo, recovery.hi] if recovery.lo is not None else None
+    # Decodes per processor model (records from before records named it are left out).
+    cpus = Counter(r["cpu"] for per_q in by_q.values() for recs in per_q.values() for r in recs if "cpu" in r)
     summary = {
         "config": asdict(config),
         "baseline": speed_base,
@@ -385,6 +396,7 @@ def summarize(
         "questions": len(done),
         "qids": list(done),
         "samples": config.samples,
+        "cpus": dict(cpus),
         "methods": per_method,
     }
     if "strict" in methods and "plain" in methods:
@@ -594,6 +606,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"**Timings suspect**: decodes made while other processes used more than {CONTENDED_CORES:g} "
             f"of a core ({counts}). Their speed is not comparable; `marspec bench ... --redo-contended` "
             "decodes them again.",
+        ]
+    cpus = summary.get("cpus", {})
+    if len(cpus) > 1:
+        counts = ", ".join(f"{name} {n}" for name, n in cpus.items())
+        lines += [
+            "",
+            f"**Decoded on {len(cpus)} processor models** ({counts}): a speed ratio between decodes on "
+            "different CPUs is not a measurement, and a lossy rule's drafts differ by CPU. "
+            "`marspec bench ... --redo-other-cpu` decodes the others' records again on this machine.",
         ]
     check = summary.get("strict_minus_plain")
     if check is not None and check["value"] is not None:
