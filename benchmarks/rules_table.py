@@ -50,6 +50,14 @@ def _rate(record: dict) -> float:
 Point = tuple[str, float, float, int]  # method, speedup vs strict, recovery, answers lost
 
 
+def _records_by_method(run: Path) -> dict[str, dict[str, dict]]:
+    """method -> question id -> its newest record (greedy runs: one sample per question)."""
+    by_method: dict[str, dict[str, dict]] = {}
+    for (qid, method, _), rec in load_records(run).items():
+        by_method.setdefault(method, {})[qid] = rec
+    return by_method
+
+
 def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
     """Table rows, a point for every lossy method, and how many of the decodes used were timed while
     other processes loaded the machine (their speed is suspect: ``marspec bench --redo-contended``)."""
@@ -61,10 +69,7 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             raise SystemExit(str(exc)) from None
         if summary["baseline"] != "strict" or summary.get("quality_reference") != "strict":
             raise SystemExit(f"{run}: speed and quality must both be against strict (a run without plain)")
-        records = load_records(run)
-        by_method: dict[str, dict[str, dict]] = {}
-        for (qid, method, _), rec in records.items():
-            by_method.setdefault(method, {})[qid] = rec
+        by_method = _records_by_method(run)
         strict = by_method["strict"]
         strict_tau = summary["methods"]["strict"]["tau"]
         for name, m in summary["methods"].items():
@@ -98,10 +103,9 @@ def pooled(runs: list[Path]) -> list[str]:
             _, summary = whole_run(run)
         except MarspecError as exc:
             raise SystemExit(str(exc)) from None
-        by_method: dict[str, dict[str, float]] = {}
-        for (qid, method, _), rec in load_records(run).items():
-            by_method.setdefault(method, {})[qid] = rec["score"]
-        per_run.append((run, summary, by_method))
+        by_method = _records_by_method(run)
+        scores = {m: {q: rec["score"] for q, rec in recs.items()} for m, recs in by_method.items()}
+        per_run.append((run, summary, scores))
     shared = [m for m in per_run[0][1]["methods"] if all(m in s["methods"] for _, s, _ in per_run)]
     if "strict" not in shared:
         raise SystemExit("--pooled needs strict in every run (it is the quality reference)")
