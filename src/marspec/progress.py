@@ -20,32 +20,37 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-Advance = Callable[[str], None]
+# advance(description, skipped=False): one item finished; ``skipped`` when it was done before (a
+# resumed run), so that it counts toward the total but not toward the time each item takes.
+Advance = Callable[..., None]
 
 
 @contextmanager
 def progress(console: Console, title: str, total: int, *, eta: bool = False) -> Iterator[Advance]:
-    """Yield ``advance(description)``, to be called once per finished item of ``total``."""
+    """Yield ``advance(description, skipped=False)``, to be called once per item of ``total``; items a
+    resumed run finds done before pass ``skipped=True`` and do not count toward the time estimate."""
     if console.is_terminal:
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         if eta:
             columns += [TextColumn("ETA"), TimeRemainingColumn()]
         with Progress(*columns, console=console) as bar:
             task = bar.add_task(title, total=total)
-            yield lambda description: bar.update(task, advance=1, description=description)
+            yield lambda description, skipped=False: bar.update(task, advance=1, description=description)
         return
 
     start = time.monotonic()
     done = 0
-    console.print(f"{title}: {total} to run", highlight=False, soft_wrap=True)
+    worked = 0  # items that took their time (not skipped): only they predict the rest
+    console.print(f"{title}: {total} planned", highlight=False, soft_wrap=True)
 
-    def log_line(description: str) -> None:
-        nonlocal done
+    def log_line(description: str, skipped: bool = False) -> None:
+        nonlocal done, worked
         done += 1
+        worked += not skipped
         elapsed = time.monotonic() - start
         line = f"[{done}/{total}] {description}  ({_clock(elapsed)} elapsed"
-        if eta and done < total:
-            line += f", ~{_clock(elapsed / done * (total - done))} left"
+        if eta and done < total and worked:
+            line += f", ~{_clock(elapsed / worked * (total - done))} left"
         console.print(line + ")", highlight=False, soft_wrap=True)
 
     yield log_line
