@@ -16,6 +16,7 @@ from marspec import Decoder, MarspecError
 from marspec.eval.bench import (
     RECORDS_FILE,
     BenchConfig,
+    cpu_from_cpuinfo,
     cpu_name,
     load_records,
     prepare_out_dir,
@@ -239,6 +240,17 @@ def test_records_from_another_cpu_are_flagged_and_can_be_redone(decoder, tmp_pat
     assert redone == [(elsewhere["qid"], elsewhere["method"])]
     assert summary["cpus"] == {cpu_name(): 4}
     assert "processor models" not in (tmp_path / "summary.md").read_text()
+
+
+def test_cpu_names_tell_generations_apart():
+    zen5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+    zen5 += "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\nmodel name\t: other\n"
+    assert cpu_from_cpuinfo(zen5) == "AMD EPYC (family 26, model 2, stepping 1)"
+    zen4 = zen5.replace("26", "25").replace("model\t\t: 2", "model\t\t: 17")
+    assert cpu_from_cpuinfo(zen4) == "AMD EPYC (family 25, model 17, stepping 1)"
+    assert cpu_from_cpuinfo("model name\t: Some CPU\n") == "Some CPU"  # no x86 generation fields
+    assert cpu_from_cpuinfo("processor\t: 0\nBogoMIPS\t: 50.00\n") is None  # ARM: the platform guesses
+    assert cpu_name()
 
 
 def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):

@@ -213,14 +213,30 @@ def sample_seed(qid: str, sample: int, turn: int) -> int:
 
 @functools.cache
 def cpu_name() -> str:
-    """The processor's model name (e.g. "AMD EPYC"), or the platform's best guess."""
+    """The processor, as precisely as the kernel names it: model name and, on x86, family, model and
+    stepping (e.g. "AMD EPYC (family 26, model 2, stepping 1)"), or the platform's best guess."""
+    guess = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        return cpu_from_cpuinfo(Path("/proc/cpuinfo").read_text()) or guess
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return guess
+
+
+def cpu_from_cpuinfo(text: str) -> str | None:
+    """The first processor of a /proc/cpuinfo listing, or None when it names none. Cloud machines often
+    report a bare "AMD EPYC" or "Intel Xeon Processor" for several generations whose kernels round
+    differently (a lossy rule's outputs then differ), so the generation's numbers are part of the name."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends here
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if name is None:
+        return None
+    generation = [f"{key} {fields[key]}" for key in ("cpu family", "model", "stepping") if key in fields]
+    return f"{name} ({', '.join(generation).removeprefix('cpu ')})" if generation else name
 
 
 def runs_on(method: str, index: int, config: BenchConfig) -> bool:
