@@ -45,6 +45,7 @@ def budget(run: Path) -> dict[str, dict[str, float]]:
             t["verify"] += verify_seconds(turn["verify_sizes"], costs)
             measured = turn.get("draft_forward_s")
             t["draft"] += measured if measured is not None else turn["draft_forwards"] * costs.draft_s(1)
+            t["draft_forwards"] += turn["draft_forwards"]
     return totals
 
 
@@ -56,9 +57,9 @@ def report(run: Path) -> str:
     lines = [
         f"## {run}",
         "",
-        "| method | ms/token | speedup | prefill | verification | drafting | overhead | rest "
-        "| drafting at half cost | free drafting |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | ms/token | speedup | prefill | verification | drafting | ms/draft forward | overhead "
+        "| rest | drafting at half cost | free drafting |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, t in totals.items():
         wall, tokens = t["wall"], t["tokens"]
@@ -67,12 +68,19 @@ def report(run: Path) -> str:
         def speedup(seconds: float, tokens: float = tokens) -> str:
             return f"{plain_s_per_token * tokens / seconds:.2f}x"
 
-        parts = (t["prefill"], t["verify"], t["draft"], t["overhead"], rest)
-        shares = " | ".join(f"{seconds / wall:.1%}" for seconds in parts)
+        def shares(*parts: float, wall: float = wall) -> str:
+            return " | ".join(f"{seconds / wall:.1%}" for seconds in parts)
+
+        # A chain draft forward proposes one token; a tree's proposes a level of nodes.
+        per_draft = f"{1000 * t['draft'] / t['draft_forwards']:.1f}" if t["draft_forwards"] else "—"
         what_if = "— | —"
         if t["draft"]:
             what_if = f"{speedup(wall - t['draft'] / 2)} | {speedup(wall - t['draft'])}"
-        lines.append(f"| {method} | {1000 * wall / tokens:.1f} | {speedup(wall)} | {shares} | {what_if} |")
+        lines.append(
+            f"| {method} | {1000 * wall / tokens:.1f} | {speedup(wall)} | "
+            f"{shares(t['prefill'], t['verify'], t['draft'])} | {per_draft} | "
+            f"{shares(t['overhead'], rest)} | {what_if} |"
+        )
     return "\n".join(lines) + "\n"
 
 

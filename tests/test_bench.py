@@ -92,6 +92,9 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     assert seconds["strict"]["verify"] > 0 and seconds["plain"]["draft"] == 0
     table = budget.report(tmp_path)
     assert table.count("\n| ") == 5  # header and four methods
+    strict_row = next(line for line in table.splitlines() if line.startswith("| strict |"))
+    per_draft = 1000 * seconds["strict"]["draft"] / seconds["strict"]["draft_forwards"]
+    assert f"| {per_draft:.1f} |" in strict_row  # a draft forward's cost, in milliseconds
 
     # A second run over the same directory resumes: nothing is generated again.
     calls.clear()
