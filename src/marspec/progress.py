@@ -7,8 +7,9 @@ then leaves a single cryptic line. So when stderr is not a terminal, each finish
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -20,22 +21,29 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-# advance(description, skipped=False): one item finished; ``skipped`` when it was done before (a
-# resumed run), so that it counts toward the total but not toward the time each item takes.
-Advance = Callable[..., None]
+_DONE_BEFORE = " (done before)"
+
+
+class Advance(Protocol):
+    def __call__(self, description: str, skipped: bool = False) -> None:
+        """One item finished; ``skipped`` when a resumed run found it done before: it counts toward the
+        total, is marked "(done before)", and does not count toward the time each item takes."""
 
 
 @contextmanager
 def progress(console: Console, title: str, total: int, *, eta: bool = False) -> Iterator[Advance]:
-    """Yield ``advance(description, skipped=False)``, to be called once per item of ``total``; items a
-    resumed run finds done before pass ``skipped=True`` and do not count toward the time estimate."""
+    """Yield an :class:`Advance`, to be called once per item of ``total``."""
     if console.is_terminal:
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         if eta:
             columns += [TextColumn("ETA"), TimeRemainingColumn()]
         with Progress(*columns, console=console) as bar:
             task = bar.add_task(title, total=total)
-            yield lambda description, skipped=False: bar.update(task, advance=1, description=description)
+
+            def advance_bar(description: str, skipped: bool = False) -> None:
+                bar.update(task, advance=1, description=description + _DONE_BEFORE * skipped)
+
+            yield advance_bar
         return
 
     start = time.monotonic()
@@ -48,7 +56,7 @@ def progress(console: Console, title: str, total: int, *, eta: bool = False) -> 
         done += 1
         worked += not skipped
         elapsed = time.monotonic() - start
-        line = f"[{done}/{total}] {description}  ({_clock(elapsed)} elapsed"
+        line = f"[{done}/{total}] {description}{_DONE_BEFORE * skipped}  ({_clock(elapsed)} elapsed"
         if eta and done < total and worked:
             line += f", ~{_clock(elapsed / worked * (total - done))} left"
         console.print(line + ")", highlight=False, soft_wrap=True)

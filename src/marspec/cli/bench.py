@@ -150,7 +150,7 @@ def bench_task(
 
         def done(question, method, sample: int, skipped: bool) -> None:
             which = f" sample {sample}" if config.samples > 1 else ""
-            advance(f"{question.qid}{which} {method.name}" + (" (done before)" * skipped), skipped=skipped)
+            advance(f"{question.qid}{which} {method.name}", skipped=skipped)
 
         summary = run_bench(
             decoder, questions, methods, config, out, grader_for(task), done, redo_contended, redo_other_cpu

@@ -235,8 +235,9 @@ def cpu_from_cpuinfo(text: str) -> str | None:
     name = fields.get("model name")
     if name is None:
         return None
-    generation = [f"{key} {fields[key]}" for key in ("cpu family", "model", "stepping") if key in fields]
-    return f"{name} ({', '.join(generation).removeprefix('cpu ')})" if generation else name
+    labels = {"cpu family": "family", "model": "model", "stepping": "stepping"}
+    generation = ", ".join(f"{label} {fields[key]}" for key, label in labels.items() if key in fields)
+    return f"{name} ({generation})" if generation else name
 
 
 def runs_on(method: str, index: int, config: BenchConfig) -> bool:
