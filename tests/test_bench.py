@@ -66,6 +66,18 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
         # benchmark's finding, so only its presence and sign are checked here.
         ratio = summary["methods"][name]["achieved_vs_ideal"]
         assert math.isfinite(ratio) and ratio > 0
+    # Plain's one-token step as the run measured it, beside the profile's snapshot of it.
+    plain_steps = [
+        1000 * (t["target_forward_s"] - t["prefill_s"]) / (t["target_forwards"] - 1)
+        for (_, method, _), rec in load_records(tmp_path).items()
+        if method == "plain"
+        for t in rec["turns"]
+    ]
+    step = summary["one_token_step"]
+    assert step["min_ms"] == pytest.approx(min(plain_steps))
+    assert step["max_ms"] == pytest.approx(max(plain_steps))
+    assert step["min_ms"] <= step["median_ms"] <= step["max_ms"] and step["profiled_ms"] > 0
+    assert "one-token target step" in (tmp_path / "summary.md").read_text()
     for name in ("plain", "strict", "mars"):
         assert summary["methods"][name]["score"] is not None
     # Where the wall time went: target forwards, draft forwards and the loop itself add up to it.

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import platform
+import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -418,7 +419,34 @@ def summarize(
     }
     if "strict" in methods and "plain" in methods:
         summary["strict_minus_plain"] = _strict_minus_plain(scores, by_q["plain"])
+    if costs is not None and "plain" in methods:
+        summary["one_token_step"] = _one_token_step(by_q["plain"], costs)
     return summary
+
+
+def _one_token_step(plain_by_q: dict[str, list[dict]], costs: ForwardCosts) -> dict[str, Any] | None:
+    """Plain's one-token target step as the run measured it (ms; median and range over questions)
+    beside the profile's price for it. The profile is a snapshot taken once; a one-token step is bound
+    by memory bandwidth, which on a shared machine drifts by question, so achieved/ideal is only as
+    good as this agreement."""
+    per_question = []
+    for recs in plain_by_q.values():
+        steps = [
+            (t["target_forward_s"] - t["prefill_s"], t["target_forwards"] - 1)
+            for r in recs
+            for t in r["turns"]
+        ]
+        count = sum(n for _, n in steps)
+        if count > 0:
+            per_question.append(1000 * sum(s for s, _ in steps) / count)
+    if not per_question:
+        return None
+    return {
+        "profiled_ms": 1000 * costs.target_s(1),
+        "median_ms": statistics.median(per_question),
+        "min_ms": min(per_question),
+        "max_ms": max(per_question),
+    }
 
 
 def _strict_minus_plain(scores: dict[str, dict[str, float | None]], plain_qs: dict[str, list]) -> dict | None:
@@ -632,6 +660,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"**Decoded on {len(cpus)} processor models** ({counts}): a speed ratio between decodes on "
             "different CPUs is not a measurement, and a lossy rule's drafts differ by CPU. "
             "`marspec bench ... --redo-other-cpu` decodes the others' records again on this machine.",
+        ]
+    step = summary.get("one_token_step")
+    if step is not None:
+        lines += [
+            "",
+            f"Plain's one-token target step took {step['median_ms']:.0f} ms (median over questions; "
+            f"{step['min_ms']:.0f}-{step['max_ms']:.0f}); the profile priced it at "
+            f"{step['profiled_ms']:.0f} ms. "
+            "Achieved/ideal is read against that one snapshot of the machine's speed.",
         ]
     check = summary.get("strict_minus_plain")
     if check is not None and check["value"] is not None:
