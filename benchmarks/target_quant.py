@@ -1,14 +1,20 @@
-"""The int8 target against the fp32 target, side by side in one process (issue 18, item 6).
+"""Target precisions side by side in one process: the fp32 target against an int8 one (issue 18, item 6)
+and a bf16 one (fast on CPUs with AVX512-BF16), optionally with a bf16 draft instead of the int8 one.
 
-Both targets share one (int8) draft. For each question, plain and MARS (the default setting) run on the
-fp32 target and on the int8 one, back to back in the same order, so a slow stretch of the machine lands
-on all four alike. Reported per target: ms per token of plain and MARS, MARS's speedup over its own
-plain, tau, and the int8 target's speed over the fp32 one's (medians of per-question ratios). How far
-the int8 target's greedy output follows the fp32 one's is the first token where their plain decodes
-part; whether its answers are as good is a graded run's question (``marspec bench --target-quant int8``).
-Peak memory is per process: measure it with GNU time around ``marspec generate``.
+The variants share one int8 draft unless named otherwise. For each question, plain and MARS (the default
+setting) run on every variant back to back in the same order, so a slow stretch of the machine lands on
+all alike. Reported per variant: ms per token of plain and MARS, MARS's speedup over its own plain, tau,
+and its speed over the fp32 target's (medians of per-question ratios). How far a variant's greedy output
+follows the fp32 one's is the first token where their plain decodes part; whether its answers are as
+good is a graded run's question (``marspec bench --target-quant int8`` or ``--dtype bf16``). Peak memory
+is per process: measure it with GNU time around ``marspec generate``.
 
     python benchmarks/target_quant.py --questions humaneval:4,gsm8k:4 --out docs/results/target-int8.json
+    python benchmarks/target_quant.py --variants fp32,bf16,bf16-draft --out docs/results/target-bf16.json
+
+Variants: ``fp32`` (the default target, always run: the reference), ``int8`` (``target_quant="int8"``),
+``bf16`` (``dtype="bf16"``, the shared int8 draft), ``bf16-draft`` (bf16 target and a bf16 draft, not
+quantised; both oneDNN-prepacked).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,13 @@ from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 RULES = ("plain", "mars")
+
+# Each variant's Decoder besides the fp32 reference, given the reference's (int8) draft model to share.
+VARIANTS: dict[str, Callable[[Any], Decoder]] = {
+    "int8": lambda draft: Decoder(DEFAULT_TARGET, draft, dtype="fp32", target_quant="int8"),
+    "bf16": lambda draft: Decoder(DEFAULT_TARGET, draft, dtype="bf16"),
+    "bf16-draft": lambda draft: Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16", draft_quant="none"),
+}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -43,14 +57,24 @@ def main() -> None:
     parser.add_argument("--questions", default="humaneval:4,gsm8k:4", help="TASK:N,... (the first N of each)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--variants",
+        default="fp32,int8",
+        help=f"comma-separated, from fp32, {', '.join(VARIANTS)} (fp32 always runs)",
+    )
     parser.add_argument("--out", type=Path, help="write the per-decode measurements here as JSON")
     args = parser.parse_args()
+    names = ["fp32", *(v for v in args.variants.split(",") if v != "fp32")]
+    unknown = [v for v in names[1:] if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}: choose from fp32, {', '.join(VARIANTS)}")
     torch.set_num_threads(args.threads)
 
     decoders = {"fp32": Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", threads=args.threads)}
     assert decoders["fp32"].drafter is not None
     shared_draft = decoders["fp32"].drafter.draft_model  # already int8: a loaded model is used as it is
-    decoders["int8"] = Decoder(DEFAULT_TARGET, shared_draft, dtype="fp32", target_quant="int8")
+    for name in names[1:]:
+        decoders[name] = VARIANTS[name](shared_draft)
     questions = [
         q
         for spec in args.questions.split(",")
@@ -102,21 +126,24 @@ def main() -> None:
             f"| {target} | {ms['plain']:.0f} | {ms['mars']:.0f} | {speedup:.2f}x | {tau:.2f} "
             f"| {vs_fp32['plain']:.2f}x | {vs_fp32['mars']:.2f}x |"
         )
-    parted = [
-        first_difference(cell(q, "fp32", "plain")["token_ids"], cell(q, "int8", "plain")["token_ids"])
-        for q in qids
-    ]
-    same = sum(p is None for p in parted)
-    print(
-        f"\nint8 plain vs fp32 plain: {same}/{len(qids)} outputs identical; "
-        f"first differing token of the others: {sorted(p for p in parted if p is not None)}"
-    )
+    print()
+    for target in list(decoders)[1:]:
+        parted = [
+            first_difference(cell(q, "fp32", "plain")["token_ids"], cell(q, target, "plain")["token_ids"])
+            for q in qids
+        ]
+        same = sum(p is None for p in parted)
+        print(
+            f"{target} plain vs fp32 plain: {same}/{len(qids)} outputs identical; "
+            f"first differing token of the others: {sorted(p for p in parted if p is not None)}"
+        )
     if args.out:
         meta = {
             "target": DEFAULT_TARGET,
             "draft": DEFAULT_DRAFT,
             "threads": args.threads,
             "max_new_tokens": args.max_new_tokens,
+            "variants": list(decoders),
             "cpu": cpu_name(),
         }
         args.out.write_text(json.dumps({"meta": meta, "decodes": rows}, indent=1) + "\n")
