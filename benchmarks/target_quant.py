@@ -1,4 +1,4 @@
-"""Target precisions side by side in one process: the fp32 target against an int8 one (issue 18, item 6)
+r"""Target precisions side by side in one process: the fp32 target against an int8 one (issue 18, item 6)
 and a bf16 one (fast on CPUs with AVX512-BF16), optionally with a bf16 draft instead of the int8 one.
 
 The variants share one int8 draft unless named otherwise. For each question, plain and MARS (the default
@@ -10,7 +10,8 @@ good is a graded run's question (``marspec bench --target-quant int8`` or ``--dt
 is per process: measure it with GNU time around ``marspec generate``.
 
     python benchmarks/target_quant.py --questions humaneval:4,gsm8k:4 --out docs/results/target-int8.json
-    python benchmarks/target_quant.py --variants fp32,bf16,bf16-draft --out docs/results/target-bf16.json
+    python benchmarks/target_quant.py --variants fp32,int8,bf16,bf16-draft \
+        --out docs/results/target-precision.json
 
 Variants: ``fp32`` (the default target, always run: the reference), ``int8`` (``target_quant="int8"``),
 ``bf16`` (``dtype="bf16"``, the shared int8 draft), ``bf16-draft`` (bf16 target and a bf16 draft, not
@@ -29,14 +30,16 @@ from typing import Any
 import torch
 
 from marspec.api import Decoder
+from marspec.backends.hf import HFCausalLM
 from marspec.eval.bench import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 RULES = ("plain", "mars")
 
-# Each variant's Decoder besides the fp32 reference, given the reference's (int8) draft model to share.
-VARIANTS: dict[str, Callable[[Any], Decoder]] = {
+# Each variant's Decoder besides the fp32 reference, given the reference's (int8) draft model to share
+# (bf16-draft loads its own).
+VARIANTS: dict[str, Callable[[HFCausalLM], Decoder]] = {
     "int8": lambda draft: Decoder(DEFAULT_TARGET, draft, dtype="fp32", target_quant="int8"),
     "bf16": lambda draft: Decoder(DEFAULT_TARGET, draft, dtype="bf16"),
     "bf16-draft": lambda draft: Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16", draft_quant="none"),
