@@ -431,14 +431,11 @@ def _one_token_step(plain_by_q: dict[str, list[dict]], costs: ForwardCosts) -> d
     good as this agreement."""
     per_question = []
     for recs in plain_by_q.values():
-        steps = [
-            (t["target_forward_s"] - t["prefill_s"], t["target_forwards"] - 1)
-            for r in recs
-            for t in r["turns"]
-        ]
-        count = sum(n for _, n in steps)
-        if count > 0:
-            per_question.append(1000 * sum(s for s, _ in steps) / count)
+        turns = [t for r in recs for t in r["turns"]]
+        steps = sum(t["target_forwards"] - 1 for t in turns)  # every forward but the prefill
+        if steps > 0:
+            seconds = sum(t["target_forward_s"] - t["prefill_s"] for t in turns)
+            per_question.append(1000 * seconds / steps)
     if not per_question:
         return None
     return {
