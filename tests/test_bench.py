@@ -15,12 +15,15 @@ from conftest import SMALL, bench_config
 from marspec import Decoder, MarspecError
 from marspec.eval.bench import (
     RECORDS_FILE,
+    SUMMARY_JSON,
+    SUMMARY_MD,
     BenchConfig,
     cpu_from_cpuinfo,
     cpu_name,
     load_records,
     prepare_out_dir,
     profile_once,
+    resummarize,
     run_bench,
 )
 from marspec.eval.datasets import load_task
@@ -177,6 +180,14 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     assert [d[2] for d in done] == [True, True, False, False]
     assert len(load_records(tmp_path)) == 4
 
+    # `marspec report --resummarize` rewrites a whole run's summary from its records alone.
+    written = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    (tmp_path / SUMMARY_JSON).write_text(json.dumps({**written, "methods": {"plain": {}, "strict": {}}}))
+    (tmp_path / SUMMARY_MD).unlink()
+    assert json.loads(json.dumps(resummarize(tmp_path))) == written  # tuples come back as lists
+    assert json.loads((tmp_path / SUMMARY_JSON).read_text()) == written
+    assert "strict" in (tmp_path / SUMMARY_MD).read_text()
+
     # benchmarks/quality_table.py tabulates a whole run and refuses one that lost a record.
     table = _benchmark_script("quality_table")
     assert [row.split(" | ")[2] for row in table.rows(tmp_path)] == ["plain", "strict"]
@@ -184,6 +195,10 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     (tmp_path / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(SystemExit, match="not a whole run"):
         table.rows(tmp_path)
+    summary_before = (tmp_path / SUMMARY_JSON).read_text()
+    with pytest.raises(MarspecError, match="not a whole run"):
+        resummarize(tmp_path)
+    assert (tmp_path / SUMMARY_JSON).read_text() == summary_before  # nothing overwritten
 
 
 def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, tmp_path):

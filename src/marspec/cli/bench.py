@@ -348,6 +348,14 @@ def report(
             "task on the same questions (e.g. a MARS sweep and a run of rival rules).",
         ),
     ] = None,
+    resummarize: Annotated[
+        bool,
+        typer.Option(
+            "--resummarize",
+            help="First rewrite each run's summary.json and summary.md from its records with this "
+            "version's metrics (whole runs only; loads no model, decodes nothing).",
+        ),
+    ] = False,
 ) -> None:
     """Plots (PNG) for each benchmark directory: speed against recovery, theta curve, acceptance by
     position, margin distribution; with --html, the audit page of what the lossy rules changed."""
@@ -355,6 +363,12 @@ def report(
 
     with user_errors():
         for out in runs:
+            if resummarize:
+                from marspec.eval.bench import SUMMARY_MD
+                from marspec.eval.bench import resummarize as rewrite
+
+                rewrite(out)
+                err.print(f"rewrote {out / SUMMARY_MD}")
             for path in make_report(out):
                 err.print(f"wrote {path}")
             if as_html:

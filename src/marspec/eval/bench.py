@@ -308,11 +308,31 @@ def run_bench(
                     records[key] = rec
                     if on_done:
                         on_done(question, method, sample, False)
-    qids = [q.qid for q in questions]
-    summary = summarize(config, [m.name for m in methods], qids, records, load_costs(out_dir))
+    return write_summary(out_dir, config, [m.name for m in methods], [q.qid for q in questions], records)
+
+
+def write_summary(
+    out_dir: Path,
+    config: BenchConfig,
+    methods: Sequence[str],
+    qids: Sequence[str],
+    records: dict[RecordKey, dict],
+) -> dict[str, Any]:
+    """Summarize ``records`` and write ``summary.json`` and ``summary.md`` into ``out_dir``."""
+    summary = summarize(config, methods, qids, records, load_costs(out_dir))
     (out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / SUMMARY_MD).write_text(summary_markdown(summary))
     return summary
+
+
+def resummarize(run_dir: Path) -> dict[str, Any]:
+    """Rewrite a whole run's summary from its records with this version's metrics, without loading a
+    model or decoding anything (the records hold every measurement). The run's methods and questions
+    are the ones its summary lists; a partial run is refused, as by :func:`whole_run`."""
+    config, summary = whole_run(run_dir)
+    records = load_records(run_dir)
+    qids = summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
+    return write_summary(run_dir, config, list(summary["methods"]), qids, records)
 
 
 def load_costs(out_dir: Path) -> ForwardCosts | None:
