@@ -10,7 +10,9 @@ MARSPEC=${MARSPEC:-.venv/bin/marspec}
 R=docs/results
 DEF=mars-prob@0.5  # the default MARS setting (marspec.defaults)
 RIVALS=typical@0.09,typical@0.2,typical@0.4,pthresh@0.1,pthresh@0.25,pthresh@0.4,topk@2,topk@3,topk@5
-COMMON=(--margin prob_ratio --threads 2)
+# Every method names its setting; the run-level theta and margin (config.json) stay those the runs were
+# made with, so a later change of the defaults does not make a step refuse its own directory.
+COMMON=(--margin prob_ratio --theta 0.5 --threads 2)
 
 bench() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
 # A timed step runs twice with --redo-contended: the second pass decodes again whatever the first (or an

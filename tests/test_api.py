@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from marspec import Decoder, GenerationOptions, MarspecError
+from marspec.defaults import default_setting
 
 SMALL = "smollm2-135m-instruct"
 PROMPT = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta, alpha beta gamma delta."
@@ -94,3 +95,40 @@ def test_options_are_checked_when_built_not_when_generating():
         GenerationOptions(stop=["ok", ""])
     with pytest.raises(MarspecError, match="seed"):
         GenerationOptions(seed=-(2**63) - 1)
+
+
+def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime(monkeypatch):
+    from marspec import defaults
+    from marspec.verify import Rule
+
+    def rule(**options) -> Rule:
+        return GenerationOptions(**options).decode_config(frozenset()).rule
+
+    greedy = Rule("mars", defaults.DEFAULT_THETA, defaults.DEFAULT_MARGIN)
+    assert rule() == greedy
+    assert rule(temperature=1.0) == Rule("mars", defaults.SAMPLING_THETA, defaults.SAMPLING_MARGIN)
+    # A margin named alone takes its usual threshold: 0.5 on z2/z1 would relax nearly every step.
+    assert rule(margin="logit_ratio") == Rule("mars", 0.9, "logit_ratio")
+    assert rule(margin="logit_gap").theta == pytest.approx(0.693, abs=1e-3)
+    assert rule(theta=0.8) == Rule("mars", 0.8, defaults.DEFAULT_MARGIN)  # a theta alone: the default margin
+    # The regime decides, read when the options are turned into a rule (so a server's defaults, built
+    # once, follow each request's temperature): shown with a sampling default that differs.
+    monkeypatch.setattr(defaults, "SAMPLING_MARGIN", "logit_ratio")
+    monkeypatch.setattr(defaults, "SAMPLING_THETA", 0.95)
+    server_defaults = GenerationOptions(k=4)
+    assert server_defaults.decode_config(frozenset()).rule == greedy
+    sampled = GenerationOptions(**{**server_defaults.__dict__, "temperature": 0.7})
+    assert sampled.decode_config(frozenset()).rule == Rule("mars", 0.95, "logit_ratio")
+    assert rule(temperature=0.7, margin="logit_ratio") == Rule("mars", 0.95, "logit_ratio")
+    assert rule(temperature=0.7, margin="prob_ratio") == Rule("mars", 0.5, "prob_ratio")
+    assert rule(temperature=0.7, theta=0.9) == Rule("mars", 0.9, "logit_ratio")
+    # A rival's parameter has no default.
+    with pytest.raises(MarspecError, match="rule 'topk' needs theta: use an integer k >= 1"):
+        GenerationOptions(rule="topk")
+
+
+def test_the_decoder_echoes_the_setting_it_decodes_with(decoder):
+    resolved = decoder.resolve_theta(GenerationOptions(temperature=1.0))
+    assert (resolved.margin, resolved.theta) == default_setting(1.0)
+    auto_strict = decoder.resolve_theta(GenerationOptions(rule="strict", theta="auto"))
+    assert auto_strict.theta == 1.0 and auto_strict.margin is not None  # nothing left unset

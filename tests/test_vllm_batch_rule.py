@@ -127,7 +127,11 @@ def test_config_parsing_accepts_defaults_and_refuses_bad_values() -> None:
     assert config is not None and config.rule == Rule()  # the project's default MARS setting
     strict = parse_plugin_config({"marspec": {"rule": "strict", "log_every": 0}})
     assert strict is not None and not strict.rule.relaxes and strict.log_every == 0
+    # A margin named alone takes its own usual threshold, not the default margin's.
+    paper = parse_plugin_config({"marspec": {"margin": "logit_ratio"}})
+    assert paper is not None and paper.rule == Rule("mars", 0.9, "logit_ratio")
     bad = [
+        ({"marspec": {"margin": ["logit_ratio"]}}, "margin"),
         ({"marspec": "mars"}, "JSON object"),
         ({"marspec": {"rule": "loose"}}, "rule"),
         ({"marspec": {"theta": 1.5}}, "theta"),

@@ -28,9 +28,8 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
-    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
-    DEFAULT_THETA,
+    default_setting,
 )
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
@@ -238,12 +237,13 @@ class Decoder:
         return self.target.tokenizer
 
     def resolve_theta(self, opts: GenerationOptions) -> GenerationOptions:
-        """``opts`` with ``theta="auto"`` replaced by this pair's calibrated margin and theta (for the
-        greedy or the sampling regime, by ``opts.temperature``); other options are returned as they are."""
+        """``opts`` with the margin and theta it will decode with: ``theta="auto"`` replaced by this
+        pair's calibrated setting, an unset one by the measured default (each for the greedy or the
+        sampling regime, by ``opts.temperature``)."""
         if opts.theta != AUTO:
-            return opts
+            return opts.with_defaults()
         if opts.rule != "mars" or self.draft_name is None:
-            return replace(opts, theta=1.0)  # plain and strict never relax: theta plays no part
+            return replace(opts, theta=1.0).with_defaults()  # plain and strict never relax: no theta
         if self.target_quant != "none":
             raise MarspecError(
                 f"theta='auto' reads a calibration of the unquantised target, and this Decoder's target is "
@@ -345,14 +345,17 @@ class GenerationOptions:
             a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang) or ``topk``
             (TensorRT-LLM), whose parameter is ``theta`` (see :mod:`marspec.verify`, docs/rules.md).
         theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
-            The default, 0.5 on ``prob_ratio``, was chosen by measurement on the default pair
+            Unset (None), MARS takes the setting measured on the default pair for the decoding regime
+            (:func:`marspec.defaults.default_setting`): 0.5 on ``prob_ratio`` when greedy
             (docs/results.md, "MARS quality"); the paper's setting is ``theta=0.9,
-            margin="logit_ratio"``.
+            margin="logit_ratio"``. A rival rule needs its parameter here.
             ``"auto"`` takes the margin and theta that ``marspec calibrate`` measured for this target and
             drafter (greedy and sampling are calibrated apart); without a calibration, an error says
             how to make one.
         margin: ``prob_ratio`` (p2/p1, the default), ``logit_ratio`` (the paper's z2/z1) or
             ``logit_gap`` (z1 - z2, then theta is the largest gap in logits that still relaxes).
+            Named without a theta, a margin takes its usual threshold (0.9 on ``logit_ratio``, ln 2
+            on ``logit_gap``), since one number means different closeness on each.
         k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
         adaptive_k: grow the draft length by 2 after a fully accepted draft and shrink it by 1 after a
             rejection, between 1 and ``k`` (transformers' schedule); off drafts up to ``k`` every step.
@@ -377,8 +380,8 @@ class GenerationOptions:
     """
 
     rule: str = "mars"
-    theta: float | Literal["auto"] = DEFAULT_THETA
-    margin: str = DEFAULT_MARGIN
+    theta: float | Literal["auto"] | None = None
+    margin: str | None = None
     k: int = DEFAULT_K
     adaptive_k: bool = False
     temperature: float = 0.0
@@ -399,7 +402,7 @@ class GenerationOptions:
                 "number (see docs/rules.md)"
             )
         # Validates k, temperature, max_new_tokens, theta and margin ("auto" is resolved per pair later).
-        (replace(self, theta=DEFAULT_THETA) if self.theta == AUTO else self).decode_config(frozenset())
+        (replace(self, theta=None) if self.theta == AUTO else self).decode_config(frozenset())
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
         ):
@@ -416,13 +419,26 @@ class GenerationOptions:
             )
         return cls(**options)
 
+    def with_defaults(self) -> GenerationOptions:
+        """These options with an unset theta or margin replaced by the measured default for this
+        temperature (``theta="auto"`` is left for :meth:`Decoder.resolve_theta`)."""
+        if self.theta == AUTO or (self.theta is not None and self.margin is not None):
+            return self
+        margin, theta = default_setting(self.temperature, self.margin, self.theta)
+        if self.rule in RIVALS:
+            theta = self.theta  # a rival's parameter has no default: Rule's error says what it takes
+        if (margin, theta) == (self.margin, self.theta):
+            return self
+        return replace(self, margin=margin, theta=theta)
+
     def decode_config(self, eos_token_ids: frozenset[int]) -> DecodeConfig:
         if self.theta == AUTO:
             raise MarspecError("theta='auto' must be resolved for a model pair first (Decoder does this)")
+        opts = self.with_defaults()
         rule = Rule(
             name="strict" if self.rule == "plain" else self.rule,
-            theta=self.theta,
-            margin=self.margin,
+            theta=opts.theta,
+            margin=opts.margin,
             guard=self.guard,
         )
         return DecodeConfig(

@@ -118,8 +118,10 @@ def _file_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
-def parse_theta(text: str) -> float | str:
-    """A ``--theta`` value: a number, or ``auto`` for the pair's calibrated setting."""
+def parse_theta(text: str | None) -> float | str | None:
+    """A ``--theta`` value: a number, ``auto`` for the pair's calibrated setting, or None when unset."""
+    if text is None:
+        return None
     if text.strip().lower() == AUTO:
         return AUTO
     try:

@@ -11,11 +11,43 @@ DEFAULT_DRAFT_CONFIDENCE = 0.4
 DEFAULT_LOOKUP = False  # measured: 3-gram lookups drafted worse than the model (tau 7.2-8.0 vs 8.7-9.0)
 DEFAULT_PREPACK = True  # measured: a 21-token target forward 1289 -> 424 ms, a 1-token one 395 -> 317 ms
 
-# MARS's close-call margin and threshold, chosen by the greedy sweep on the default pair (docs/results.md,
-# "MARS quality"): relax only where the target prefers its top choice at most 2x over the draft's
-# (p2/p1 > 0.5). It lost no HumanEval-30 problem (1.03x strict's speed) and was net even on GSM8K-30
-# (lost 3, won 3; 1.11x). The paper's logit ratio z2/z1 > 0.9 was faster (1.07x, 1.25x) but lost 4 of
-# HumanEval's 27. No setting met tau >= 1.05x strict at full recovery on both tasks; this is the fastest
-# that kept recovery >= 99% on both. `marspec calibrate` and theta="auto" choose per pair by measurement.
+# MARS's close-call margin and threshold when greedy, chosen by the greedy sweep on the default pair
+# (docs/results.md, "MARS quality"): relax only where the target prefers its top choice at most 2x over
+# the draft's (p2/p1 > 0.5). It lost no HumanEval-30 problem (1.03x strict's speed) and was net even on
+# GSM8K-30 (lost 3, won 3; 1.11x). The paper's logit ratio z2/z1 > 0.9 was faster (1.07x, 1.25x) but lost
+# 4 of HumanEval's 27. No setting met tau >= 1.05x strict at full recovery on both tasks; this is the
+# fastest that kept recovery >= 99% on both. `marspec calibrate` and theta="auto" choose per pair by
+# measurement.
 DEFAULT_THETA = 0.5
 DEFAULT_MARGIN = "prob_ratio"
+
+# The same when sampling (temperature > 0), which the quality issue allowed to differ. Measured at T = 1.0,
+# 3 samples per question (docs/results.md): looser settings (prob_ratio 0.3, the paper's logit_ratio 0.9)
+# kept code's answers (HumanEval-30: recovery 105-106%, tau 1.08-1.11x strict) but lost arithmetic's
+# (GSM8K-30: 83% and 73%), so sampling keeps the greedy default.
+SAMPLING_THETA = DEFAULT_THETA
+SAMPLING_MARGIN = DEFAULT_MARGIN
+
+# The threshold a margin takes when it is named without one. The scales differ, so one number cannot
+# serve all three: 0.5 on z2/z1 would relax nearly everywhere. logit_ratio: the paper's 0.9;
+# logit_gap: ln 2, the gap at which p2/p1 = 0.5 (at temperature 1 the same close calls as prob_ratio 0.5).
+MARGIN_THETA = {"prob_ratio": 0.5, "logit_ratio": 0.9, "logit_gap": 0.6931471805599453}
+
+
+def default_setting(
+    temperature: float, margin: str | None = None, theta: float | None = None
+) -> tuple[str, float]:
+    """MARS's ``(margin, theta)`` where a caller left ``margin`` and/or ``theta`` unset (None).
+
+    Both unset: the measured default of the decoding regime (greedy, or sampling when ``temperature``
+    > 0). Only ``theta`` given: it applies to that regime's default margin. Only ``margin`` given: the
+    regime's theta if it is that regime's margin, else the margin's own usual threshold (MARGIN_THETA).
+    An unknown margin is passed through for the caller's validation to name."""
+    regime_margin, regime_theta = (
+        (SAMPLING_MARGIN, SAMPLING_THETA) if temperature > 0 else (DEFAULT_MARGIN, DEFAULT_THETA)
+    )
+    if theta is not None:
+        return margin or regime_margin, theta
+    if margin is None or margin == regime_margin:
+        return regime_margin, regime_theta
+    return margin, MARGIN_THETA.get(margin, regime_theta) if isinstance(margin, str) else regime_theta

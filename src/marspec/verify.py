@@ -98,10 +98,12 @@ class Rule:
                 else 0.0 <= float(theta) <= 1.0
             )
             if not valid:
-                raise MarspecError(
-                    f"theta={theta!r} is invalid for rule {self.name!r}: use {_RIVAL_PARAMETERS[self.name]}",
-                    field="theta",
+                problem = (
+                    f"rule {self.name!r} needs theta"
+                    if theta is None
+                    else f"theta={theta!r} is invalid for rule {self.name!r}"
                 )
+                raise MarspecError(f"{problem}: use {_RIVAL_PARAMETERS[self.name]}", field="theta")
         elif self.margin in _RATIO_MARGINS:
             ratio = "z2/z1" if self.margin == "logit_ratio" else "p2/p1"
             if not (finite and 0.0 <= float(theta) <= 1.0):

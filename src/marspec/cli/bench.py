@@ -40,9 +40,8 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
-    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
-    DEFAULT_THETA,
+    default_setting,
 )
 from marspec.errors import MarspecError
 from marspec.eval.methods import METHOD_HELP
@@ -55,8 +54,8 @@ def bench_task(
     task: str,
     limit: int | None,
     method_spec: str,
-    theta: str,
-    margin: str,
+    theta: str | None,
+    margin: str | None,
     k: int,
     out: Path,
     target: str,
@@ -103,6 +102,8 @@ def bench_task(
     if theta_value == AUTO:
         assert auto is not None
         theta_value, margin = auto.theta, auto.margin
+    else:  # unset: the measured default for this run's temperature (kept in config.json as resolved)
+        margin, theta_value = default_setting(sampling.temperature, margin, theta_value)
     assert isinstance(theta_value, float)
     methods = parse_methods(method_spec, theta_value, auto)
     tree_shape = parse_tree_shape(tree)
@@ -173,8 +174,8 @@ def bench(
             help=f"Comma-separated: {METHOD_HELP}",
         ),
     ] = "plain,strict,mars,hf-assisted",
-    theta: ThetaOpt = str(DEFAULT_THETA),
-    margin: MarginOpt = DEFAULT_MARGIN,
+    theta: ThetaOpt = None,
+    margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/bench"),
     target: TargetOpt = DEFAULT_TARGET,
@@ -252,7 +253,7 @@ def sweep(
         "0.80,0.84,0.88,0.90,0.92,0.96,1.0"
     ),
     limit: LimitOpt = None,
-    margin: MarginOpt = DEFAULT_MARGIN,
+    margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
     out: OutOpt = Path("runs/sweep"),
     target: TargetOpt = DEFAULT_TARGET,
@@ -293,7 +294,7 @@ def sweep(
             task=task,
             limit=limit,
             method_spec=spec,
-            theta=str(DEFAULT_THETA),
+            theta=None,
             margin=margin,
             k=k,
             out=out,

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA, SAMPLING_MARGIN, SAMPLING_THETA
+
 TargetOpt = Annotated[
     str, typer.Option("--target", help="Target model: a known name, HF folder or .gguf file.")
 ]
@@ -23,12 +25,13 @@ DtypeOpt = Annotated[
 ]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
 ThetaOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--theta",
-        help="MARS's close-call threshold for --margin (default 0.5 on p2/p1: relax where the target prefers "
-        "its top choice at most 2x; chosen by measurement, docs/results.md), 1 = strict; or 'auto': the "
-        "setting `marspec calibrate` chose for this target and draft; a rival rule's parameter.",
+        help="MARS's close-call threshold for --margin; 1 = strict. Default: the setting measured for your "
+        f"decoding (greedy: {DEFAULT_MARGIN} {DEFAULT_THETA:g}; sampling: {SAMPLING_MARGIN} "
+        f"{SAMPLING_THETA:g}; docs/results.md). 'auto': the setting `marspec calibrate` chose for this "
+        "target and draft. A rival rule's parameter.",
     ),
 ]
 DeviceOpt = Annotated[
@@ -40,9 +43,12 @@ DeviceOpt = Annotated[
     ),
 ]
 MarginOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
-        "--margin", help="prob_ratio (p2/p1, the default) | logit_ratio (the paper's z2/z1) | logit_gap"
+        "--margin",
+        help="prob_ratio (p2/p1) | logit_ratio (the paper's z2/z1) | logit_gap (z1 - z2). Default: the "
+        "measured setting's (see --theta); named without --theta, a margin takes its usual threshold "
+        "(logit_ratio 0.9, logit_gap ln 2).",
     ),
 ]
 KOpt = Annotated[

@@ -34,7 +34,6 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
-    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
     DEFAULT_THETA,
 )
@@ -59,8 +58,8 @@ def generate(
     rule: Annotated[
         str, typer.Option("--rule", help="plain | strict | mars; rivals: typical | pthresh | topk (--theta)")
     ] = "mars",
-    theta: ThetaOpt = str(DEFAULT_THETA),
-    margin: MarginOpt = DEFAULT_MARGIN,
+    theta: ThetaOpt = None,
+    margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
     adaptive_k: Annotated[
         bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")

@@ -17,6 +17,7 @@ from marspec.cli.options import (
     DtypeOpt,
     KOpt,
     LookupOpt,
+    MarginOpt,
     PrepackOpt,
     TargetOpt,
     TargetQuantOpt,
@@ -28,9 +29,7 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
-    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
-    DEFAULT_THETA,
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -51,10 +50,8 @@ def serve(
     rule: Annotated[
         str, typer.Option("--rule", help="Default rule: plain | strict | mars | typical | pthresh | topk")
     ] = "mars",
-    theta: ThetaOpt = str(DEFAULT_THETA),
-    margin: Annotated[
-        str, typer.Option("--margin", help="Default margin: logit_ratio | prob_ratio | logit_gap")
-    ] = DEFAULT_MARGIN,
+    theta: ThetaOpt = None,
+    margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")
