@@ -199,6 +199,9 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     with pytest.raises(MarspecError, match="not a whole run"):
         resummarize(tmp_path)
     assert (tmp_path / SUMMARY_JSON).read_text() == summary_before  # nothing overwritten
+    (tmp_path / RECORDS_FILE).unlink()
+    with pytest.raises(MarspecError, match=r"no records\.jsonl"):
+        resummarize(tmp_path)
 
 
 def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, tmp_path):

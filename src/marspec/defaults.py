@@ -3,6 +3,9 @@
 Kept in a module without heavy imports so the CLI can show them in --help without loading torch.
 """
 
+import math
+import numbers
+
 # Most draft tokens per step; confidence-stopped drafts are usually shorter. With prepacked kernels a
 # 13-token verification costs about one step: k = 12 measured 3.52x against 3.13x for k = 8.
 DEFAULT_K = 12
@@ -31,7 +34,7 @@ SAMPLING_MARGIN = DEFAULT_MARGIN
 # The threshold a margin takes when it is named without one. The scales differ, so one number cannot
 # serve all three: 0.5 on z2/z1 would relax nearly everywhere. logit_ratio: the paper's 0.9;
 # logit_gap: ln 2, the gap at which p2/p1 = 0.5 (at temperature 1 the same close calls as prob_ratio 0.5).
-MARGIN_THETA = {"prob_ratio": 0.5, "logit_ratio": 0.9, "logit_gap": 0.6931471805599453}
+MARGIN_THETA = {"prob_ratio": 0.5, "logit_ratio": 0.9, "logit_gap": math.log(2)}
 
 
 def default_setting(
@@ -43,8 +46,10 @@ def default_setting(
     > 0). Only ``theta`` given: it applies to that regime's default margin. Only ``margin`` given: the
     regime's theta if it is that regime's margin, else the margin's own usual threshold (MARGIN_THETA).
     An unknown margin is passed through for the caller's validation to name."""
+    # A temperature that is not a number is left for the caller's validation to name, as a margin is.
+    sampling = isinstance(temperature, numbers.Real) and temperature > 0
     regime_margin, regime_theta = (
-        (SAMPLING_MARGIN, SAMPLING_THETA) if temperature > 0 else (DEFAULT_MARGIN, DEFAULT_THETA)
+        (SAMPLING_MARGIN, SAMPLING_THETA) if sampling else (DEFAULT_MARGIN, DEFAULT_THETA)
     )
     if theta is not None:
         return margin or regime_margin, theta

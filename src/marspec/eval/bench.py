@@ -136,10 +136,17 @@ def whole_run(run_dir: Path) -> tuple[BenchConfig, dict[str, Any]]:
     """A finished run's ``(config, summary)``; a MarspecError if any planned decode of its methods on its
     questions is missing, so a partial run is never read as a whole one."""
     raw, summary = read_run(run_dir)
-    config = BenchConfig(**{**raw, "methods": tuple(raw["methods"])})
+    try:
+        config = BenchConfig(**{**raw, "methods": tuple(raw["methods"])})
+    except TypeError as exc:  # a field added since has no default, or one was removed
+        raise MarspecError(f"{run_dir} was written by an older marspec ({exc}): it cannot be read") from None
+    if not (run_dir / RECORDS_FILE).is_file():
+        raise MarspecError(
+            f"{run_dir} holds a summary but no {RECORDS_FILE}: without its records it cannot be checked "
+            "whole or summarized again"
+        )
     records = load_records(run_dir)
-    # Summaries written before they listed their questions: the questions the records hold.
-    qids = summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
+    qids = _summarized_qids(summary, records)
     missing = len(qids) != summary["questions"] or not all(
         (qid, method, sample) in records
         for index, qid in enumerate(qids)
@@ -331,8 +338,13 @@ def resummarize(run_dir: Path) -> dict[str, Any]:
     are the ones its summary lists; a partial run is refused, as by :func:`whole_run`."""
     config, summary = whole_run(run_dir)
     records = load_records(run_dir)
-    qids = summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
+    qids = _summarized_qids(summary, records)
     return write_summary(run_dir, config, list(summary["methods"]), qids, records)
+
+
+def _summarized_qids(summary: dict[str, Any], records: dict[RecordKey, dict]) -> list[str]:
+    # Summaries written before they listed their questions: the questions the records hold.
+    return summary.get("qids") or list(dict.fromkeys(q for q, _, _ in records))
 
 
 def load_costs(out_dir: Path) -> ForwardCosts | None:
