@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from marspec.cli import app
-from marspec.defaults import DEFAULT_K, DEFAULT_THETA
+from marspec.defaults import DEFAULT_K, DEFAULT_MARGIN, DEFAULT_THETA, SAMPLING_MARGIN, SAMPLING_THETA
 from marspec.serve.process import ServerProcess, launch
 
 MODEL = "smollm2-135m-instruct"
@@ -231,7 +231,15 @@ def test_a_chats_next_turn_reuses_the_cache_and_answers_as_if_fresh(client: open
 
 def test_models_and_health(client: openai.OpenAI, http: httpx.Client) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
-    assert client.models.retrieve(MODEL).model_extra["context_length"] == 8192
+    card = client.models.retrieve(MODEL).model_extra
+    assert card["context_length"] == 8192
+    # The defaults a request without a "marspec" field gets, greedy and sampling, stated by the server.
+    assert card["marspec"] == {
+        "rule": "mars",
+        "k": DEFAULT_K,
+        "greedy": {"margin": DEFAULT_MARGIN, "theta": DEFAULT_THETA},
+        "sampling": {"margin": SAMPLING_MARGIN, "theta": SAMPLING_THETA},
+    }
     health = http.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
@@ -730,8 +738,11 @@ def test_theta_auto_server_uses_the_pairs_calibration(tmp_path, monkeypatch) -> 
                     "marspec": {"theta": 0.05, "margin": "prob_ratio"},
                 },
             ).json()
+            card = c.get(f"/v1/models/{MODEL}").json()["marspec"]
         assert auto["choices"][0]["text"] == explicit["choices"][0]["text"]
         assert auto["marspec"]["accepted_relaxed"] == explicit["marspec"]["accepted_relaxed"]
         assert (auto["marspec"]["theta"], auto["marspec"]["margin"]) == (0.05, "prob_ratio")  # resolved
+        assert card["greedy"] == {"margin": "prob_ratio", "theta": 0.05}
+        assert "marspec calibrate" in card["sampling"]["error"]  # only greedy was calibrated
     finally:
         assert proc.stop() == 0

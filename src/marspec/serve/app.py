@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
-from marspec.api import Decoder
+from marspec.api import Decoder, GenerationOptions
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt, fewest_tokens, longest_token_bytes, render_prompt
 from marspec.serve.body_limit import BodySizeLimit
@@ -50,6 +50,7 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     bytes_per_token = longest_token_bytes(decoder.tokenizer)
     has_drafter = decoder.drafter is not None
     started = int(time.time())
+    defaults_card = _defaults_card(decoder, settings.defaults)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -170,6 +171,7 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
             "created": started,
             "owned_by": "marspec",
             "context_length": context_length,
+            "marspec": defaults_card,
         }
 
     @app.get("/v1/models")
@@ -194,6 +196,20 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def _defaults_card(decoder: Decoder, defaults: GenerationOptions) -> dict[str, Any]:
+    """What a request that sets no ``marspec`` field gets: the rule and k, and the margin and theta it
+    decodes with when greedy and when sampling (they may differ, by measurement or by calibration)."""
+    card: dict[str, Any] = {"rule": defaults.rule, "k": defaults.k}
+    for regime, temperature in (("greedy", 0.0), ("sampling", 1.0)):
+        try:
+            resolved = decoder.resolve_theta(replace(defaults, temperature=temperature))
+        except MarspecError as exc:  # theta="auto" with no calibration for this regime
+            card[regime] = {"error": str(exc)}
+            continue
+        card[regime] = {"margin": resolved.margin, "theta": resolved.theta}
+    return card
 
 
 class RequestMetrics:
