@@ -24,6 +24,7 @@ runner = CliRunner()
         (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
         (["generate", "hi", "--rule", "fast"], "unknown rule"),
         (["generate", "hi", "--rule", "topk", "--theta", "2.5"], "invalid for rule 'topk'"),
+        (["generate", "hi", "--rule", "topk"], "rule 'topk' needs theta"),
         (["generate", "hi", "--rule", "typical", "--theta", "auto"], "MARS's calibrated setting"),
         (["bench", "--methods", "strict,pthresh@1.5"], "invalid for rule 'pthresh'"),
         (["generate", "hi", "--margin", "vibes"], "unknown margin"),
