@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
-from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA
+from marspec.defaults import DEFAULT_MARGIN, default_setting
 from marspec.errors import MarspecError
 
 if TYPE_CHECKING:
@@ -75,7 +75,9 @@ class Rule:
     """
 
     name: RuleName = "mars"
-    theta: float = DEFAULT_THETA
+    # Unset (None): for MARS and strict, the margin's threshold when greedy (marspec.defaults): the
+    # default setting, or a named margin's own usual one; a rival rule must be given its parameter.
+    theta: float = None  # type: ignore[assignment]
     margin: MarginName = DEFAULT_MARGIN  # type: ignore[assignment]
     guard: GuardName = "none"
 
@@ -87,6 +89,8 @@ class Rule:
         if self.margin not in MARGINS:
             raise MarspecError(f"unknown margin {self.margin!r}; use one of: {', '.join(MARGINS)}")
         theta = self.theta
+        if theta is None and self.name not in RIVALS:
+            theta = default_setting(0.0, self.margin)[1]
         is_number = isinstance(theta, numbers.Real) and not isinstance(theta, bool)
         finite = is_number and math.isfinite(float(theta))
         if self.name in RIVALS:

@@ -360,15 +360,14 @@ def report(
 ) -> None:
     """Plots (PNG) for each benchmark directory: speed against recovery, theta curve, acceptance by
     position, margin distribution; with --html, the audit page of what the lossy rules changed."""
+    from marspec.eval.bench import SUMMARY_MD
+    from marspec.eval.bench import resummarize as rewrite_summary
     from marspec.eval.report import combined_pareto, make_report
 
     with user_errors():
         for out in runs:
             if resummarize:
-                from marspec.eval.bench import SUMMARY_MD
-                from marspec.eval.bench import resummarize as rewrite
-
-                rewrite(out)
+                rewrite_summary(out)
                 err.print(f"rewrote {out / SUMMARY_MD}")
             for path in make_report(out):
                 err.print(f"wrote {path}")

@@ -135,6 +135,11 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def whole_run(run_dir: Path) -> tuple[BenchConfig, dict[str, Any]]:
     """A finished run's ``(config, summary)``; a MarspecError if any planned decode of its methods on its
     questions is missing, so a partial run is never read as a whole one."""
+    config, summary, _ = _read_whole_run(run_dir)
+    return config, summary
+
+
+def _read_whole_run(run_dir: Path) -> tuple[BenchConfig, dict[str, Any], dict[RecordKey, dict]]:
     raw, summary = read_run(run_dir)
     try:
         config = BenchConfig(**{**raw, "methods": tuple(raw["methods"])})
@@ -156,7 +161,7 @@ def whole_run(run_dir: Path) -> tuple[BenchConfig, dict[str, Any]]:
     )
     if missing:
         raise MarspecError(f"{run_dir} is not a whole run: finish it (rerun its marspec bench) first")
-    return config, summary
+    return config, summary, records
 
 
 def load_records(out_dir: Path) -> dict[RecordKey, dict]:
@@ -336,8 +341,7 @@ def resummarize(run_dir: Path) -> dict[str, Any]:
     """Rewrite a whole run's summary from its records with this version's metrics, without loading a
     model or decoding anything (the records hold every measurement). The run's methods and questions
     are the ones its summary lists; a partial run is refused, as by :func:`whole_run`."""
-    config, summary = whole_run(run_dir)
-    records = load_records(run_dir)
+    config, summary, records = _read_whole_run(run_dir)
     qids = _summarized_qids(summary, records)
     return write_summary(run_dir, config, list(summary["methods"]), qids, records)
 

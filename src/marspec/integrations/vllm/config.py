@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from marspec.defaults import default_setting
 from marspec.errors import MarspecError
 from marspec.verify import Rule
 
@@ -53,12 +52,10 @@ def parse_plugin_config(additional_config: Any) -> PluginConfig | None:
             f'unknown key(s) {", ".join(map(repr, unknown))} in additional_config["{CONFIG_KEY}"]; '
             f"use: {', '.join(_KEYS)}"
         )
-    # Rule validates rule, theta and margin itself; absent keys take Rule's defaults, except that a
-    # margin named without a theta takes that margin's usual threshold (0.5 would mean nothing alike on
-    # z2/z1 and on p2/p1). One rule serves greedy and sampled requests, so it is the greedy default.
+    # Rule validates rule, theta and margin itself; absent keys take Rule's defaults (a margin named
+    # without a theta, its own usual threshold). One rule serves greedy and sampled requests alike, so
+    # it is the greedy default.
     rule_args = {field: settings[key] for key, field in _RULE_FIELDS if key in settings}
-    if "margin" in rule_args and "theta" not in rule_args and rule_args.get("name", "mars") == "mars":
-        rule_args["margin"], rule_args["theta"] = default_setting(0.0, rule_args["margin"])
     try:
         rule = Rule(**rule_args)
     except MarspecError as exc:
