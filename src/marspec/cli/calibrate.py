@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -162,16 +163,23 @@ def choose(
 def _print_calibration(target: str, draft: str, choice: Choice, path: Path) -> None:
     """The candidates' table and the choice, as calibrate and choose report them."""
     regime = "greedy" if not choice.temperature else f"temperature {choice.temperature:g}"
-    table = Table(title=f"calibration of {target} with {draft} ({regime})")
-    for col in ("setting", "task", "speedup vs strict", "tau vs strict", "recovery [95% CI]", "questions"):
-        table.add_column(col, justify="left" if col in ("setting", "task") else "right")
+    # Borderless and unwrapped: a bordered table squeezed into 80 columns cut the settings' names.
+    table = Table(
+        title=f"calibration of {target} with {draft} ({regime}), against strict",
+        caption="* the choice; n: questions per task",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("setting", "task", "speedup", "tau", "recovery [95% CI]", "n"):
+        table.add_column(col, justify="left" if col in ("setting", "task") else "right", no_wrap=True)
     for r in choice.table:
         chosen = (r.margin, r.theta) == (choice.margin, choice.theta)
         recovery = (
             "—" if r.recovery is None else f"{r.recovery:.1%} [{r.recovery_lo:.1%}, {r.recovery_hi:.1%}]"
         )
         table.add_row(
-            f"{r.method}{' (chosen)' if chosen else ''}",
+            f"{r.method}{' *' if chosen else ''}",
             r.task,
             "—" if r.speedup_vs_strict is None else f"{r.speedup_vs_strict:.3f}x",
             "—" if r.tau_vs_strict is None else f"{r.tau_vs_strict:.3f}x",
