@@ -26,6 +26,7 @@ from marspec.eval.bench import (
     resummarize,
     run_bench,
 )
+from marspec.eval.calibrate import choice_from_runs
 from marspec.eval.datasets import load_task
 from marspec.eval.grading import grader_for
 from marspec.eval.methods import parse_methods
@@ -480,6 +481,7 @@ def test_sampled_bench_shares_seeds_limits_plain_and_reports_intervals(decoder, 
     strict, plain = summary["methods"]["strict"], summary["methods"]["plain"]
     assert strict["questions"] == 2 and strict["decodes"] == 4 and plain["questions"] == 1
     assert summary["methods"]["mars-prob@0.3"]["speed_questions"] == 1  # paired with plain's question
+    assert strict["speedup_vs_strict"] == 1.0  # on both questions, not only plain's one
     for m in summary["methods"].values():
         lo, hi = m["score_ci"]
         assert lo <= m["score"] <= hi
@@ -489,6 +491,15 @@ def test_sampled_bench_shares_seeds_limits_plain_and_reports_intervals(decoder, 
     text = (tmp_path / "summary.md").read_text()
     assert "temperature 0.8, 2 samples" in text and "Strict minus plain" in text
     assert "pareto.png" in {p.name for p in make_report(tmp_path)}
+
+    # A calibration read from this run ranks MARS by its speed against strict, not against plain.
+    (candidate,) = choice_from_runs([tmp_path], 0.99)[1].table
+    assert candidate.speedup_vs_strict == summary["methods"]["mars-prob@0.3"]["speedup_vs_strict"]
+    for metrics in summary["methods"].values():
+        del metrics["speedup_vs_strict"]  # as a summary written before the field existed
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(MarspecError, match="--resummarize"):
+        choice_from_runs([tmp_path], 0.99)
 
 
 @pytest.mark.parametrize(

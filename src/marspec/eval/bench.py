@@ -435,6 +435,13 @@ def summarize(
         rate = _mean([_rate(by_q[m][q]) for q in common])
         metrics["speedup"] = rate / base_rate if base_rate else None
         metrics["speed_questions"] = len(common)
+        if "strict" in by_q:
+            # Against strict on every question both ran (plain may have run on a few only): the ratio a
+            # calibration ranks settings by, whatever the run's speed baseline.
+            both = [q for q in by_q[m] if q in by_q["strict"]]
+            strict_rate = _mean([_rate(by_q["strict"][q]) for q in both])
+            own_rate = _mean([_rate(by_q[m][q]) for q in both])
+            metrics["speedup_vs_strict"] = own_rate / strict_rate if strict_rate else None
         paired = [
             q for q in by_q[m] if scores[m].get(q) is not None and scores[quality_base].get(q) is not None
         ]

@@ -60,7 +60,7 @@ def candidates_of(summary: dict[str, Any], methods: Sequence[Method], task: str)
                 margin=m.margin or summary["config"]["margin"],
                 theta=float(m.theta if m.theta is not None else summary["config"]["theta"]),
                 task=task,
-                speedup_vs_strict=metrics["speedup"],
+                speedup_vs_strict=_speedup_vs_strict(summary, m.name),
                 tau_vs_strict=tau / strict_tau if tau and strict_tau else None,
                 recovery=metrics["recovery"],
                 recovery_lo=ci[0],
@@ -69,6 +69,16 @@ def candidates_of(summary: dict[str, Any], methods: Sequence[Method], task: str)
             )
         )
     return rows
+
+
+def _speedup_vs_strict(summary: dict[str, Any], method: str) -> float | None:
+    """``method``'s tokens/s over strict's on the questions both ran; for summaries older than the
+    field, the speedup of a run whose speed baseline was strict (None for one measured against plain,
+    which ``choice_from_runs`` refuses)."""
+    metrics = summary["methods"][method]
+    if "speedup_vs_strict" in metrics:
+        return metrics["speedup_vs_strict"]
+    return metrics["speedup"] if summary.get("baseline", "strict") == "strict" else None
 
 
 def make_choice(
@@ -117,6 +127,13 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
         methods = parse_methods(",".join(summary["methods"]), config["theta"])
         if "strict" not in summary["methods"]:
             raise MarspecError(f"{run} has no strict runs: the reference a calibration measures against")
+        if summary.get("baseline", "strict") != "strict" and any(
+            "speedup_vs_strict" not in metrics for metrics in summary["methods"].values()
+        ):
+            raise MarspecError(
+                f"{run}'s summary predates speedups against strict (its speedups are against "
+                f"{summary['baseline']}): rewrite it with `marspec report --resummarize {run}`"
+            )
         found = candidates_of(summary, methods, task)
         if not found:
             raise MarspecError(
