@@ -481,7 +481,7 @@ def test_sampled_bench_shares_seeds_limits_plain_and_reports_intervals(decoder, 
     strict, plain = summary["methods"]["strict"], summary["methods"]["plain"]
     assert strict["questions"] == 2 and strict["decodes"] == 4 and plain["questions"] == 1
     assert summary["methods"]["mars-prob@0.3"]["speed_questions"] == 1  # paired with plain's question
-    assert strict["speedup_vs_strict"] == 1.0  # on both questions, not only plain's one
+    assert strict["speedup_vs_strict"] == 1.0  # strict against itself, whatever the speed baseline
     for m in summary["methods"].values():
         lo, hi = m["score_ci"]
         assert lo <= m["score"] <= hi
