@@ -422,6 +422,8 @@ class GenerationOptions:
     def with_defaults(self) -> GenerationOptions:
         """These options with an unset theta or margin replaced by the measured default for this
         temperature (``theta="auto"`` is left for :meth:`Decoder.resolve_theta`)."""
+        # The early returns also end the recursion: replace() validates the new options, which resolves
+        # their defaults again, and they are then already set.
         if self.theta == AUTO or (self.theta is not None and self.margin is not None):
             return self
         margin, theta = default_setting(self.temperature, self.margin, self.theta)

@@ -430,18 +430,11 @@ def summarize(
             [r for recs in by_q[m].values() for r in recs], costs
         )
     for m, metrics in per_method.items():
-        common = [q for q in by_q[m] if q in by_q[speed_base]]
-        base_rate = _mean([_rate(by_q[speed_base][q]) for q in common])
-        rate = _mean([_rate(by_q[m][q]) for q in common])
-        metrics["speedup"] = rate / base_rate if base_rate else None
-        metrics["speed_questions"] = len(common)
+        metrics["speedup"], metrics["speed_questions"] = _speed_ratio(by_q[m], by_q[speed_base])
         if "strict" in by_q:
             # Against strict on every question both ran (plain may have run on a few only): the ratio a
             # calibration ranks settings by, whatever the run's speed baseline.
-            both = [q for q in by_q[m] if q in by_q["strict"]]
-            strict_rate = _mean([_rate(by_q["strict"][q]) for q in both])
-            own_rate = _mean([_rate(by_q[m][q]) for q in both])
-            metrics["speedup_vs_strict"] = own_rate / strict_rate if strict_rate else None
+            metrics["speedup_vs_strict"], _ = _speed_ratio(by_q[m], by_q["strict"])
         paired = [
             q for q in by_q[m] if scores[m].get(q) is not None and scores[quality_base].get(q) is not None
         ]
@@ -498,6 +491,14 @@ def _strict_minus_plain(scores: dict[str, dict[str, float | None]], plain_qs: di
         return None
     diff = difference_interval([scores["strict"][q] for q in qs], [scores["plain"][q] for q in qs])
     return {**diff.to_dict(), "questions": len(qs), "excludes_zero": not diff.contains(0.0)}
+
+
+def _speed_ratio(own: dict[str, list[dict]], base: dict[str, list[dict]]) -> tuple[float | None, int]:
+    """Mean tokens/s over mean tokens/s of ``base`` on the questions both ran, and how many those are."""
+    common = [q for q in own if q in base]
+    base_rate = _mean([_rate(base[q]) for q in common])
+    rate = _mean([_rate(own[q]) for q in common])
+    return (rate / base_rate if base_rate else None), len(common)
 
 
 def _rate(recs: list[dict]) -> float:

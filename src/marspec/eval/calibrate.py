@@ -127,14 +127,12 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
         methods = parse_methods(",".join(summary["methods"]), config["theta"])
         if "strict" not in summary["methods"]:
             raise MarspecError(f"{run} has no strict runs: the reference a calibration measures against")
-        if summary.get("baseline", "strict") != "strict" and any(
-            "speedup_vs_strict" not in metrics for metrics in summary["methods"].values()
-        ):
+        found = candidates_of(summary, methods, task)
+        if any(row.speedup_vs_strict is None for row in found):
             raise MarspecError(
                 f"{run}'s summary predates speedups against strict (its speedups are against "
                 f"{summary['baseline']}): rewrite it with `marspec report --resummarize {run}`"
             )
-        found = candidates_of(summary, methods, task)
         if not found:
             raise MarspecError(
                 f"{run} has no MARS setting to choose from (guarded and tree methods cannot be stored)"
