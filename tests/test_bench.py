@@ -80,6 +80,7 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     step = summary["one_token_step"]
     assert step["min_ms"] == pytest.approx(min(plain_steps))
     assert step["max_ms"] == pytest.approx(max(plain_steps))
+    # timing-guard: order statistics of one sample, whatever the machine's speed
     assert step["min_ms"] <= step["median_ms"] <= step["max_ms"] and step["profiled_ms"] > 0
     assert "one-token target step" in (tmp_path / "summary.md").read_text()
     for name in ("plain", "strict", "mars"):
@@ -344,24 +345,42 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_second_turns_reuse_the_first_turns_cache_and_decode_the_same(decoder, tmp_path):
+def test_second_turns_reuse_the_first_turns_cache_and_decode_the_same(decoder, tmp_path, monkeypatch):
     spec = "plain,strict,mars"
     methods = parse_methods(spec, 0.9)
     questions = load_task("mtbench", 1)
-    runs = {}
+    # Count the tokens the target really scores (every chain forward), apart from what the records say.
+    scored: list[int] = []
+    target_forward = decoder.target.forward
+
+    def counting_forward(tokens, *args, **kwargs):
+        scored.append(int(tokens.shape[0]))
+        return target_forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(decoder.target, "forward", counting_forward)
+    runs, target_tokens = {}, {}
     for reuse in (False, True):
+        scored.clear()
         cfg = replace(config(spec), task="mtbench", prefix_reuse=reuse)
         run_bench(decoder, questions, methods, cfg, tmp_path / str(reuse), grader_for("mtbench"))
         runs[reuse] = {r["method"]: r["turns"] for r in load_records(tmp_path / str(reuse)).values()}
+        target_tokens[reuse] = sum(scored)
     for method in ("plain", "strict", "mars"):
         fresh, reused = runs[False][method], runs[True][method]
         assert [t["token_ids"] for t in reused] == [t["token_ids"] for t in fresh], method
         assert [t["reused_tokens"] for t in fresh] == [0, 0]
         # Turn 1 always starts empty, so no method inherits another method's cache; turn 2 keeps at least
-        # turn 1's prompt.
+        # turn 1's prompt, so its prefill scores only the rest of the same prompt.
         assert reused[0]["reused_tokens"] == 0
+        assert reused[1]["prompt_tokens"] == fresh[1]["prompt_tokens"]
         assert reused[1]["reused_tokens"] >= reused[0]["prompt_tokens"] - 1
-        assert reused[1]["prefill_s"] < fresh[1]["prefill_s"]
+        # The same output from the same drafts: the same verification forwards, one prefill each.
+        assert [t["target_forwards"] for t in reused] == [t["target_forwards"] for t in fresh], method
+        assert [t["verify_sizes"] for t in reused] == [t["verify_sizes"] for t in fresh], method
+    # What reuse spared is exactly the tokens the records call reused: the target scored that many fewer.
+    spared = sum(t["reused_tokens"] for turns in runs[True].values() for t in turns)
+    assert spared > 0
+    assert target_tokens[False] - target_tokens[True] == spared
 
 
 def test_tree_methods_run_in_the_bench_and_strict_tree_equals_plain(decoder, tmp_path):

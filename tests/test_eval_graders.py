@@ -184,7 +184,8 @@ def test_infinite_loop_times_out() -> None:
     outcome = _run("while True:\n    pass", timeout_s=1.5)
     elapsed = time.monotonic() - start
     assert outcome.status == "timeout" and not outcome.passed
-    assert elapsed < 60  # it was stopped (a busy machine may be slow to start and end the subprocess)
+    # timing-guard: 40x the sandbox's limit; only a sandbox that never stops the child exceeds it
+    assert elapsed < 60
 
 
 def test_syntax_error_is_an_error() -> None:

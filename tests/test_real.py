@@ -130,7 +130,7 @@ def test_wall_time_splits_into_forwards_and_overhead(runs):
         stats = runs[prompt, "mars09"].stats
         assert stats.target_forward_s > 0 and stats.draft_forward_s > 0 and stats.overhead_s >= 0
         forwards = stats.target_forward_s + stats.draft_forward_s
-        assert forwards <= stats.wall_s * (1 + 1e-6)
+        assert forwards <= stats.wall_s * (1 + 1e-6)  # timing-guard: the forwards are parts of the wall time
         assert stats.overhead_s == pytest.approx(stats.wall_s - forwards, abs=1e-6)
 
 
