@@ -55,12 +55,14 @@ def test_sampling_without_a_seed_leaves_torch_global_rng_alone(decoder):
     [
         ({"speed": 3}, "unknown generation option"),
         ({"rule": "greedy"}, "unknown rule"),
-        ({"theta": 1.01}, "theta"),
+        ({"rule": "mars", "theta": 1.01}, "theta"),
         ({"k": 0}, "k (draft length)"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": "hot"}, "temperature must be a finite number"),
-        ({"margin": "kl"}, "unknown margin"),
-        ({"margin": "logit_gap", "theta": -1.0}, "logit_gap"),
+        ({"rule": "mars", "margin": "kl"}, "unknown margin"),
+        ({"rule": "mars", "margin": "logit_gap", "theta": -1.0}, "logit_gap"),
+        ({"theta": 0.9}, "no rule is named"),
+        ({"margin": "logit_ratio"}, "no rule is named"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"stop": [""]}, "stop strings"),
         ({"seed": 2**64}, "seed"),
@@ -100,12 +102,28 @@ def test_options_are_checked_when_built_not_when_generating():
         GenerationOptions(seed=-(2**63) - 1)
 
 
+def test_no_rule_named_is_strict_and_a_lossy_setting_without_a_rule_is_refused():
+    from marspec.defaults import DEFAULT_RULE
+
+    assert DEFAULT_RULE == "strict"
+    options = GenerationOptions()
+    assert options.rule == "strict" and options.decode_config(frozenset()).rule.name == "strict"
+    assert GenerationOptions(temperature=1.0).rule == "strict"
+    assert GenerationOptions.of({"k": 4}).rule == "strict"
+    for lossy in ({"theta": 0.9}, {"margin": "logit_ratio"}, {"theta": "auto"}):
+        with pytest.raises(MarspecError, match=r"no rule is named.*rule='mars'"):
+            GenerationOptions.of(lossy)
+        assert GenerationOptions.of({"rule": "mars", **lossy}).rule == "mars"
+    # A named lossless rule keeps ignoring a theta (the demo passes one theta to every row).
+    assert GenerationOptions(rule="strict", theta=0.9).decode_config(frozenset()).rule.name == "strict"
+
+
 def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime(monkeypatch):
     from marspec import defaults
     from marspec.verify import Rule
 
     def rule(**options) -> Rule:
-        return GenerationOptions(**options).decode_config(frozenset()).rule
+        return GenerationOptions(rule="mars", **options).decode_config(frozenset()).rule
 
     greedy = Rule("mars", defaults.DEFAULT_THETA, defaults.DEFAULT_MARGIN)
     assert rule() == greedy
@@ -118,7 +136,7 @@ def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime
     # once, follow each request's temperature): shown with a sampling default that differs.
     monkeypatch.setattr(defaults, "SAMPLING_MARGIN", "logit_ratio")
     monkeypatch.setattr(defaults, "SAMPLING_THETA", 0.95)
-    server_defaults = GenerationOptions(k=4)
+    server_defaults = GenerationOptions(rule="mars", k=4)
     assert server_defaults.decode_config(frozenset()).rule == greedy
     sampled = GenerationOptions(**{**server_defaults.__dict__, "temperature": 0.7})
     assert sampled.decode_config(frozenset()).rule == Rule("mars", 0.95, "logit_ratio")

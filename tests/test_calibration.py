@@ -132,7 +132,19 @@ def test_cli_calibrate_end_to_end_then_theta_auto(calibration_dir, tmp_path):
     }
     gen = runner.invoke(
         app,
-        ["generate", "Count to three.", "--target", SMALL, "--draft", "ngram", "--theta", "auto", "--json"],
+        [
+            "generate",
+            "Count to three.",
+            "--target",
+            SMALL,
+            "--draft",
+            "ngram",
+            "--rule",
+            "mars",
+            "--theta",
+            "auto",
+            "--json",
+        ],
     )
     assert gen.exit_code == 0, gen.output
     assert json.loads(gen.output.splitlines()[-1])["stats"]["new_tokens"] > 0
@@ -163,7 +175,10 @@ def test_cli_calibrate_end_to_end_then_theta_auto(calibration_dir, tmp_path):
         (["calibrate", "--candidates", "plain"], "no MARS setting"),
         (["calibrate", "--candidates", "mars-prob@0.5+next"], "do not describe +next"),
         (["choose", ".", "--budget", "0"], "--budget"),
-        (["generate", "hi", "--target", SMALL, "--draft", "ngram", "--theta", "auto"], "marspec calibrate"),
+        (
+            ["generate", "hi", "--target", SMALL, "--draft", "ngram", "--rule", "mars", "--theta", "auto"],
+            "marspec calibrate",
+        ),
         (["generate", "hi", "--theta", "high"], "--theta must be a number"),
         (["bench", "--theta", "auto", "--target", SMALL, "--draft", "ngram"], "marspec calibrate"),
     ],

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import SMALL
 from typer.testing import CliRunner
 
 from marspec.cli import app
@@ -17,8 +18,9 @@ runner = CliRunner()
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["generate", "hi", "--theta", "1.5"], "theta"),
-        (["generate", "hi", "--theta", "-0.1"], "[0, 1]"),
+        (["generate", "hi", "--rule", "mars", "--theta", "1.5"], "theta"),
+        (["generate", "hi", "--rule", "mars", "--theta", "-0.1"], "[0, 1]"),
+        (["generate", "hi", "--theta", "0.9"], "no rule is named"),
         (["generate", "hi", "--k", "0"], "k (draft length)"),
         (["generate", "hi", "--temperature", "-1"], "temperature"),
         (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
@@ -27,7 +29,7 @@ runner = CliRunner()
         (["generate", "hi", "--rule", "topk"], "rule 'topk' needs theta"),
         (["generate", "hi", "--rule", "typical", "--theta", "auto"], "MARS's calibrated setting"),
         (["bench", "--methods", "strict,pthresh@1.5"], "invalid for rule 'pthresh'"),
-        (["generate", "hi", "--margin", "vibes"], "unknown margin"),
+        (["generate", "hi", "--rule", "mars", "--margin", "vibes"], "unknown margin"),
         (["generate", "hi", "--dtype", "fp8"], "unknown dtype"),
         (["generate", "   "], "empty prompt"),
         (["generate", "hi", "--target", "no-such-model"], "unknown model"),
@@ -121,3 +123,51 @@ def test_generate_json_on_real_small_model():
     assert all(0 <= p < len(data["token_ids"]) for p in data["relaxed_positions"])
     assert len(data["relaxed_positions"]) <= data["stats"]["accepted_relaxed"]
     assert data["stats"]["tau"] >= 1.0
+
+
+def test_generate_without_a_rule_decodes_exactly_like_plain():
+    """No --rule: the lossless default (strict speculative decoding) gives plain decoding's tokens, on
+    a prompt where MARS at the paper's setting does relax (found with the server's tests)."""
+
+    def run(*flags: str) -> dict:
+        args = ["generate", "Explain what a list is in Python, briefly.", "--target", SMALL]
+        result = runner.invoke(app, [*args, "--draft", "ngram", "--max-new-tokens", "40", *flags, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    default, plain = run(), run("--rule", "plain")
+    mars = run("--rule", "mars", "--theta", "0.9", "--margin", "logit_ratio")
+    assert default["token_ids"] == plain["token_ids"] != mars["token_ids"]
+    assert default["stats"]["drafted"] > 0 and default["stats"]["accepted_relaxed"] == 0
+    assert mars["stats"]["accepted_relaxed"] > 0
+
+
+def test_help_states_the_default_rule():
+    for command in ("generate", "serve"):
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0
+        assert "Default: strict (lossless" in " ".join(result.output.split())
+
+
+def test_demo_says_which_rows_are_lossless():
+    args = [
+        "demo",
+        "--target",
+        SMALL,
+        "--draft",
+        "ngram",
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--json",
+    ]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {r["method"]: r["lossless"] for r in rows} == {"plain": True, "strict": True, "mars": False}
+    strict = next(r for r in rows if r["method"] == "strict")
+    assert strict["same_as_plain"] == strict["prompts"] and strict["relaxed_share"] == 0
+    header = next(line for line in result.stdout.splitlines() if "lossless" in line)
+    columns = "method lossless tokens tok/s speedup tau relaxed overhead = plain"
+    assert header.split() == columns.split()  # every header whole in 80 columns

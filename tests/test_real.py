@@ -34,13 +34,14 @@ def decoder() -> Decoder:
 
 @pytest.fixture(scope="module")
 def runs(decoder):
-    """Every prompt decoded with plain, strict, MARS(theta=1) and MARS(theta=0.9), with token trees
-    under strict and MARS(theta=1), and with the rival rules at their no-relax settings and at one that
-    relaxes."""
+    """Every prompt decoded with plain, no rule named, strict, MARS(theta=1) and MARS(theta=0.9), with
+    token trees under strict and MARS(theta=1), and with the rival rules at their no-relax settings and at
+    one that relaxes."""
     out = {}
     for prompt in PROMPTS:
         for name, opts in {
             "plain": {"rule": "plain"},
+            "default": {},  # no rule named: the lossless default, on a pair no calibration certified
             "strict": {"rule": "strict"},
             "mars1": {"rule": "mars", "theta": 1.0},
             "mars09": PAPER,
@@ -63,6 +64,8 @@ def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
     plain = runs[prompt, "plain"]
     assert len(plain.token_ids) == NEW_TOKENS  # the prompts are chosen to run the whole budget
     assert runs[prompt, "strict"].token_ids == plain.token_ids
+    default = runs[prompt, "default"]
+    assert default.token_ids == plain.token_ids and default.stats.drafted > 0  # speculative, lossless
     assert runs[prompt, "mars1"].token_ids == plain.token_ids
     assert runs[prompt, "mars1"].stats.accepted_relaxed == 0
     assert runs[prompt, "strict"].stats.target_forwards < plain.stats.target_forwards

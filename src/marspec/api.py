@@ -30,6 +30,7 @@ from marspec.defaults import (
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     default_setting,
+    rule_to_use,
 )
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
@@ -344,6 +345,10 @@ class GenerationOptions:
         rule: ``plain`` (no drafter), ``strict`` (lossless speculative), ``mars`` (relax near-ties), or
             a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang) or ``topk``
             (TensorRT-LLM), whose parameter is ``theta`` (see :mod:`marspec.verify`, docs/rules.md).
+            Not named (None): ``strict`` (:data:`marspec.defaults.DEFAULT_RULE`), lossless: the output
+            is the target's own decoding, token for token when greedy. A ``theta`` or ``margin`` with
+            no rule named is an error, since they tune a lossy rule. After construction this field
+            holds the rule in use.
         theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
             Unset (None), MARS takes the setting measured on the default pair for the decoding regime
             (:func:`marspec.defaults.default_setting`): 0.5 on ``prob_ratio`` when greedy
@@ -379,7 +384,7 @@ class GenerationOptions:
             (dynamic quantisation scales each forward as a whole, so its cache depends on chunking).
     """
 
-    rule: str = "mars"
+    rule: str | None = None
     theta: float | Literal["auto"] | None = None
     margin: str | None = None
     k: int = DEFAULT_K
@@ -394,6 +399,8 @@ class GenerationOptions:
     reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
+        # Frozen: the resolved rule is written once, here, so every later copy (replace) holds it named.
+        object.__setattr__(self, "rule", rule_to_use(self.rule, self.theta, self.margin))
         if self.rule not in RULES:
             raise MarspecError(f"unknown rule {self.rule!r}: choose one of {', '.join(RULES)}")
         if self.theta == AUTO and self.rule in RIVALS:

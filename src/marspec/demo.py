@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from marspec.api import Decoder, GenerationResult
-from marspec.defaults import DEFAULT_K, DEFAULT_THETA
+from marspec.defaults import DEFAULT_K, DEFAULT_THETA, LOSSLESS_RULES
 
 # A handful of prompts across the kinds of work the paper measures: code, math and chat.
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
@@ -34,6 +34,11 @@ class MethodSummary:
     name: str
     results: list[GenerationResult] = field(default_factory=list)
     same_as_plain: int = 0
+
+    @property
+    def lossless(self) -> bool:
+        """Whether the method returns the target's own decoding (plain, strict) rather than relaxing."""
+        return dict(METHODS)[self.name]["rule"] in LOSSLESS_RULES
 
     @property
     def tokens(self) -> int:

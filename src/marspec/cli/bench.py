@@ -112,8 +112,13 @@ def bench_task(
     if tree_shape is None and any(m.tree for m in methods):
         raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
-    GenerationOptions(
-        theta=theta_value, margin=margin, k=k, max_new_tokens=new_tokens, temperature=sampling.temperature
+    GenerationOptions(  # validates the run's MARS setting (the methods' own rules are checked apart)
+        rule="mars",
+        theta=theta_value,
+        margin=margin,
+        k=k,
+        max_new_tokens=new_tokens,
+        temperature=sampling.temperature,
     )
     questions = load_task(task, limit, offset)
     needs_draft = any(m.needs_draft_model for m in methods)

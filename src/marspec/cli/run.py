@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -35,6 +36,7 @@ from marspec.defaults import (
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
+    DEFAULT_RULE,
     DEFAULT_THETA,
 )
 from marspec.errors import MarspecError
@@ -56,8 +58,15 @@ def generate(
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     rule: Annotated[
-        str, typer.Option("--rule", help="plain | strict | mars; rivals: typical | pthresh | topk (--theta)")
-    ] = "mars",
+        str | None,
+        typer.Option(
+            "--rule",
+            help="plain | strict | mars; rivals: typical | pthresh | topk (--theta). "
+            f"Default: {DEFAULT_RULE} (lossless: the target's own output); --rule mars relaxes near-ties "
+            "(faster, and it may change answers).",
+            show_default=False,
+        ),
+    ] = None,
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
@@ -93,7 +102,7 @@ def generate(
         )
         decoder = load_decoder(
             target,
-            None if rule == "plain" else draft,
+            None if options.rule == "plain" else draft,
             dtype,
             threads,
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
@@ -136,7 +145,8 @@ def demo(
 
     with user_errors():
         theta_value = parse_theta(theta)
-        GenerationOptions(theta=theta_value, k=k, max_new_tokens=max_new_tokens)  # fail fast, before loading
+        # Fail fast, before loading: theta is MARS's (the demo's strict and plain rows ignore it).
+        GenerationOptions(rule="mars", theta=theta_value, k=k, max_new_tokens=max_new_tokens)
         if draft in ("none",):
             raise MarspecError(
                 "the demo compares speculative methods: give a drafter with --draft NAME|ngram"
@@ -148,7 +158,7 @@ def demo(
             threads,
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
         )
-        decoder.resolve_theta(GenerationOptions(theta=theta_value))  # theta=auto: calibrated? (fail fast)
+        decoder.resolve_theta(GenerationOptions(rule="mars", theta=theta_value))  # auto: calibrated?
         total = len(DEMO_PROMPTS) * len(METHODS)
         with progress(err, "generating", total) as advance:
 
@@ -163,13 +173,18 @@ def demo(
     plain = summaries[0]
     table = Table(
         title=f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, theta={theta}, "
-        f"{len(DEMO_PROMPTS)} prompts x {max_new_tokens} new tokens"
+        f"{len(DEMO_PROMPTS)} prompts x {max_new_tokens} new tokens",
+        box=box.SIMPLE_HEAD,  # with the two below, fits 80 columns with every header whole
+        collapse_padding=True,
+        pad_edge=False,
     )
-    for col in ("method", "tokens", "tok/s", "speedup", "tau", "relaxed share", "overhead", "same as plain"):
-        table.add_column(col, justify="left" if col == "method" else "right")
+    columns = ("method", "lossless", "tokens", "tok/s", "speedup", "tau", "relaxed", "overhead")
+    for col in (*columns, "= plain"):
+        table.add_column(col, justify="left" if col in ("method", "lossless") else "right")
     for s in summaries:
         table.add_row(
             s.name,
+            "yes" if s.lossless else "no",
             str(s.tokens),
             f"{s.mean_tokens_per_s:.2f}",
             f"{s.mean_tokens_per_s / plain.mean_tokens_per_s:.2f}x",
@@ -179,12 +194,18 @@ def demo(
             f"{s.same_as_plain}/{len(s.results)}",
         )
     Console().print(table)
+    err.print(
+        "lossless: the target's own greedy output. relaxed: accepted draft tokens that were the target's "
+        "runner-up at a near-tie (mars only: faster, and it can change answers, see docs/results.md). "
+        "= plain: prompts whose output equals plain decoding's."
+    )
     if as_json:
         print(
             json.dumps(
                 [
                     {
                         "method": s.name,
+                        "lossless": s.lossless,
                         "tokens": s.tokens,
                         "tokens_per_s": s.mean_tokens_per_s,
                         "speedup": s.mean_tokens_per_s / plain.mean_tokens_per_s,

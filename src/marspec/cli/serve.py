@@ -30,6 +30,7 @@ from marspec.defaults import (
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
+    DEFAULT_RULE,
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -48,8 +49,14 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
     rule: Annotated[
-        str, typer.Option("--rule", help="Default rule: plain | strict | mars | typical | pthresh | topk")
-    ] = "mars",
+        str | None,
+        typer.Option(
+            "--rule",
+            help="Rule for requests that name none: plain | strict | mars | typical | pthresh | topk. "
+            f"Default: {DEFAULT_RULE} (lossless); a request picks its own with marspec.rule.",
+            show_default=False,
+        ),
+    ] = None,
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
@@ -95,16 +102,19 @@ def serve(
             ) from None
         from marspec.api import GenerationOptions
 
-        if rule != "plain" and draft == "none":
-            raise MarspecError(f"--rule {rule} needs a drafter: give --draft NAME|ngram, or use --rule plain")
+        defaults = GenerationOptions(
+            rule=rule, theta=parse_theta(theta), margin=margin, k=k, max_new_tokens=max_tokens
+        )
+        if defaults.rule != "plain" and draft == "none":
+            raise MarspecError(
+                f"--rule {defaults.rule} needs a drafter: give --draft NAME|ngram, or use --rule plain"
+            )
         levels = ("critical", "error", "warning", "info", "debug", "trace")
         if log_level not in levels:
             raise MarspecError(f"unknown --log-level {log_level!r}: choose one of {', '.join(levels)}")
         settings = ServerSettings(
             model_name=served_model_name or target,
-            defaults=GenerationOptions(
-                rule=rule, theta=parse_theta(theta), margin=margin, k=k, max_new_tokens=max_tokens
-            ),
+            defaults=defaults,
             max_queue=max_queue,
             request_timeout=request_timeout or None,
             shutdown_grace=shutdown_grace,

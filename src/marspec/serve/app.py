@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
 from marspec.api import Decoder, GenerationOptions
+from marspec.defaults import LOSSLESS_RULES
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt, fewest_tokens, longest_token_bytes, render_prompt
 from marspec.serve.body_limit import BodySizeLimit
@@ -199,9 +200,13 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
 
 
 def _defaults_card(decoder: Decoder, defaults: GenerationOptions) -> dict[str, Any]:
-    """What a request that sets no ``marspec`` field gets: the rule and k, and the margin and theta it
-    decodes with when greedy and when sampling (they may differ, by measurement or by calibration)."""
-    card: dict[str, Any] = {"rule": defaults.rule, "k": defaults.k}
+    """What a request that sets no ``marspec`` field gets: the rule, whether it is lossless, k, and for a
+    lossy rule the margin and theta it decodes with when greedy and when sampling (they may differ, by
+    measurement or by calibration)."""
+    lossless = defaults.rule in LOSSLESS_RULES
+    card: dict[str, Any] = {"rule": defaults.rule, "lossless": lossless, "k": defaults.k}
+    if lossless:
+        return card  # a margin or theta would mean nothing to it
     for regime, temperature in (("greedy", 0.0), ("sampling", 1.0)):
         try:
             resolved = decoder.resolve_theta(replace(defaults, temperature=temperature))

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from marspec.api import GenerationOptions
+from marspec.defaults import LOSSLESS_RULES
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt
 from marspec.serve.errors import ApiError
@@ -161,6 +162,15 @@ def parse_request(
     _check_api_ranges(body, max_tokens, max_param, context_length)
 
     extra = body.marspec or MarspecParams()
+    tuning = [f"marspec.{f}" for f in ("theta", "margin") if getattr(extra, f) is not None]
+    if tuning and extra.rule is None and settings.defaults.rule in LOSSLESS_RULES:
+        # The server's lossless rule would ignore them: a silent no-op is worse than a clear 400.
+        raise ApiError(
+            400,
+            f"{' and '.join(tuning)} tune a lossy rule, and this server decodes requests that name no rule "
+            f"with {settings.defaults.rule!r}, which never relaxes: add marspec.rule, e.g. 'mars'",
+            param="marspec.rule",
+        )
     overrides = [  # (GenerationOptions field, value, request parameter)
         ("max_new_tokens", max_tokens, max_param),
         ("temperature", body.temperature, "temperature"),
