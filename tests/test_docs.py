@@ -101,6 +101,11 @@ def test_every_relative_link_resolves() -> None:
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+def test_readme_stays_a_short_front_door() -> None:
+    # Issue 38: a newcomer reads the README in two minutes; details belong in docs/ (docs/README.md).
+    assert len(README.read_bytes()) <= 10 * 1024
+
+
 def test_link_check_catches_a_broken_link(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     (tmp_path / "other.md").write_text("# Title here\n\n```\n# not a heading\n```\n", encoding="utf-8")
