@@ -1,4 +1,4 @@
-"""Per-step records of a generation and the metrics derived from them (SPEC: "What is measured")."""
+"""Per-step records of a generation and the metrics derived from them (docs/method.md, "What is measured")."""
 
 from __future__ import annotations
 

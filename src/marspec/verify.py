@@ -7,8 +7,8 @@ positions. A decode step calls :func:`verify_greedy` (temperature 0) or :func:`v
 Shapes: ``K`` is the number of draft tokens, ``V`` the vocabulary size. ``target_logits`` is ``[K+1, V]``:
 row ``i`` scores draft position ``i`` and row ``K`` is the bonus position.
 
-MARS (see SPEC.md) also accepts a draft token that is the target's second choice when the target is nearly
-indifferent between its top two ("close call"). How close is measured by a margin:
+MARS (docs/method.md) also accepts a draft token that is the target's second choice when the target is
+nearly indifferent between its top two ("close call"). How close is measured by a margin:
 
 - ``logit_ratio`` (the paper's default): ``z2 / z1 > theta``, only when ``z1 > 0``;
 - ``prob_ratio``: ``p2 / p1 = exp((z2 - z1) / T) > theta``;

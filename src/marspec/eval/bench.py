@@ -2,8 +2,8 @@
 
 Results stream to ``DIR/records.jsonl`` (one line per question, sample and method), so an interrupted
 run resumes where it stopped; ``DIR/config.json`` guards against mixing configurations; ``summary.json``
-and ``summary.md`` hold the metrics of SPEC ("What is measured") with 95% bootstrap intervals over
-questions for scores and recovery.
+and ``summary.md`` hold the metrics of docs/method.md ("What is measured") with 95% bootstrap intervals
+over questions for scores and recovery.
 
 Under sampling (``temperature > 0``) each question is decoded ``samples`` times per method, with seeds
 derived from (question, sample, turn) and shared by all methods; a question's score is its mean over
