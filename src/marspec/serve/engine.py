@@ -4,8 +4,8 @@ The HTTP side never touches the model (or its tokenizer): it submits a :class:`J
 events (text deltas, then exactly one :class:`Finished` or :class:`Failed`) from an asyncio queue that
 the worker fills through the event loop. Stopping a job (client gone, time limit, shutdown) only sets a
 flag; the worker reads it between decode steps and ends the generation there with
-``GenerationStream.close()``, so the decoder is never interrupted midway through a step and the next
-generation starts from a clean state (every generation resets the model's caches anyway).
+``GenerationStream.close()``, so the decoder is never interrupted midway through a step and its caches
+stay consistent: the next generation keeps what it shares with them (``reuse_prefix``) and scores the rest.
 """
 
 from __future__ import annotations
