@@ -1,5 +1,6 @@
 """Memory while models are rewritten into another layout: pages given back, results unchanged. (The peak
-of loading the real pair is measured by command, with GNU time: docs/results.md, "The demo, memory and bf16 exactness".)"""
+of loading the real pair is measured by command, with GNU time: docs/results.md, "The demo, memory and
+bf16 exactness".)"""
 
 from __future__ import annotations
 
