@@ -434,6 +434,14 @@ def test_bad_method_lists(spec, needle):
         parse_methods(spec, 0.9)
 
 
+def test_a_mars_method_is_validated_against_the_margin_it_runs_with():
+    # Issue 36: an unset margin was validated as logit_ratio, while the library's default is prob_ratio.
+    (mars,) = parse_methods("mars", 2.0, margin="logit_gap")  # the run's margin: a gap of 2 is valid
+    assert (mars.kind, mars.theta, mars.margin) == ("mars", 2.0, None)
+    with pytest.raises(MarspecError, match="invalid for margin 'prob_ratio'"):
+        parse_methods("mars@2", 0.5)  # no margin anywhere: the library's default decides the range
+
+
 def test_rival_methods_parse_with_their_parameter():
     typical, pthresh, topk = parse_methods("typical@0.09,pthresh@0.4,topk@3+tree", 0.9)
     assert (typical.kind, typical.theta, typical.needs_draft_model) == ("typical", 0.09, True)

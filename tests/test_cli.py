@@ -47,6 +47,9 @@ runner = CliRunner()
         (["generate", "hi", "--tree", "2,0"], "tree shape"),
         (["generate", "hi", "--tree", "2", "--temperature", "0.5"], "greedily only"),
         (["bench", "--tree", "2"], "no method drafts a tree"),
+        # The run's margin reaches the methods' validation (issue 36): theta 2 is a valid gap, so the
+        # error is the next check's.
+        (["bench", "--margin", "logit_gap", "--theta", "2", "--methods", "mars", "--tree", "2"], "no method"),
         (["bench", "--methods", "plain,mars+tree"], "needs a tree shape"),
     ],
 )

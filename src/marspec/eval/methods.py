@@ -51,9 +51,12 @@ class Method:
         return self.kind in ("strict", "mars", *RIVALS, "hf-assisted")
 
 
-def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Method]:
-    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta``; ``mars@auto`` takes the
-    margin and theta of ``auto`` (the pair's calibration), which must then be given."""
+def parse_methods(
+    spec: str, theta: float, auto: Rule | None = None, margin: str | None = None
+) -> list[Method]:
+    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta`` and ``margin`` (None: the
+    library's default margin, as :class:`~marspec.api.GenerationOptions` resolves it); ``mars@auto``
+    takes the margin and theta of ``auto`` (the pair's calibration), which must then be given."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise MarspecError(f"no methods given: pass a comma-separated list of {METHOD_HELP}")
@@ -85,9 +88,11 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
                     value = float(arg)
                 except ValueError:
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
-            margin = MARGIN_KINDS.get(kind)
-            GenerationOptions(rule="mars", theta=value, margin=margin or "logit_ratio")  # validates
-            methods.append(Method(name, "mars", value, tree, margin, guard))
+            named = MARGIN_KINDS.get(kind)
+            # Validated against the margin it will run with: its own, else the run's, else the library's
+            # default (GenerationOptions resolves None through marspec.defaults, the one place it lives).
+            GenerationOptions(rule="mars", theta=value, margin=named or margin)
+            methods.append(Method(name, "mars", value, tree, named, guard))
         elif kind in RIVALS:
             if not arg:
                 raise MarspecError(f"method {name!r} needs its parameter: write it as {kind}@VALUE")
@@ -126,7 +131,7 @@ def run_method(
     *,
     k: int,
     max_new_tokens: int,
-    margin: str = "logit_ratio",
+    margin: str | None = None,
     tree: tuple[int, ...] | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
