@@ -422,7 +422,7 @@ def test_methods_can_be_added_to_a_run_and_reuse_its_records(decoder, tmp_path):
         ("topk@2.5", "invalid for rule 'topk'"),
         ("pthresh@x", "must be a number"),
         ("topk@3+next", "only MARS methods"),
-        ("mars+fast", r"suffixes are \+tree and \+next"),
+        ("mars+fast", r"suffixes are \+tree, \+next, \+class"),
         ("strict+next", "only MARS methods"),
         ("mars-prob", "needs its theta"),
         ("mars-prob@1.5", "theta"),

@@ -56,7 +56,10 @@ def generate(
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     rule: Annotated[
-        str, typer.Option("--rule", help="plain | strict | mars; rivals: typical | pthresh | topk (--theta)")
+        str,
+        typer.Option(
+            "--rule", help="plain | strict | mars; rivals: typical | pthresh | topk | fly (--theta)"
+        ),
     ] = "mars",
     theta: ThetaOpt = None,
     margin: MarginOpt = None,

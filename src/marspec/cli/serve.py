@@ -48,7 +48,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
     rule: Annotated[
-        str, typer.Option("--rule", help="Default rule: plain | strict | mars | typical | pthresh | topk")
+        str, typer.Option("--rule", help="Default rule: plain | strict | mars | typical | pthresh | topk | fly")
     ] = "mars",
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
