@@ -69,7 +69,16 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 def test_bench_help_names_every_kind_of_method():
     result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for name in ("mars-prob@THETA", "+next", "typical@EPS", "pthresh@P", "topk@K", "hf-assisted"):
+    for name in (
+        "mars-prob@THETA",
+        "+next",
+        "+class",
+        "typical@EPS",
+        "pthresh@P",
+        "topk@K",
+        "fly@ENTROPY",
+        "hf-assisted",
+    ):
         assert name in result.output
 
 
