@@ -442,6 +442,24 @@ def test_a_mars_method_is_validated_against_the_margin_it_runs_with():
         parse_methods("mars@2", 0.5)  # no margin anywhere: the library's default decides the range
 
 
+def test_fly_and_guarded_methods_parse():
+    fly, fly3, guarded, topk = parse_methods("fly@0.3,fly-w3@0.5,mars-prob@0.5+class,topk@3+class", 0.5)
+    assert (fly.kind, fly.theta, fly.window, fly.needs_draft_model) == ("fly", 0.3, None, True)
+    assert (fly3.kind, fly3.theta, fly3.window) == ("fly", 0.5, 3)
+    assert (guarded.kind, guarded.margin, guarded.guard) == ("mars", "prob_ratio", "class")
+    assert (topk.kind, topk.guard) == ("topk", "class")
+    for spec, needle in [
+        ("fly@0.3+tree", "not a token tree"),
+        ("fly-wx@0.3", "fly-wN@THETA"),
+        ("fly-w0@0.3", "window=0"),
+        ("fly", "needs its parameter"),
+        ("plain+class", r"\+class guard"),
+        ("fly@0.3+next", "only MARS methods"),
+    ]:
+        with pytest.raises(MarspecError, match=needle):
+            parse_methods(spec, 0.5)
+
+
 def test_rival_methods_parse_with_their_parameter():
     typical, pthresh, topk = parse_methods("typical@0.09,pthresh@0.4,topk@3+tree", 0.9)
     assert (typical.kind, typical.theta, typical.needs_draft_model) == ("typical", 0.09, True)
