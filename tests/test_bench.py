@@ -441,7 +441,7 @@ def test_methods_can_be_added_to_a_run_and_reuse_its_records(decoder, tmp_path):
         ("topk@2.5", "invalid for rule 'topk'"),
         ("pthresh@x", "must be a number"),
         ("topk@3+next", "only MARS methods"),
-        ("mars+fast", r"suffixes are \+tree and \+next"),
+        ("mars+fast", r"suffixes are \+tree, \+next, \+class"),
         ("strict+next", "only MARS methods"),
         ("mars-prob", "needs its theta"),
         ("mars-prob@1.5", "theta"),
@@ -451,6 +451,32 @@ def test_methods_can_be_added_to_a_run_and_reuse_its_records(decoder, tmp_path):
 def test_bad_method_lists(spec, needle):
     with pytest.raises(MarspecError, match=needle):
         parse_methods(spec, 0.9)
+
+
+def test_a_mars_method_is_validated_against_the_margin_it_runs_with():
+    # Issue 36: an unset margin was validated as logit_ratio, while the library's default is prob_ratio.
+    (mars,) = parse_methods("mars", 2.0, margin="logit_gap")  # the run's margin: a gap of 2 is valid
+    assert (mars.kind, mars.theta, mars.margin) == ("mars", 2.0, None)
+    with pytest.raises(MarspecError, match="invalid for margin 'prob_ratio'"):
+        parse_methods("mars@2", 0.5)  # no margin anywhere: the library's default decides the range
+
+
+def test_fly_and_guarded_methods_parse():
+    fly, fly3, guarded, topk = parse_methods("fly@0.3,fly-w3@0.5,mars-prob@0.5+class,topk@3+class", 0.5)
+    assert (fly.kind, fly.theta, fly.window, fly.needs_draft_model) == ("fly", 0.3, None, True)
+    assert (fly3.kind, fly3.theta, fly3.window) == ("fly", 0.5, 3)
+    assert (guarded.kind, guarded.margin, guarded.guard) == ("mars", "prob_ratio", "class")
+    assert (topk.kind, topk.guard) == ("topk", "class")
+    for spec, needle in [
+        ("fly@0.3+tree", "not a token tree"),
+        ("fly-wx@0.3", "fly-wN@THETA"),
+        ("fly-w0@0.3", "window=0"),
+        ("fly", "needs its parameter"),
+        ("plain+class", r"\+class guard"),
+        ("fly@0.3+next", "only MARS methods"),
+    ]:
+        with pytest.raises(MarspecError, match=needle):
+            parse_methods(spec, 0.5)
 
 
 def test_rival_methods_parse_with_their_parameter():

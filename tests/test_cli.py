@@ -29,6 +29,10 @@ runner = CliRunner()
         (["generate", "hi", "--rule", "topk"], "rule 'topk' needs theta"),
         (["generate", "hi", "--rule", "typical", "--theta", "auto"], "MARS's calibrated setting"),
         (["bench", "--methods", "strict,pthresh@1.5"], "invalid for rule 'pthresh'"),
+        (["generate", "hi", "--rule", "fly", "--theta", "-1"], "invalid for rule 'fly'"),
+        (["bench", "--methods", "strict,fly-w0@0.3"], "invalid for rule 'fly'"),
+        (["bench", "--methods", "strict,fly@0.3+tree", "--tree", "2"], "not a token tree"),
+        (["bench", "--methods", "strict,plain+class"], "+class guard"),
         (["generate", "hi", "--rule", "mars", "--margin", "vibes"], "unknown margin"),
         (["generate", "hi", "--dtype", "fp8"], "unknown dtype"),
         (["generate", "   "], "empty prompt"),
@@ -49,6 +53,9 @@ runner = CliRunner()
         (["generate", "hi", "--tree", "2,0"], "tree shape"),
         (["generate", "hi", "--tree", "2", "--temperature", "0.5"], "greedily only"),
         (["bench", "--tree", "2"], "no method drafts a tree"),
+        # The run's margin reaches the methods' validation (issue 36): theta 2 is a valid gap, so the
+        # error is the next check's.
+        (["bench", "--margin", "logit_gap", "--theta", "2", "--methods", "mars", "--tree", "2"], "no method"),
         (["bench", "--methods", "plain,mars+tree"], "needs a tree shape"),
     ],
 )
@@ -64,7 +71,16 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 def test_bench_help_names_every_kind_of_method():
     result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for name in ("mars-prob@THETA", "+next", "typical@EPS", "pthresh@P", "topk@K", "hf-assisted"):
+    for name in (
+        "mars-prob@THETA",
+        "+next",
+        "+class",
+        "typical@EPS",
+        "pthresh@P",
+        "topk@K",
+        "fly@ENTROPY",
+        "hf-assisted",
+    ):
         assert name in result.output
 
 

@@ -91,6 +91,68 @@ def test_a_relaxing_rival_diverges_from_strict_only_at_a_relaxed_accept(runs):
     assert relaxed > 0
 
 
+# FLy and the class guard, on their own runs (select them with -k "fly or class_guard").
+FLY_OFF = {"rule": "fly", "theta": 2.0}  # above ln 3, the largest top-3 entropy: never defers
+FLY_ON = {"rule": "fly", "theta": 0.3, "window": 1}  # the source's threshold; a window k = 5 drafts fit
+
+
+@pytest.fixture(scope="module")
+def guarded_runs(decoder):
+    """Every prompt decoded with plain, FLy at its no-relax setting and at one that defers, and the class
+    guard on MARS at theta 1 and at the paper's setting (which relaxes)."""
+    out = {}
+    for prompt in PROMPTS:
+        for name, opts in {
+            "plain": {"rule": "plain"},
+            "fly_off": FLY_OFF,
+            "fly": FLY_ON,
+            "mars1_class": {"rule": "mars", "theta": 1.0, "guard": "class"},
+            "mars09_class": {**PAPER, "guard": "class"},
+        }.items():
+            out[prompt, name] = decoder.generate(prompt, k=5, max_new_tokens=NEW_TOKENS, **opts)
+    return out
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_fly_and_the_class_guard_at_their_no_relax_settings_reproduce_plain(guarded_runs, prompt):
+    plain = guarded_runs[prompt, "plain"]
+    for name in ("fly_off", "mars1_class"):
+        assert guarded_runs[prompt, name].token_ids == plain.token_ids, name
+        assert guarded_runs[prompt, name].stats.accepted_relaxed == 0, name
+
+
+def test_fly_diverges_from_plain_only_at_a_deferred_accept(guarded_runs):
+    deferred = 0
+    for prompt in PROMPTS:
+        fly = guarded_runs[prompt, "fly"]
+        deferred += fly.stats.accepted_relaxed
+        first = _first_difference(guarded_runs[prompt, "plain"].token_ids, fly.token_ids)
+        if first is not None:
+            assert first in fly.relaxed_positions
+    assert deferred > 0  # otherwise this proves nothing
+
+
+def test_the_class_guard_relaxes_only_tokens_of_its_classes(decoder, guarded_runs):
+    from marspec.defaults import GUARD_CLASSES
+    from marspec.token_classes import relaxable_table
+
+    relaxable = relaxable_table(decoder.tokenizer, decoder.target.vocab_size, GUARD_CLASSES)
+    relaxed = 0
+    for prompt in PROMPTS:
+        run = guarded_runs[prompt, "mars09_class"]
+        relaxed += len(run.relaxed_positions)
+        for pos, top1 in zip(run.relaxed_positions, run.relaxed_top1, strict=True):
+            assert relaxable[run.token_ids[pos]] and relaxable[top1], (pos, run.token_ids[pos], top1)
+        first = _first_difference(guarded_runs[prompt, "plain"].token_ids, run.token_ids)
+        if first is not None:
+            assert first in run.relaxed_positions
+    assert relaxed > 0  # otherwise this proves nothing
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_tree_drafting_with_strict_and_mars_theta_one_reproduces_plain(runs, prompt):
     plain = runs[prompt, "plain"]

@@ -324,6 +324,15 @@ BAD_INPUTS = [
         "invalid for rule 'topk'",
     ),
     (
+        "fly-parameter",
+        CHAT,
+        body(marspec={"rule": "fly", "theta": -0.5}),
+        400,
+        "marspec.theta",
+        None,
+        "invalid for rule 'fly'",
+    ),
+    (
         "margin-unknown",
         TEXT,
         {**SHORT_BODY, "marspec": {"rule": "mars", "margin": "vibes"}},

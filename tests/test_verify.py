@@ -65,7 +65,7 @@ BONUS = [0.0, 1.0, 2.0, 9.0]
 
 def test_rule_defaults_and_names() -> None:
     assert Rule() == Rule("mars", DEFAULT_THETA, DEFAULT_MARGIN) == Rule("mars", 0.5, "prob_ratio")
-    assert RULES == ("strict", "mars", "typical", "pthresh", "topk")
+    assert RULES == ("strict", "mars", "typical", "pthresh", "topk", "fly")
     assert MARGINS == ("logit_ratio", "prob_ratio", "logit_gap")
 
 
@@ -704,8 +704,8 @@ def test_rival_parameters_are_validated(rule: str, theta: object) -> None:
         Rule(rule, theta)  # type: ignore[arg-type]
 
 
-def test_rivals_take_no_guard() -> None:
-    with pytest.raises(MarspecError, match="guard is MARS's"):
+def test_rivals_take_no_next_guard() -> None:
+    with pytest.raises(MarspecError, match="'next' guard is MARS's"):
         Rule("topk", 2, guard="next")
 
 

@@ -29,6 +29,7 @@ from marspec.defaults import (
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
+    GUARD_CLASSES,
     default_setting,
     rule_to_use,
 )
@@ -39,6 +40,7 @@ from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.prompting import Prompt, encode_prompt
 from marspec.stats import GenerationStats
+from marspec.token_classes import relaxable_table
 from marspec.tree import parse_tree_shape
 from marspec.verify import RIVALS, Rule
 
@@ -285,6 +287,9 @@ class Decoder:
             )
         opts = self.resolve_theta(opts)
         config = opts.decode_config(self.eos_token_ids)
+        if config.rule.guard == "class":  # the table is computed once per tokenizer, then reused
+            table = relaxable_table(self.tokenizer, self.target.vocab_size, GUARD_CLASSES)
+            config = replace(config, relaxable=table)
         stops = _check_stops(opts.stop)
         chat = self.chat_default if opts.chat is None else opts.chat
         prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
@@ -343,8 +348,9 @@ class GenerationOptions:
 
     Attributes:
         rule: ``plain`` (no drafter), ``strict`` (lossless speculative), ``mars`` (relax near-ties), or
-            a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang) or ``topk``
-            (TensorRT-LLM), whose parameter is ``theta`` (see :mod:`marspec.verify`, docs/rules.md).
+            a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang), ``topk``
+            (TensorRT-LLM) or ``fly`` (FLy, with ``window``), whose parameter is ``theta`` (see
+            :mod:`marspec.verify`, docs/rules.md).
             Not named (None): ``strict`` (:data:`marspec.defaults.DEFAULT_RULE`), lossless: the output
             is the target's own decoding, token for token when greedy. A ``theta`` or ``margin`` with
             no rule named is an error, since they tune a lossy rule. After construction this field
@@ -374,7 +380,10 @@ class GenerationOptions:
             the same target forward; ``None`` drafts a plain chain.
         guard: ``"none"`` (MARS as published) or ``"next"``, a variant of ours that relaxes a close
             call only where the target, after the relaxed token, predicts the draft's next token
-            (see :mod:`marspec.verify`); chains only.
+            (see :mod:`marspec.verify`); chains only. ``"class"`` (MARS or a rival) relaxes only where
+            the draft token and the top-1 it replaces are of the token classes measured harmless
+            (docs/rules.md).
+        window: FLy's deferral window (``rule="fly"`` only; unset: the source's 6).
         reuse_prefix: keep the cached part of the prompt that the previous generation of this Decoder
             already scored (its prompt and output: the earlier turns of a chat) instead of scoring it
             again; ``stats.reused_tokens`` says how many of the target's prompt tokens that spared. In
@@ -397,6 +406,7 @@ class GenerationOptions:
     tree: str | Sequence[int] | None = None
     guard: str = "none"
     reuse_prefix: bool = True
+    window: int | None = None
 
     def __post_init__(self) -> None:
         # Frozen: the resolved rule is written once, here, so every later copy (replace) holds it named.
@@ -449,6 +459,7 @@ class GenerationOptions:
             theta=opts.theta,
             margin=opts.margin,
             guard=self.guard,
+            window=self.window,
         )
         return DecodeConfig(
             rule=rule,

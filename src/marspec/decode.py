@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +49,9 @@ class DecodeConfig:
     # Keep the cached prefix a new prompt shares with the previous sequence (multi-turn chat) instead of
     # scoring it again. Off: every prompt is scored from scratch.
     reuse_prefix: bool = True
+    # The "class" guard's table, bool[V]: the token ids it may relax (marspec.token_classes), built once
+    # per tokenizer by the caller (Decoder does); None for every other guard.
+    relaxable: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -68,11 +71,12 @@ class DecodeConfig:
         ):
             raise MarspecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         object.__setattr__(self, "tree", parse_tree_shape(self.tree))
-        if self.tree is not None and self.rule.guard != "none":
+        if self.tree is not None and self.rule.guard == "next":
             raise MarspecError(
-                f"the {self.rule.guard!r} guard works on draft chains, not token trees: "
-                "drop the guard or the tree"
+                "the 'next' guard works on draft chains, not token trees: drop the guard or the tree"
             )
+        if self.tree is not None and self.rule.name == "fly":
+            raise MarspecError("FLy defers along a draft chain, not a token tree: drop the tree")
         if not isinstance(self.reuse_prefix, bool):
             raise MarspecError(f"reuse_prefix must be true or false, got {self.reuse_prefix!r}")
         if self.tree is not None and self.temperature > 0:
@@ -144,15 +148,21 @@ def decode(
         verdict: Verification
         if tree is not None:
             logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
-            verdict = verify_tree_greedy(logits, tree, config.rule)
+            verdict = verify_tree_greedy(logits, tree, config.rule, config.relaxable)
         else:
             logits = target.forward(torch.cat((seq[length - 1 : length], draft.tokens)))  # [1 + k, V]
             if sampling:
                 verdict = verify_sampling(
-                    logits, draft.tokens, draft.probs, config.rule, config.temperature, generator
+                    logits,
+                    draft.tokens,
+                    draft.probs,
+                    config.rule,
+                    config.temperature,
+                    generator,
+                    config.relaxable,
                 )
             else:
-                verdict = verify_greedy(logits, draft.tokens, config.rule)
+                verdict = verify_greedy(logits, draft.tokens, config.rule, config.relaxable)
 
         accepted, relaxed_flags, margins, top1 = _read_step(verdict)
         tokens = [*accepted, verdict.next_token]

@@ -43,6 +43,18 @@ DEFAULT_MARGIN = "prob_ratio"
 SAMPLING_THETA = DEFAULT_THETA
 SAMPLING_MARGIN = DEFAULT_MARGIN
 
+# FLy's defaults as its sources ship them (docs/rules.md, "FLy"): the authors' example configuration
+# (AMD-AGI/FLy, fly_config/FLy_Llama3_70b.json: entropy_thre 0.3, win_len 6) and the vLLM pull request
+# that adds it (fly_entropy_threshold 0.3, fly_window_size 6). Not measured on our pair.
+FLY_THETA = 0.3  # nats, on the entropy of the target's three most likely tokens
+FLY_WINDOW = 6  # draft tokens after a mismatch that must all pass the lossless test
+
+# The token classes the "class" guard relaxes in: those at which no relaxed accept that started a
+# divergence from strict lost an answer, on the committed greedy runs (HumanEval-100 and -30 rivals,
+# GSM8K-50 and -30 rivals; benchmarks/relaxed_token_classes.py, docs/rules.md "Which relaxed tokens
+# break answers"). Whitespace, keywords and words lost answers there.
+GUARD_CLASSES = ("number", "bracket", "operator", "punctuation")
+
 # The threshold a margin takes when it is named without one. The scales differ, so one number cannot
 # serve all three: 0.5 on z2/z1 would relax nearly everywhere. logit_ratio: the paper's 0.9;
 # logit_gap: ln 2, the gap at which p2/p1 = 0.5 (at temperature 1 the same close calls as prob_ratio 0.5).

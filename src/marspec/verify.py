@@ -23,6 +23,18 @@ distribution ``p`` (at temperature 1 when greedy, at T when sampling); ``theta``
 - ``pthresh`` (SGLang's single-token threshold): ``p(d) >= theta``, in [0, 1]; 1 never relaxes;
 - ``topk`` (TensorRT-LLM's relaxed acceptance, without its delta): ``d`` is among the target's top
   ``theta`` tokens, an integer >= 1; 1 never relaxes.
+
+``fly`` (FLy, Li et al. 2025, arXiv 2511.22972) is a rival of another shape: it does not judge a row
+alone. A draft token the lossless test rejects is accepted (deferred) where the target is uncertain
+there (the entropy of its three most likely tokens is at least ``theta``, in nats) and the next
+``window`` draft tokens, scored after it in the same forward, all pass the lossless test. ``theta`` above
+ln 3 (the largest entropy of three probabilities) never relaxes. Its decision needs the block, so it is
+:func:`fly_defers`, not :func:`relaxed_accepts`.
+
+Guards narrow any rule's relaxed accepts: ``next`` (MARS only, below) and ``class``, which relaxes only
+where both the draft token and the target's top-1 it replaces are of the token classes
+:data:`marspec.defaults.GUARD_CLASSES` (:mod:`marspec.token_classes`), read from a per-vocabulary table
+the caller passes as ``relaxable``.
 """
 
 from __future__ import annotations
@@ -34,19 +46,21 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
-from marspec.defaults import DEFAULT_MARGIN, default_setting
+from marspec.defaults import DEFAULT_MARGIN, FLY_THETA, FLY_WINDOW, default_setting
 from marspec.errors import MarspecError
 
 if TYPE_CHECKING:
     from marspec.tree import DraftTree
 
 MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
-RuleName = Literal["strict", "mars", "typical", "pthresh", "topk"]
+RuleName = Literal["strict", "mars", "typical", "pthresh", "topk", "fly"]
 # "next" (our variant, not the paper's): a close call is relaxed only where the draft's next token is the
 # target's top choice after the relaxed token, read from the same verification forward (the target,
 # having seen the runner-up, goes on as the draft does). The last draft position has no next draft
 # token, so it is never relaxed under this guard.
-GuardName = Literal["none", "next"]
+# "class" (ours): a relaxed accept only where the draft token and the top-1 it replaces are both of the
+# token classes measured harmless (marspec.defaults.GUARD_CLASSES, docs/rules.md).
+GuardName = Literal["none", "next", "class"]
 MARGINS: tuple[str, ...] = get_args(MarginName)
 RULES: tuple[str, ...] = get_args(RuleName)
 GUARDS: tuple[str, ...] = get_args(GuardName)
@@ -54,32 +68,40 @@ GUARDS: tuple[str, ...] = get_args(GuardName)
 # Margins whose measure is a ratio at most 1 between the top two: theta is a threshold in [0, 1].
 _RATIO_MARGINS = ("logit_ratio", "prob_ratio")
 # The rivals relax by a test on the target's distribution rather than on MARS's top-2 margin.
-RIVALS: tuple[str, ...] = ("typical", "pthresh", "topk")
+RIVALS: tuple[str, ...] = ("typical", "pthresh", "topk", "fly")
 _RIVAL_PARAMETERS = {
     "typical": "eps in [0, 1] (accept p(d) > min(eps, sqrt(eps) * exp(-entropy)); 0 never relaxes)",
     "pthresh": "a probability in [0, 1] (accept p(d) >= theta; 1 never relaxes)",
     "topk": "an integer k >= 1 (accept a draft among the target's top k; 1 never relaxes)",
+    "fly": "an entropy threshold >= 0 in nats (defer a mismatch where the target's top-3 entropy is at "
+    "least theta; above ln 3 = 1.0986 never relaxes)",
 }
+# FLy's entropy is over the target's three most likely tokens (the source's choice), so it is <= ln 3.
+FLY_TOP = 3
+FLY_MAX_ENTROPY = math.log(FLY_TOP)
 
 
 @dataclass(frozen=True)
 class Rule:
     """How draft tokens are accepted: ``strict`` (exact match / lossless), ``mars`` (margin-aware), or
-    a rival lossy rule (``typical``, ``pthresh``, ``topk``).
+    a rival lossy rule (``typical``, ``pthresh``, ``topk``, ``fly``).
 
     For MARS ``theta`` is the close-call threshold for ``margin``. For the ratio margins it is in
     ``[0, 1]`` and a lower value relaxes more; for ``logit_gap`` it is the largest top-2 logit gap still
     treated as a close call. ``theta`` is validated for ``strict`` too, so a bad value never goes
     unnoticed. For a rival ``theta`` is that rule's parameter (see the module's docstring); ``margin``
-    then only names the measure recorded for statistics.
+    then only names the measure recorded for statistics. ``window`` is FLy's deferral window (the draft
+    tokens after a mismatch that must pass the lossless test), an integer >= 1; other rules take none.
     """
 
     name: RuleName = "mars"
     # Unset (None): for MARS and strict, the margin's threshold when greedy (marspec.defaults): the
-    # default setting, or a named margin's own usual one; a rival rule must be given its parameter.
+    # default setting, or a named margin's own usual one; FLy's source default; the other rivals must be
+    # given their parameter.
     theta: float = None  # type: ignore[assignment]
     margin: MarginName = DEFAULT_MARGIN  # type: ignore[assignment]
     guard: GuardName = "none"
+    window: int | None = None  # FLy only; unset: the source's default (marspec.defaults.FLY_WINDOW)
 
     def __post_init__(self) -> None:
         if self.name not in RULES:
@@ -88,19 +110,23 @@ class Rule:
             raise MarspecError(f"unknown guard {self.guard!r}; use one of: {', '.join(GUARDS)}")
         if self.margin not in MARGINS:
             raise MarspecError(f"unknown margin {self.margin!r}; use one of: {', '.join(MARGINS)}")
+        self._check_window()
         theta = self.theta
-        if theta is None and self.name not in RIVALS:
+        if theta is None and self.name == "fly":
+            theta = FLY_THETA
+        elif theta is None and self.name not in RIVALS:
             theta = default_setting(0.0, self.margin)[1]
         is_number = isinstance(theta, numbers.Real) and not isinstance(theta, bool)
         finite = is_number and math.isfinite(float(theta))
         if self.name in RIVALS:
-            if self.guard != "none":
-                raise MarspecError(f"the {self.guard!r} guard is MARS's; rule {self.name!r} takes none")
-            valid = finite and (
-                float(theta) >= 1 and float(theta).is_integer()
-                if self.name == "topk"
-                else 0.0 <= float(theta) <= 1.0
-            )
+            if self.guard == "next":
+                raise MarspecError(f"the 'next' guard is MARS's; rule {self.name!r} takes 'class' or none")
+            if self.name == "topk":
+                valid = finite and float(theta) >= 1 and float(theta).is_integer()
+            elif self.name == "fly":
+                valid = finite and float(theta) >= 0.0
+            else:
+                valid = finite and 0.0 <= float(theta) <= 1.0
             if not valid:
                 problem = (
                     f"rule {self.name!r} needs theta"
@@ -124,6 +150,22 @@ class Rule:
         # Normalise ints (theta=1) and numpy scalars to a plain float.
         object.__setattr__(self, "theta", float(theta))
 
+    def _check_window(self) -> None:
+        window = self.window
+        if self.name != "fly":
+            if window is not None:
+                raise MarspecError(f"window is FLy's deferral window; rule {self.name!r} takes none")
+            return
+        if window is None:
+            window = FLY_WINDOW
+        if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
+            raise MarspecError(
+                f"window={window!r} is invalid for rule 'fly': use an integer >= 1 (the draft tokens after "
+                "a mismatch that must all pass the lossless test for it to be deferred)",
+                field="window",
+            )
+        object.__setattr__(self, "window", int(window))
+
     @property
     def relaxes(self) -> bool:
         """Whether this rule can ever accept a non-top-1 token (False for strict and degenerate theta)."""
@@ -135,6 +177,8 @@ class Rule:
             return self.theta < 1.0
         if self.name == "topk":
             return self.theta > 1.0
+        if self.name == "fly":
+            return self.theta <= FLY_MAX_ENTROPY  # the top-3 entropy is at most ln 3
         if self.margin in _RATIO_MARGINS:
             return self.theta < 1.0  # the ratio is <= 1, and the test is strict ">"
         return self.theta > 0.0  # the gap is >= 0, and the test is strict "<"
@@ -245,6 +289,8 @@ def relaxed_accepts(
     out exact matches). ``rows`` (``[N, V]``) are the target's logits at the ``N`` positions, needed by
     the rivals only; ``top_values``/``top_tokens`` are their :func:`top2` (values already divided by the
     temperature when sampling), which MARS's test reads."""
+    if rule.name == "fly":
+        raise MarspecError("FLy judges a draft block, not a row: use fly_defers (verify_greedy does)")
     if not rule.relaxes:
         return torch.zeros(draft_tokens.shape[0], dtype=torch.bool, device=top_tokens.device)
     if rule.name == "mars":
@@ -264,11 +310,93 @@ def relaxed_accepts(
     return p_d > torch.clamp(math.sqrt(eps) * torch.exp(-entropy), max=eps)
 
 
-def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule) -> Verification:
-    """Greedy (temperature 0) verification: exact match, plus MARS's top-2 relaxation on close calls.
+def fly_defers(
+    rows: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    native: torch.Tensor,
+    rule: Rule,
+    temperature: float = 1.0,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bool ``[N]``: where FLy accepts a draft token the lossless test rejected (a deferred mismatch).
 
-    ``target_logits``: ``[K+1, V]``; ``draft_tokens``: ``long[K]`` (``K`` may be 0). With a rule that
-    cannot relax, the emitted tokens are exactly those of plain greedy decoding.
+    ``rows``: ``[N, V]``, the target's logits at the ``N`` draft positions, each scored after the draft
+    tokens before it (one verification forward); ``native``: bool ``[N]``, where the lossless test
+    passes (greedy: the draft is the target's top-1; sampling: the random test). The positions are
+    blocks of consecutive drafts, ``lengths`` (``long[B]``, summing to ``N``) of them, or one block when
+    None, so a ragged batch can be passed flattened. A position ``i`` is deferred when it fails the
+    lossless test, the target gives the draft token a probability above 0, the entropy of the target's
+    three most likely tokens there (at ``temperature``) is at least ``rule.theta``, and the next
+    ``rule.window`` draft tokens of its block exist and all pass the lossless test. No host sync.
+    """
+    n = draft_tokens.shape[0]
+    device = rows.device
+    if not rule.relaxes or n == 0:
+        return torch.zeros(n, dtype=torch.bool, device=device)
+    assert rule.window is not None  # Rule sets FLy's window
+    window = rule.window
+    draft = draft_tokens.to(device=device, dtype=torch.long)
+    logp = torch.log_softmax(rows.float() / temperature, dim=-1)  # [N, V]
+    top = logp.topk(min(FLY_TOP, logp.shape[-1]), dim=-1).values  # [N, 3]
+    # A zero probability adds nothing to the entropy (and 0 * -inf would be nan).
+    entropy = -torch.where(top > float("-inf"), top.exp() * top, torch.zeros_like(top)).sum(-1)  # [N]
+    possible = logp.gather(1, draft[:, None])[:, 0] > float("-inf")  # [N]
+    index = torch.arange(n, device=device)
+    if lengths is None:
+        remaining = n - 1 - index  # [N]: draft tokens after each position in its block
+    else:
+        lengths = lengths.to(device=device, dtype=torch.long)
+        ends = torch.cumsum(lengths, 0)  # [B]: one past each block's last position
+        block = torch.repeat_interleave(torch.arange(lengths.shape[0], device=device), lengths, output_size=n)
+        remaining = ends[block] - 1 - index
+    # Native passes in (i, i + window], by differences of a running count; only read where the whole
+    # window lies in the block, so it never counts across a block's end.
+    count = torch.cat([native.new_zeros(1, dtype=torch.long), native.long().cumsum(0)])  # [N+1]
+    ahead = count[(index + window + 1).clamp(max=n)] - count[index + 1]  # [N]
+    window_passes = (remaining >= window) & (ahead == window)
+    return ~native & possible & (entropy >= rule.theta) & window_passes
+
+
+def guarded(
+    relaxed: torch.Tensor,
+    draft: torch.Tensor,
+    top1: torch.Tensor,
+    rule: Rule,
+    relaxable: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``relaxed`` (bool ``[K]``) narrowed by ``rule``'s guard. ``draft`` and ``top1`` (``long[K]``,
+    the target's top-1 at each draft position) are one chain, so ``top1[1:]`` is the target's choice
+    after each draft token, which the ``next`` guard reads. The ``class`` guard reads ``relaxable``
+    (bool ``[V]``, :func:`marspec.token_classes.relaxable_table`) at the draft token and at the top-1."""
+    if rule.guard == "next":
+        return relaxed & _guard_allows(draft, top1[1:])
+    if rule.guard == "class":
+        return relaxed & _class_allows(draft, top1, relaxable)
+    return relaxed
+
+
+def _class_allows(draft: torch.Tensor, top1: torch.Tensor, relaxable: torch.Tensor | None) -> torch.Tensor:
+    if relaxable is None:
+        raise MarspecError(
+            "the 'class' guard needs the tokenizer's class table: pass relaxable="
+            "marspec.token_classes.relaxable_table(...) (Decoder does this)"
+        )
+    table = relaxable.to(device=draft.device)
+    return table[draft.long()] & table[top1.long()]
+
+
+def verify_greedy(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    rule: Rule,
+    relaxable: torch.Tensor | None = None,
+) -> Verification:
+    """Greedy (temperature 0) verification: exact match, plus the rule's relaxed accepts (MARS's top-2
+    on close calls, a rival's test, FLy's deferral), narrowed by its guard.
+
+    ``target_logits``: ``[K+1, V]``; ``draft_tokens``: ``long[K]`` (``K`` may be 0); ``relaxable``:
+    the ``class`` guard's table (see :func:`guarded`). With a rule that cannot relax, the emitted tokens
+    are exactly those of plain greedy decoding.
     """
     k = _check_block(target_logits, draft_tokens)
     values, tokens = top2(target_logits)  # [K+1, 2], [K+1, 2]
@@ -278,9 +406,11 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, rule:
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
 
     exact = draft == v1[:k]  # [K]
-    relaxed = relaxed_accepts(target_logits[:k], values[:k], tokens[:k], draft, rule) & ~exact  # [K]
-    if rule.guard != "none":
-        relaxed = relaxed & _guard_allows(draft, v1[1:k])
+    if rule.name == "fly":
+        relaxed = fly_defers(target_logits[:k], draft, exact, rule)  # [K]
+    else:
+        relaxed = relaxed_accepts(target_logits[:k], values[:k], tokens[:k], draft, rule) & ~exact  # [K]
+    relaxed = guarded(relaxed, draft, v1[:k], rule, relaxable)
     n = _leading_true(exact | relaxed)  # 0-dim long
     margins = margin_measure(z1, z2, rule.margin)
     return _read_back(n, v1.index_select(0, n.view(1)), draft, relaxed, margins, v1[:k])
@@ -309,18 +439,23 @@ def _guard_allows(draft: torch.Tensor, next_top1: torch.Tensor) -> torch.Tensor:
     return allowed
 
 
-def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule) -> TreeVerification:
+def verify_tree_greedy(
+    target_logits: torch.Tensor, tree: DraftTree, rule: Rule, relaxable: torch.Tensor | None = None
+) -> TreeVerification:
     """Greedy verification of a token tree: walk down from the root, taking at each node its first child
     (in node order) that the rule accepts, i.e. the target's top-1 or, on a close call, its top-2.
 
     ``target_logits``: ``[N+1, V]``, row 0 scoring what follows the root and row ``i`` what follows node
     ``i``. The walk ends at a node none of whose children is accepted (``next_token`` is the target's
     top-1 there: the correction) or at a leaf (``next_token`` is the bonus). With a rule that cannot relax
-    only a top-1 child is ever accepted, so the path is exactly plain greedy decoding's tokens.
+    only a top-1 child is ever accepted, so the path is exactly plain greedy decoding's tokens. The
+    ``class`` guard applies per node (``relaxable`` as in :func:`guarded`).
     """
     n_nodes = len(tree)
-    if rule.guard != "none":
-        raise MarspecError(f"the {rule.guard!r} guard works on draft chains, not token trees: drop one")
+    if rule.guard == "next":
+        raise MarspecError("the 'next' guard works on draft chains, not token trees: drop one")
+    if rule.name == "fly":
+        raise MarspecError("FLy defers along a draft chain, not a token tree: drop the tree")
     if target_logits.dim() != 2 or target_logits.shape[0] != n_nodes + 1:
         shape = list(target_logits.shape)
         raise ValueError(f"target_logits must be [N+1, V] = [{n_nodes + 1}, V], got {shape}")
@@ -335,6 +470,8 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: DraftTree, rule: Rule)
     rows = target_logits.index_select(0, parents) if rule.name in RIVALS else target_logits
     parent_values = values.index_select(0, parents)  # [N, 2]
     relaxed = relaxed_accepts(rows, parent_values, parent_top, node_tokens, rule) & ~exact
+    if rule.guard == "class":
+        relaxed = relaxed & _class_allows(node_tokens, parent_top[:, 0], relaxable)
     # The step's one host copy: accept flags, relaxed flags, every row's top-1 and margin, the tokens.
     # float64 holds token ids (< 2^53) and the margins exactly.
     n = n_nodes + 1
@@ -380,8 +517,9 @@ def verify_sampling(
     rule: Rule,
     temperature: float,
     generator: torch.Generator | None = None,
+    relaxable: torch.Tensor | None = None,
 ) -> Verification:
-    """Sampling verification: lossless speculative sampling, plus MARS's deterministic close-call accepts.
+    """Sampling verification: lossless speculative sampling, plus the rule's deterministic relaxed accepts.
 
     ``target_logits``: ``[K+1, V]``; ``draft_tokens``: ``long[K]``; ``draft_probs``: ``[K, V]``, the
     distribution q the drafter really sampled each draft token from, or None for a deterministic drafter
@@ -392,7 +530,9 @@ def verify_sampling(
     other position uses the Leviathan/Chen test (accept iff ``u < min(1, p(d)/q(d))``), a rejection emits
     a token from ``norm(max(0, p - q))`` and a full accept a bonus token from ``p``; so with a rule that
     cannot relax the output distribution is exactly the target's. All randomness comes from ``generator``:
-    K+1 uniforms drawn at once.
+    K+1 uniforms drawn at once. A rival's test replaces the close call the same way; FLy instead accepts
+    a draft token that failed the random test where :func:`fly_defers` says so (the next ``window``
+    draft tokens passed theirs). ``relaxable``: the ``class`` guard's table (see :func:`guarded`).
     """
     if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature > 0):
         raise MarspecError(
@@ -410,10 +550,6 @@ def verify_sampling(
     values, tokens = top2(target_logits[:k])  # [K, 2], [K, 2]
     scaled = values.float() / temperature  # [K, 2]
     z1, z2 = scaled.unbind(-1)  # [K], [K]
-    relaxed = relaxed_accepts(target_logits[:k], scaled, tokens, draft, rule, temperature)  # [K]
-    if rule.guard != "none":  # the guard's argmax over [K-1, V] is paid only when it is asked for
-        relaxed = relaxed & _guard_allows(draft, tokens[1:k, 0])
-
     u = torch.rand(k + 1, generator=generator, device=device)  # [K+1]: K accept tests, 1 token draw
     p_d = p[:k].gather(1, draft[:, None])[:, 0]  # [K]
     if draft_probs is None:
@@ -423,6 +559,12 @@ def verify_sampling(
         q_d = q.gather(1, draft[:, None])[:, 0]  # [K]
         # u < min(1, p/q) written as u * q < p: no division, and q(d) = 0 < p(d) accepts as it should.
         passed = u[:k] * q_d < p_d
+    if rule.name == "fly":
+        relaxed = fly_defers(target_logits[:k], draft, passed, rule, temperature)  # [K]
+    else:
+        relaxed = relaxed_accepts(target_logits[:k], scaled, tokens, draft, rule, temperature)  # [K]
+    # The guards' reads (an argmax row over [K, V] is already in tokens) are paid only when asked for.
+    relaxed = guarded(relaxed, draft, tokens[:, 0], rule, relaxable)
     n = _leading_true(relaxed | passed)  # 0-dim long
 
     # Row n of max(0, p - q), with q = 0 at the bonus row K: the correction residual or the bonus p.

@@ -105,7 +105,7 @@ def bench_task(
     else:  # unset: the measured default for this run's temperature (kept in config.json as resolved)
         margin, theta_value = default_setting(sampling.temperature, margin, theta_value)
     assert isinstance(theta_value, float)
-    methods = parse_methods(method_spec, theta_value, auto)
+    methods = parse_methods(method_spec, theta_value, auto, margin)
     tree_shape = parse_tree_shape(tree)
     if tree_shape is not None and not any(m.tree for m in methods):
         raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")

@@ -97,7 +97,7 @@ def calibrate(
         if draft == "none":
             raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
         spec = f"strict,{candidates}"
-        methods = parse_methods(spec, DEFAULT_THETA)
+        methods = parse_methods(spec, DEFAULT_THETA, margin=DEFAULT_MARGIN)
         unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
         if unstorable:
             raise MarspecError(

@@ -61,7 +61,7 @@ def generate(
         str | None,
         typer.Option(
             "--rule",
-            help="plain | strict | mars; rivals: typical | pthresh | topk (--theta). "
+            help="plain | strict | mars; rivals: typical | pthresh | topk | fly (--theta). "
             f"Default: {DEFAULT_RULE} (lossless: the target's own output); --rule mars relaxes near-ties "
             "(faster, and it may change answers).",
             show_default=False,

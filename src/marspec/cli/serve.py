@@ -52,7 +52,7 @@ def serve(
         str | None,
         typer.Option(
             "--rule",
-            help="Rule for requests that name none: plain | strict | mars | typical | pthresh | topk. "
+            help="Rule for requests that name none: plain | strict | mars | typical | pthresh | topk | fly. "
             f"Default: {DEFAULT_RULE} (lossless); a request picks its own with marspec.rule.",
             show_default=False,
         ),

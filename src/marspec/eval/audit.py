@@ -15,7 +15,6 @@ can be committed, mailed or opened from disk.
 from __future__ import annotations
 
 import html
-import keyword
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from marspec.eval.bench import load_records, read_run
+from marspec.token_classes import AUDIT_KIND
+from marspec.token_classes import token_class as fine_class
 
 AUDIT_FILE = "audit.html"
 TOKEN_CLASSES = ("identifier", "number", "punctuation", "whitespace", "word")
@@ -30,20 +31,10 @@ NOT_AUDITED = ("plain", "strict", "hf-assisted", "hf-prompt-lookup")
 
 
 def token_class(piece: str) -> str:
-    """The kind of text a token is: whitespace, number, punctuation, identifier (code names: with ``_``,
-    inner capitals or digits, or a Python keyword) or word."""
-    text = piece.strip()
-    if not text:
-        return "whitespace"
-    if text.replace(".", "", 1).isdigit():
-        return "number"
-    if not any(ch.isalnum() for ch in text):
-        return "punctuation"
-    word = text.strip("()[]{}.,:;\"'`")
-    inner_capital = any(ch.isupper() for ch in word[1:])
-    if "_" in word or inner_capital or keyword.iskeyword(word) or any(ch.isdigit() for ch in word):
-        return "identifier"
-    return "word"
+    """The kind of text a token is, as the page shows it: whitespace, number, punctuation, identifier
+    (code names: with ``_``, inner capitals or digits, or a Python keyword) or word; a coarser view of
+    :func:`marspec.token_classes.token_class`."""
+    return AUDIT_KIND[fine_class(piece)]
 
 
 @dataclass

@@ -124,7 +124,7 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
                         f"{earlier.get(key)!r}): a calibration rests on runs with the same drafting settings"
                     )
         configs.append(config)
-        methods = parse_methods(",".join(summary["methods"]), config["theta"])
+        methods = parse_methods(",".join(summary["methods"]), config["theta"], margin=config["margin"])
         if "strict" not in summary["methods"]:
             raise MarspecError(f"{run} has no strict runs: the reference a calibration measures against")
         found = candidates_of(summary, methods, task)

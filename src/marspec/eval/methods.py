@@ -3,8 +3,9 @@
 A method name is ``plain``, ``strict``, ``mars`` (at the run's theta and margin), ``mars@0.95`` (an
 explicit theta, the run's margin), ``mars-ratio@0.95`` / ``mars-prob@0.5`` / ``mars-gap@2`` (an explicit
 margin, logit_ratio / prob_ratio / logit_gap, and its theta), any of the marspec methods with ``+tree``
-(token-tree drafting with the run's tree shape), the rival lossy rules ``typical@EPS``,
-``pthresh@P`` and ``topk@K`` (:mod:`marspec.verify`), ``hf-assisted`` (transformers
+(token-tree drafting with the run's tree shape), MARS's with ``+next`` and MARS's and the rivals' with
+``+class`` (the guards), the rival lossy rules ``typical@EPS``, ``pthresh@P``, ``topk@K``, ``fly@ENTROPY``
+and ``fly-wN@ENTROPY`` (FLy with a window of N; :mod:`marspec.verify`), ``hf-assisted`` (transformers
 ``generate(assistant_model=draft)``) or ``hf-prompt-lookup`` (transformers
 ``generate(prompt_lookup_num_tokens=k)``). All run on the same loaded models, greedily or all at the
 run's temperature with the same seed per question and sample.
@@ -28,11 +29,23 @@ from marspec.verify import RIVALS, Rule
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 METHOD_HELP = (
     "plain, strict, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
-    "(marspec's also +tree; MARS's also +next, the next-token guard), the rival rules typical@EPS, "
-    "pthresh@P, topk@K, hf-assisted, hf-prompt-lookup"
+    "(marspec's also +tree; MARS's also +next, the next-token guard; MARS's and the rivals' also +class, "
+    "the token-class guard), the rival rules typical@EPS, pthresh@P, topk@K, fly@ENTROPY and "
+    "fly-wN@ENTROPY (FLy, window N), hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
 MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
+SUFFIXES = ("tree", "next", "class")
+# A stand-in tree shape, so that validation refuses a rule that cannot verify trees (FLy) at parse time;
+# the run's own shape is given later (--tree).
+_ANY_TREE = (2,)
+
+
+def _window_of(name: str, kind: str) -> int:
+    try:
+        return int(kind.removeprefix("fly-w"))
+    except ValueError:
+        raise MarspecError(f"method {name!r}: write FLy's window as fly-wN@THETA, N an integer") from None
 
 
 @dataclass(frozen=True)
@@ -44,33 +57,43 @@ class Method:
     theta: float | None = None  # mars's theta, or a rival rule's parameter
     tree: bool = False  # a marspec rule with token-tree drafting
     margin: str | None = None  # mars only: None takes the run's margin
-    guard: str = "none"  # mars only: "next" with the +next suffix (see marspec.verify)
+    guard: str = "none"  # "next" (MARS only) or "class", with the +next / +class suffix (marspec.verify)
+    window: int | None = None  # fly only: fly-wN@THETA; None takes FLy's default
 
     @property
     def needs_draft_model(self) -> bool:
         return self.kind in ("strict", "mars", *RIVALS, "hf-assisted")
 
 
-def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Method]:
-    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta``; ``mars@auto`` takes the
-    margin and theta of ``auto`` (the pair's calibration), which must then be given."""
+def parse_methods(
+    spec: str, theta: float, auto: Rule | None = None, margin: str | None = None
+) -> list[Method]:
+    """``"plain,strict,mars"`` -> methods; ``mars`` takes the run's ``theta`` and ``margin`` (None: the
+    library's default margin, as :class:`~marspec.api.GenerationOptions` resolves it); ``mars@auto``
+    takes the margin and theta of ``auto`` (the pair's calibration), which must then be given."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise MarspecError(f"no methods given: pass a comma-separated list of {METHOD_HELP}")
     methods = []
     for name in names:
         base, plus, suffix = name.partition("+")
-        tree = plus == "+" and suffix == "tree"
-        guard = "next" if plus == "+" and suffix == "next" else "none"
-        if plus and not tree and guard == "none":
+        if plus and suffix not in SUFFIXES:
             raise MarspecError(
-                f"unknown method {name!r}: the suffixes are +tree and +next; choose from {METHOD_HELP}"
+                f"unknown method {name!r}: the suffixes are {', '.join('+' + s for s in SUFFIXES)}; "
+                f"choose from {METHOD_HELP}"
             )
+        tree = suffix == "tree"
+        guard = suffix if suffix in ("next", "class") else "none"
         kind, _, arg = base.partition("@")
+        window = None
+        if kind.startswith("fly-w"):  # fly-wN@THETA: FLy with a window of N
+            kind, window = "fly", _window_of(name, kind)
         if tree and kind not in ("strict", "mars", *MARGIN_KINDS, *RIVALS):
             raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
-        if guard != "none" and not (kind == "mars" or kind in MARGIN_KINDS):
+        if guard == "next" and not (kind == "mars" or kind in MARGIN_KINDS):
             raise MarspecError(f"method {name!r}: only MARS methods take the +next guard")
+        if guard == "class" and not (kind == "mars" or kind in MARGIN_KINDS or kind in RIVALS):
+            raise MarspecError(f"method {name!r}: only MARS and the rival rules take the +class guard")
         if kind == "mars" or kind in MARGIN_KINDS:
             if kind in MARGIN_KINDS and not arg:
                 raise MarspecError(f"method {name!r} needs its theta: write it as {kind}@THETA")
@@ -85,9 +108,11 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
                     value = float(arg)
                 except ValueError:
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
-            margin = MARGIN_KINDS.get(kind)
-            GenerationOptions(rule="mars", theta=value, margin=margin or "logit_ratio")  # validates
-            methods.append(Method(name, "mars", value, tree, margin, guard))
+            named = MARGIN_KINDS.get(kind)
+            # Validated against the margin it will run with: its own, else the run's, else the library's
+            # default (GenerationOptions resolves None through marspec.defaults, the one place it lives).
+            GenerationOptions(rule="mars", theta=value, margin=named or margin, guard=guard)
+            methods.append(Method(name, "mars", value, tree, named, guard))
         elif kind in RIVALS:
             if not arg:
                 raise MarspecError(f"method {name!r} needs its parameter: write it as {kind}@VALUE")
@@ -95,8 +120,10 @@ def parse_methods(spec: str, theta: float, auto: Rule | None = None) -> list[Met
                 value = float(arg)
             except ValueError:
                 raise MarspecError(f"method {name!r}: the parameter after '@' must be a number") from None
-            GenerationOptions(rule=kind, theta=value)  # validates
-            methods.append(Method(name, kind, value, tree))
+            GenerationOptions(
+                rule=kind, theta=value, guard=guard, window=window, tree=_ANY_TREE if tree else None
+            )
+            methods.append(Method(name, kind, value, tree, guard=guard, window=window))
         elif arg or kind not in ("plain", "strict", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
@@ -126,7 +153,7 @@ def run_method(
     *,
     k: int,
     max_new_tokens: int,
-    margin: str = "logit_ratio",
+    margin: str | None = None,
     tree: tuple[int, ...] | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
@@ -149,6 +176,8 @@ def run_method(
         "guard": method.guard,
         "reuse_prefix": reuse_prefix,
     }
+    if method.window is not None:
+        options["window"] = method.window
     if method.theta is not None:
         options["theta"] = method.theta
     if method.tree:
