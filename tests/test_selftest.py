@@ -9,12 +9,11 @@ import torch
 from typer.testing import CliRunner
 
 import marspec.decode
-import marspec.selftest as selftest
+import marspec.selftest.sampling as sampling
 from marspec.cli import app
 from marspec.drafters.model import ModelDrafter
 from marspec.errors import MarspecError
 from marspec.selftest import (
-    CHI2_999_15,
     Check,
     chi_square,
     compare_runs,
@@ -24,6 +23,7 @@ from marspec.selftest import (
     run_selftest,
     sampled_counts,
     target_joint,
+    tiny_decoder,
 )
 
 runner = CliRunner()
@@ -41,7 +41,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory, one_thread):
-    return selftest._tiny_decoder(tmp_path_factory.mktemp("selftest"), torch.device("cpu"))
+    return tiny_decoder(tmp_path_factory.mktemp("selftest"), torch.device("cpu"))
 
 
 def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
@@ -84,12 +84,12 @@ class TemperatureOneDrafter(ModelDrafter):
 def test_the_sampling_check_catches_a_drafter_that_misreports_q():
     from marspec.backends.hf import HFCausalLM
 
-    target = HFCausalLM(selftest._small_model(seed=0, sharpen=1.0), None, "small-target")
-    draft = HFCausalLM(selftest._small_model(seed=1, sharpen=3.0), None, "small-draft")
+    target = HFCausalLM(sampling.small_model(seed=0, sharpen=1.0), None, "small-target")
+    draft = HFCausalLM(sampling.small_model(seed=1, sharpen=3.0), None, "small-draft")
     prompt = torch.tensor([1, 3, 0, 2])
     probs = target_joint(target, prompt)
-    counts = sampled_counts(target, TemperatureOneDrafter(draft, selftest.SAMPLING_VOCAB), prompt, 800)
-    assert chi_square(counts, probs) > CHI2_999_15
+    counts = sampled_counts(target, TemperatureOneDrafter(draft, sampling.SAMPLING_VOCAB), prompt, 800)
+    assert chi_square(counts, probs) > sampling.CHI2_999_15
 
 
 def test_the_read_check_fails_when_a_step_reads_the_device_twice(decoder, monkeypatch):
@@ -116,7 +116,7 @@ def test_the_read_check_sees_the_drafts_confidence_stop(decoder, monkeypatch):
 
 
 def test_cli_selftest_reports_a_failed_check_with_exit_1(tmp_path, monkeypatch):
-    monkeypatch.setattr(selftest, "CHI2_999_15", 0.0)  # no sample can pass: the sampling check must fail
+    monkeypatch.setattr(sampling, "CHI2_999_15", 0.0)  # no sample can pass: the sampling check must fail
     out = runner.invoke(app, ["selftest", "--device", "cpu", "--json", str(tmp_path / "report.json")])
     assert out.exit_code == 1, out.output
     assert "FAIL" in out.output and "not run here" in out.output and "environment" in out.output
