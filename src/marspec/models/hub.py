@@ -43,10 +43,10 @@ def is_hub_id(text: str) -> bool:
     )
 
 
-def names_hub_model(name: str) -> bool:
-    """Whether ``name`` is resolved on the Hub: it has the form of a Hub id and no local path of that name
-    exists (a local folder wins, as in transformers)."""
-    return is_hub_id(name) and not Path(name).expanduser().exists()
+def names_hub_model(name: str | os.PathLike[str]) -> bool:
+    """Whether ``name`` is resolved on the Hub: a string (a ``Path`` object is always a path) of the form
+    of a Hub id, and no local path of that name exists (a local folder wins, as in transformers)."""
+    return isinstance(name, str) and is_hub_id(name) and not Path(name).expanduser().exists()
 
 
 def hub_snapshot(repo_id: str) -> Path:

@@ -55,7 +55,7 @@ def load_model(
     spec = MODELS.get(name)
     if folder.resolve().parent == models_root().resolve():
         fix = f"delete {folder} and it will be converted again"
-    elif names_hub_model(name):
+    elif names_hub_model(name_or_path):
         fix = f"delete {folder} and load {name} again with network access to download it again"
     else:
         fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
