@@ -1,7 +1,8 @@
 """Step cost against context length: transformers' DynamicCache (a copy per append) against marspec's
 position cache (appends write in place), on the real default pair as the loop uses it. With ``--gqa``,
-the position cache with grouped key/value heads under a mask (TRANSFORMERS_SDPA_FORCE_GQA=1, marspec's
-default) against expanding them to every query head (=0), toggled per step in one process.
+the position cache with grouped key/value heads under a mask (marspec's attention on the CPU,
+``marspec.backends.hf.GROUPED_SDPA``) against transformers' SDPA, which expands them to every query head,
+toggled per step in one process.
 
 For each context length the cache is filled with random keys and values of the model's shapes (a step's
 cost depends on how many positions are cached, not on their values, and prefilling 4,096 real tokens on
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -25,6 +25,7 @@ import torch
 
 from marspec import Decoder
 from marspec.backends import HFCausalLM
+from marspec.backends.hf import GROUPED_SDPA
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
@@ -97,7 +98,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 for kind, model in kinds.items():  # interleaved
                     if args.gqa:
-                        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if kind == "grouped" else "0"
+                        lm.model.set_attn_implementation(GROUPED_SDPA if kind == "grouped" else "sdpa")
                     times[kind].append(step(model))
             row = {"model": role, "context": context}
             row.update({f"{kind}_ms": 1000 * statistics.median(ts) for kind, ts in times.items()})

@@ -9,6 +9,7 @@ from conftest import TINY_VOCAB, decode_tokens, tiny_lm
 from transformers import GenerationConfig
 
 from marspec.backends import CausalLM, ForwardClock, HFCausalLM
+from marspec.backends.hf import GROUPED_SDPA, use_grouped_attention
 from marspec.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.base import Drafter
 from marspec.tree import build_tree
@@ -133,31 +134,36 @@ def test_the_position_cache_scores_exactly_like_transformers_dynamic_cache():
 
 
 def test_grouped_query_attention_with_masks_changes_no_logit(monkeypatch):
-    """hf.py turns on transformers' SDPA grouping for masked (multi-token, tree) forwards: the logits
-    must be bit for bit those of the head-expanding path it replaces."""
+    """use_grouped_attention lets SDPA group key/value heads in masked (multi-token, tree) forwards: the
+    logits must be bit for bit those of transformers' head-expanding path it replaces, and it must change
+    only the model it is given."""
     lm = tiny_lm(0)  # 4 query heads share 2 key/value heads
+    other = tiny_lm(1)
     gen = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, TINY_VOCAB, (60,), generator=gen)
     block = torch.randint(0, TINY_VOCAB, (13,), generator=gen)
     draft = Draft(tokens=block[1:5], alternatives=block[5:9, None])
     from transformers.integrations import sdpa_attention
 
-    expanded = {"0": 0, "1": 0}
+    expanded = {"sdpa": 0, GROUPED_SDPA: 0}
     original = sdpa_attention.repeat_kv
 
     def counting_repeat_kv(states, n_rep):
-        expanded[os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]] += 1
+        expanded[lm.model.config._attn_implementation] += 1
         return original(states, n_rep)
 
     monkeypatch.setattr(sdpa_attention, "repeat_kv", counting_repeat_kv)
     out = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", switch)
+    for grouped in (False, True):
+        if grouped:
+            assert use_grouped_attention(lm.model)
         lm.reset()
         lm.forward(prompt, last_only=True)
         verify = lm.forward(block)
         lm.rollback(len(prompt))
         tree = lm.forward_tree(build_tree(draft, (2, 2)), block[:1])
-        out[switch] = (verify, tree)
-    assert torch.equal(out["0"][0], out["1"][0]) and torch.equal(out["0"][1], out["1"][1])
-    assert expanded["0"] > 0 and expanded["1"] == 0  # the two paths really differ
+        out[grouped] = (verify, tree)
+    assert torch.equal(out[False][0], out[True][0]) and torch.equal(out[False][1], out[True][1])
+    assert expanded["sdpa"] > 0 and expanded[GROUPED_SDPA] == 0  # the two paths really differ
+    assert other.model.config._attn_implementation == "sdpa"  # no other model changed
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ

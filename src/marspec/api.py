@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from marspec.backends.hf import HFCausalLM
+from marspec.backends.hf import HFCausalLM, use_grouped_attention
 from marspec.backends.prepack import prepack_linears
 from marspec.backends.quantize import (
     DRAFT_QUANTS,
@@ -101,14 +101,17 @@ def load_lm(
 ) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
-    oneDNN's layout (a CPU kernel choice: not applied on another device)."""
+    oneDNN's layout, and on the CPU its attention groups key/value heads under masks (both CPU kernel
+    choices: not applied on another device)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
     hf_model, tokenizer, spec = load_model(model, dtype=dtype)
     if device.type != "cpu":
         hf_model.to(device)
-    elif prepack:
-        prepack_linears(hf_model)
+    else:
+        use_grouped_attention(hf_model)  # a CPU kernel choice, like prepacking (see backends.hf)
+        if prepack:
+            prepack_linears(hf_model)
     return HFCausalLM(hf_model, tokenizer, model), is_instruct(spec, tokenizer)
 
 
@@ -152,11 +155,14 @@ class Decoder:
     """A target model, optionally a drafter, loaded once and reused across generations.
 
     Args:
-        target: a known model name (see ``marspec models``), a local HF model folder or a .gguf file.
+        target: a known model name (see ``marspec models``), a local HF model folder, a .gguf file or a
+            Hugging Face Hub id ``ORG/NAME`` (from the HF cache, downloaded when online; docs/models.md).
         draft: a draft model (same forms; must share the target's tokenizer), ``"ngram"`` for prompt
             lookup, or ``None`` for plain decoding only.
         dtype: ``"fp32"`` (default: exact, and on CPUs without fast bf16 kernels as fast) or ``"bf16"``.
-        threads: torch intra-op threads (default: torch's choice).
+        threads: torch intra-op threads (default: torch's choice). This is ``torch.set_num_threads``,
+            which is process-wide: it also changes the thread count of every other torch user in the
+            process (and of Decoders created earlier), and stays set after this Decoder is gone.
         draft_quant: ``"int8"`` quantises the linear layers of a draft loaded by name (about 3x cheaper
             draft forwards on CPU; it does not touch the target, so exactness is unaffected) or ``"none"``.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
@@ -509,6 +515,7 @@ def generate(
 ) -> GenerationResult:
     """One-call generation. The last-used models stay loaded, so repeated calls are cheap.
 
-    ``kwargs`` are ``on_text`` and the fields of :class:`GenerationOptions`.
+    ``kwargs`` are ``on_text`` and the fields of :class:`GenerationOptions`. ``threads``, when given, sets
+    torch's process-wide thread count (see :class:`Decoder`).
     """
     return _cached_decoder(target, draft, dtype, threads).generate(prompt, **kwargs)

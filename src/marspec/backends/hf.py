@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.cache_utils import DynamicLayer
 
 from marspec.backends.base import ForwardClock
 from marspec.backends.kv_cache import PositionLayer, position_cache
-
-# A verification forward scores several tokens, so transformers hands SDPA a mask, and with a mask it
-# expands grouped key/value heads to every query head (repeat_kv: a copy of the layer's whole cache per
-# forward) instead of letting SDPA group them. Its own switch turns grouping on with masks too: on this
-# project's CPU the attention of a 13-token verification is 2-4x cheaper at 2-4k cached positions, with
-# bit-identical outputs (docs/results.md, "Engine"). An explicit TRANSFORMERS_SDPA_FORCE_GQA=0 wins.
-os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
 if TYPE_CHECKING:
     from marspec.tree import DraftTree
@@ -189,6 +188,54 @@ class HFCausalLM:
         if drop:
             self._cache.crop(-drop)
             self._cached = length
+
+
+# Grouped key/value heads under a mask. A verification forward scores several tokens, so transformers
+# hands SDPA a mask, and with a mask its SDPA attention expands grouped key/value heads to every query
+# head (repeat_kv: a copy of the layer's whole cache per forward) instead of letting SDPA group them. On
+# this project's CPU grouping makes the attention of a 13-token verification 2-4x cheaper at 2-4k cached
+# positions, with bit-identical outputs (docs/results.md, "Engine"). transformers' own switch for it is
+# the process-wide TRANSFORMERS_SDPA_FORCE_GQA environment variable, which would change every other
+# model in the process, and on CUDA it sends masked attention to the slow math kernel. So marspec
+# registers its own attention under this name and switches only the models it loads onto the CPU.
+GROUPED_SDPA = "marspec_grouped_sdpa"
+
+
+def grouped_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, q, D]
+    key: torch.Tensor,  # [B, H_kv, kv, D]
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    attention_mask: torch.Tensor | None,  # [B, 1, q, kv] or None
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except that a many-query forward with a mask lets SDPA group the
+    key/value heads (``enable_gqa``) instead of expanding them; every other call is transformers' own.
+    Returns [B, q, H, D] and no weights (transformers' attention-function signature)."""
+    sdpa = AttentionInterface()["sdpa"]
+    grouped = getattr(module, "num_key_value_groups", 1) > 1 and query.shape[2] > 1
+    # What only transformers' function handles: then it decides, as for any model.
+    special = any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "cache"))
+    if attention_mask is None or not grouped or special or kwargs.get("output_attentions"):
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_grouped_attention(model: PreTrainedModel) -> bool:
+    """Switch ``model`` from transformers' SDPA attention to :func:`grouped_sdpa_attention` (masks built
+    as for SDPA); returns whether it did (a model on another attention is left as it is). This changes
+    only ``model``; the name is registered with transformers on first use."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
+    AttentionMaskInterface.register(GROUPED_SDPA, AttentionMaskInterface()["sdpa"])
+    model.set_attn_implementation(GROUPED_SDPA)
+    return True
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -5,7 +5,7 @@ here, in the order ``--help`` lists them, builds the whole command line.
 """
 
 # isort: off
-from marspec.cli import run, bench, calibrate, serve  # noqa: F401  (registers the commands)
+from marspec.cli import run, bench, calibrate, serve, selftest  # noqa: F401  (registers the commands)
 
 # isort: on
 from marspec.cli.common import app

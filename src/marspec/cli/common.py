@@ -63,6 +63,12 @@ def load_decoder(
     key = (target, draft, dtype, threads, settings)
     if key not in _loaded:
         _loaded.clear()  # hold one pair of models at a time
+        from marspec.models import resolve_model_dir
+        from marspec.models.hub import names_hub_model
+
+        for name in (target, draft):  # a download's progress bars show before the spinner, not under it
+            if name and names_hub_model(name):
+                resolve_model_dir(name)
         with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
             _loaded[key] = Decoder(target, draft, dtype=dtype, threads=threads, **asdict(settings))
     return _loaded[key]

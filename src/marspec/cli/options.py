@@ -10,10 +10,11 @@ import typer
 from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA, SAMPLING_MARGIN, SAMPLING_THETA
 
 TargetOpt = Annotated[
-    str, typer.Option("--target", help="Target model: a known name, HF folder or .gguf file.")
+    str,
+    typer.Option("--target", help="Target model: a known name, HF folder, .gguf file or Hub id ORG/NAME."),
 ]
 DraftOpt = Annotated[
-    str, typer.Option("--draft", help="Draft model name/path, 'ngram' for prompt lookup, or 'none'.")
+    str, typer.Option("--draft", help="Draft model name/path/Hub id, 'ngram' for prompt lookup, or 'none'.")
 ]
 DtypeOpt = Annotated[
     str,

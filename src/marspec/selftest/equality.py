@@ -1,0 +1,77 @@
+"""Token-for-token checks: strict equals plain, MARS(theta 1) equals strict."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from marspec.api import Decoder
+
+from marspec.selftest.report import Check
+
+PROMPTS = ("def add(a, b): return a + b", "The cache holds every token.", "1 + 1 = 2, 2 + 2 =")
+NEW_TOKENS = 40
+K = 4
+TREE = "3,2"
+
+
+def first_difference(expected: list[int], got: list[int]) -> int | None:
+    """The first index where two token sequences differ (a length difference counts), or None."""
+    for i, (a, b) in enumerate(zip(expected, got, strict=False)):
+        if a != b:
+            return i
+    return None if len(expected) == len(got) else min(len(expected), len(got))
+
+
+def compare_runs(name: str, runs: list[tuple[str, list[int], list[int]]]) -> Check:
+    """A check that every run's tokens equal its reference: ``runs`` holds ``(label, expected, got)``.
+    The detail names the first difference found."""
+    for label, expected, got in runs:
+        at = first_difference(expected, got)
+        if at is not None:
+            want = expected[at] if at < len(expected) else "end"
+            have = got[at] if at < len(got) else "end"
+            return Check(name, False, f"{label}: token {at} is {have}, expected {want}")
+    tokens = sum(len(expected) for _, expected, _ in runs)
+    return Check(name, True, f"{len(runs)} runs, {tokens} tokens, all identical")
+
+
+def strict_equals_plain(decoder: Decoder) -> Check:
+    """Strict verification (chain and tree) emits plain greedy decoding's tokens, and really drafted."""
+    name = "strict == plain (greedy, chain and tree)"
+    runs = []
+    drafted = accepted = rejected = 0
+    for i, prompt in enumerate(PROMPTS):
+        plain = _generate(decoder, prompt, rule="plain")
+        for tree in (None, TREE):
+            out = decoder.generate(prompt, rule="strict", tree=tree, **_greedy())
+            label = f"prompt {i + 1}, strict {'tree ' + tree if tree else 'chain'}"
+            runs.append((label, plain, out.token_ids))
+            drafted += out.stats.drafted
+            accepted += out.stats.accepted_exact
+            rejected += out.stats.rejected
+    check = compare_runs(name, runs)
+    if check.passed and not (accepted and rejected):
+        # Without both, the comparison proves nothing about verification.
+        return Check(name, False, f"vacuous: {accepted} drafts accepted, {rejected} steps with a rejection")
+    share = f"{accepted} of {drafted} drafts accepted, {rejected} rejections"
+    return Check(name, check.passed, f"{check.detail}; {share}" if check.passed else check.detail)
+
+
+def mars_theta_one_equals_strict(decoder: Decoder) -> Check:
+    """MARS at theta = 1, which can never relax, emits strict's tokens (both ratio margins)."""
+    runs = []
+    for i, prompt in enumerate(PROMPTS):
+        strict = _generate(decoder, prompt, rule="strict")
+        for margin in ("prob_ratio", "logit_ratio"):
+            got = _generate(decoder, prompt, rule="mars", theta=1.0, margin=margin)
+            runs.append((f"prompt {i + 1}, mars {margin} 1", strict, got))
+    return compare_runs("MARS(theta 1) == strict", runs)
+
+
+def _greedy() -> dict[str, Any]:
+    return {"k": K, "max_new_tokens": NEW_TOKENS, "chat": False, "temperature": 0.0}
+
+
+def _generate(decoder: Decoder, prompt: str, **options: Any) -> list[int]:
+    return decoder.generate(prompt, **_greedy(), **options).token_ids
