@@ -16,14 +16,11 @@ import torch
 pytest.importorskip("vllm")
 
 from blocks import Block, random_block
-from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.sample import rejection_sampler
-from vllm.v1.sample.logits_processor import LogitsProcessors
-from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from marspec.integrations.vllm import plugin
 from marspec.integrations.vllm.config import PluginConfig
+from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
 from marspec.verify import Rule, verify_greedy, verify_sampling
 
 VOCAB = 64
@@ -32,38 +29,7 @@ SAMPLED_TEMPERATURE = 1.0  # rejection_sample receives logits already divided by
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kernels() -> None:
-    install_cpu_overrides()
-
-
-def install_cpu_overrides() -> None:
-    """The CPU platform's kernel overrides, installed as a vLLM CPU worker installs them (no Triton here):
-    v0.32 registers them from its platform, v0.28 assigns them when its CPU model runner starts."""
-    if hasattr(CpuPlatform, "register_triton_kernel_overrides"):
-        CpuPlatform.register_triton_kernel_overrides()
-    else:
-        CPUModelRunner._postprocess_triton(None)  # type: ignore[arg-type]  # it uses no runner state
-
-
-def sampling_metadata(blocks: list[Block]) -> SamplingMetadata:
-    greedy = torch.tensor([b.greedy for b in blocks])
-    return SamplingMetadata(
-        temperature=torch.where(greedy, 0.0, SAMPLED_TEMPERATURE).float(),
-        all_greedy=bool(greedy.all()),
-        all_random=bool((~greedy).all()),
-        top_p=None,
-        top_k=None,
-        generators={},
-        max_num_logprobs=None,
-        no_penalties=True,
-        prompt_token_ids=None,
-        frequency_penalties=torch.zeros(len(blocks)),
-        presence_penalties=torch.zeros(len(blocks)),
-        repetition_penalties=torch.ones(len(blocks)),
-        output_token_ids=[[] for _ in blocks],
-        allowed_token_ids_mask=None,
-        bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(),
-    )
+    install_cpu_overrides()  # no Triton here: vLLM's CPU stand-ins for its kernels
 
 
 def vllm_verify(blocks: list[Block], with_draft_probs: bool) -> list[list[int]]:
@@ -77,7 +43,7 @@ def vllm_verify(blocks: list[Block], with_draft_probs: bool) -> list[list[int]]:
         torch.cat([b.draft_probs for b in blocks]) if with_draft_probs else None,  # [T, V]
         torch.cat([b.logits[:-1] for b in blocks]),  # [T, V]
         torch.stack([b.logits[-1].argmax() for b in blocks])[:, None].int(),  # [B, 1]: the bonus tokens
-        sampling_metadata(blocks),
+        sampling_metadata(torch.tensor([0.0 if b.greedy else SAMPLED_TEMPERATURE for b in blocks])),
     )  # [B, max(counts) + 1]
     return [[t for t in row if t != -1] for row in output.tolist()]
 
