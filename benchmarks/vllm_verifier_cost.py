@@ -7,6 +7,8 @@ the difference of the medians. The batch is what a vLLM step verifies: ``request
 draft tokens each over the Qwen vocabulary (151,936), float32 logits as vLLM hands them over, draft
 tokens that are the target's top-1 (60%), its runner-up (30%) or another token, and close calls on
 about half the rows, so the rule does relax rows. Two batches: all greedy, and half greedy half sampled.
+Also timed alone: the rule's one full pass (``torch.topk``) against the previous version's passes (its
+top-2 by argmax, scattered copy and argmax again, then a ``masked_fill`` copy of the logits).
 
     python benchmarks/vllm_verifier_cost.py [--requests 4] [--k 4] [--repeats 41] [--json out.json]
 
@@ -27,7 +29,7 @@ import torch
 from marspec.integrations.vllm import plugin
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
-from marspec.verify import Rule
+from marspec.verify import Rule, top2
 
 QWEN_VOCAB = 151_936
 
@@ -95,6 +97,23 @@ def measure(requests: int, k: int, vocab: int, repeats: int, greedy_share: float
     }
 
 
+def components(requests: int, k: int, vocab: int, repeats: int) -> dict[str, float]:
+    """Medians of the rule's full passes over the logits: ``torch.topk`` (this version) against the
+    previous version's top-2 (argmax, a scattered copy, argmax) plus its ``masked_fill`` copy."""
+    logits = make_batch(requests, k, vocab, torch.Generator().manual_seed(1))["logits"]
+    relaxed = torch.zeros(logits.shape[0], 1, dtype=torch.bool)
+    relaxed[0] = True
+
+    def previous() -> None:
+        top2(logits)
+        logits.masked_fill(relaxed, float("-inf"))
+
+    return {
+        "topk_ms": statistics.median(time_ms(lambda: torch.topk(logits, 2, dim=-1)) for _ in range(repeats)),
+        "previous_top2_and_masked_fill_ms": statistics.median(time_ms(previous) for _ in range(repeats)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -104,11 +123,19 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=QWEN_VOCAB)
     parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--theta", type=float, default=0.9)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a busy shared machine every 2-thread op waits for its second "
+        "thread to be scheduled, which the timing would then measure instead of the work)",
+    )
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
 
     import vllm
 
+    torch.set_num_threads(args.threads)
     install_cpu_overrides()
     rule = Rule("mars", args.theta, "logit_ratio")
     plugin.activate(PluginConfig(rule, log_every=0))
@@ -134,6 +161,11 @@ def main() -> None:
             f"{b['on_ms']:.2f} ms, added {b['added_ms']:.2f} ms per step "
             f"({b['relaxed_rows_per_step']} rows relaxed)"
         )
+    result["components"] = components(args.requests, args.k, args.vocab, args.repeats)
+    print(
+        f"torch.topk {result['components']['topk_ms']:.2f} ms; the previous version's top-2 and copy "
+        f"{result['components']['previous_top2_and_masked_fill_ms']:.2f} ms"
+    )
     result["load_average_1min_after"] = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w") as f:

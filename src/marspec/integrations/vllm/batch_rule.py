@@ -72,7 +72,7 @@ def forced(logits: torch.Tensor, relaxed: torch.Tensor, draft_tokens: torch.Tens
     if rows.numel() == 0:
         yield
         return
-    saved = logits.index_select(0, rows)  # [R, V]
+    saved = logits[rows]  # [R, V]: a copy (advanced indexing; cheaper than index_select on CPU here)
     logits.index_fill_(0, rows, float("-inf"))
     logits[rows, draft_tokens[rows].long()] = 0.0
     try:
