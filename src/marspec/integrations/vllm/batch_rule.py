@@ -1,54 +1,132 @@
 """marspec's accept rule on vLLM's flattened, ragged batches, and the counters it keeps.
 
-vLLM verifies a whole batch at once: the draft tokens of every request are flattened into one ``[T]``
-tensor (``T`` = total draft tokens, request ``i`` owning ``num_draft_tokens[i]`` consecutive rows) and
-the target's processed logits into ``[T, V]`` (temperature-divided for sampled requests, raw for greedy
-ones). Rather than re-implementing vLLM's kernels, the plugin rewrites the rows where MARS accepts on a
-close call so that vLLM's own strict verification must accept them (the row becomes one-hot at the
-draft token: argmax for greedy requests, ``p(d) = 1`` for sampled ones). Every other row is untouched,
-so the correction token after the first rejection, the bonus token, seeding and top-k/top-p all stay
-vLLM's. The decision itself is :func:`marspec.verify.relaxed_accepts`, the same code the marspec
-decoder uses. Every rule fits this forcing scheme, since each decides a row from that row's logits and
-draft token alone: MARS, and the rivals ``typical``, ``pthresh`` and ``topk`` (on a sampled row the
-logits are already temperature-divided, so a rival tests the tempered distribution, as it does in
-marspec's own sampling loop).
+vLLM verifies a whole batch at once: the target's processed logits of every request are flattened into
+one ``[N, V]`` tensor (temperature-divided for sampled requests, raw for greedy ones) beside the draft
+token each row verifies. Rather than re-implementing vLLM's kernels, the plugin forces the rows where
+the rule accepts on a close call so that vLLM's own strict verification must accept them (the row
+becomes one-hot at the draft token: argmax for greedy requests, ``p(d) = 1`` for sampled ones), and
+puts those rows back once vLLM has verified. Every other row is never touched, so the correction token
+after the first rejection, the bonus token, seeding, top-k/top-p and logprobs all stay vLLM's. The
+decision itself is :func:`marspec.verify.relaxed_accepts`, the same code the marspec decoder uses.
+Every rule fits this forcing scheme, since each decides a row from that row's logits and draft token
+alone: MARS, and the rivals ``typical``, ``pthresh`` and ``topk`` (on a sampled row the logits are
+already temperature-divided, so a rival tests the tempered distribution, as it does in marspec's own
+sampling loop).
+
+Cost per verification step (see docs/vllm.md for the measured figure): one ``torch.topk(k=2)`` pass
+over the ``[N, V]`` logits, and a save, fill and restore of the relaxed rows only (no full copy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from marspec.verify import Rule, relaxed_accepts, top2
+from marspec.verify import Rule, relaxed_accepts
 
-PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection
+PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection (and for unusable drafts)
 
 
 @dataclass(frozen=True)
-class RelaxedBatch:
-    """Target logits with MARS's close-call accepts forced, and what was forced where."""
+class Decisions:
+    """The rule's verdict on each row of a flattened batch."""
 
-    logits: torch.Tensor  # [T, V]: the input itself when nothing can relax, else a rewritten copy
-    relaxed: torch.Tensor  # bool[T]: close-call accepts (draft is the target's top-1 or top-2)
-    exact: torch.Tensor  # bool[T]: draft token is the target's top-1
+    relaxed: torch.Tensor  # bool[N]: close-call accepts (draft is the target's top-1 or top-2): forced rows
+    exact: torch.Tensor  # bool[N]: draft token is the target's top-1
 
 
-def relax_close_calls(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, rule: Rule) -> RelaxedBatch:
-    """Apply ``rule``'s close-call accepts to a flattened batch ``[T, V]`` / ``[T]`` (see the module doc).
+def decide(
+    logits: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule, rows: torch.Tensor | None = None
+) -> Decisions:
+    """``rule``'s verdict on ``logits`` (``[N, V]``) against ``draft_tokens`` (``[N]``, >= 0).
 
-    No host sync: the rewrite is a masked fill and a scatter whatever the number of close calls.
+    ``rows`` (bool ``[N]``) marks the rows that verify a real draft token; the others (vLLM's bonus
+    rows, placeholder drafts) are neither exact nor relaxed. Top-2 comes from ``torch.topk``: one pass
+    over the logits and no copy of them. On an exact tie of logits ``torch.topk`` may rank the tied
+    tokens in another order than ``argmax``; for MARS a tie of the top two is a close call that accepts
+    either, so only the exact/relaxed split of the counters could differ there.
     """
-    values, tokens = top2(target_logits)  # [T, 2], [T, 2]
-    draft = draft_token_ids.long()  # [T]
-    exact = draft == tokens[:, 0]  # [T]
-    if not rule.relaxes:
-        return RelaxedBatch(target_logits, torch.zeros_like(exact), exact)
-    relaxed = relaxed_accepts(target_logits, values, tokens, draft, rule)  # [T]
-    forced = target_logits.masked_fill(relaxed[:, None], float("-inf"))  # [T, V]
-    kept = target_logits.gather(1, draft[:, None])  # [T, 1]: the draft's own logit where not relaxed
-    forced.scatter_(1, draft[:, None], torch.where(relaxed[:, None], torch.zeros_like(kept), kept))
-    return RelaxedBatch(forced, relaxed, exact)
+    values, tokens = torch.topk(logits, 2, dim=-1)  # [N, 2], [N, 2]
+    draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [N]
+    exact = draft == tokens[:, 0]  # [N]
+    relaxed = relaxed_accepts(logits, values, tokens, draft, rule)  # [N]
+    if rows is not None:
+        exact = exact & rows
+        relaxed = relaxed & rows
+    return Decisions(relaxed, exact)
+
+
+@contextmanager
+def forced(logits: torch.Tensor, relaxed: torch.Tensor, draft_tokens: torch.Tensor) -> Iterator[None]:
+    """Inside the block, each ``relaxed`` row of ``logits`` is one-hot at its draft token (``-inf``
+    elsewhere, ``0`` there); on leaving, those rows hold their own values again.
+
+    In place, so vLLM's verifier sees the forced rows in the tensor it was handed, and whatever vLLM
+    reads from that tensor afterwards (logprobs) is as it would be without the plugin. Only the relaxed
+    rows are saved and written. Finding them reads one small index tensor back from the device.
+    """
+    rows = relaxed.nonzero().squeeze(1)  # long[R]
+    if rows.numel() == 0:
+        yield
+        return
+    saved = logits[rows]  # [R, V]: a copy (advanced indexing; cheaper than index_select on CPU here)
+    logits.index_fill_(0, rows, float("-inf"))
+    logits[rows, draft_tokens[rows].long()] = 0.0
+    try:
+        yield
+    finally:
+        logits.index_copy_(0, rows, saved)
+
+
+@dataclass(frozen=True)
+class V2Layout:
+    """Which rows of vLLM's V2 verification batch verify a draft token, and which token.
+
+    V2 hands its verifier ``[L, V]`` logits holding, per request, one row per draft position and then
+    its bonus row (``cu_num_logits`` delimits requests); row ``r`` verifies the input token of row
+    ``r + 1`` (``draft_sampled[r + 1]``), and ``-1`` marks a draft vLLM will not accept (a placeholder):
+    its kernel stops at the first one, so the rows after it in that request verify nothing either.
+    """
+
+    draft_tokens: torch.Tensor  # long[L]: the token each row verifies (0 where it verifies none)
+    rows: torch.Tensor  # bool[L]: rows that verify a real draft token
+    num_draft_tokens: torch.Tensor  # long[R]: such rows per request (they lead its block)
+    greedy: torch.Tensor  # bool[L]: the row's request is greedy
+
+
+def v2_layout(
+    draft_sampled: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_temperature: float,
+) -> V2Layout:
+    """Read V2's batch layout from its verifier's arguments (see :class:`V2Layout`).
+
+    ``temperature`` is indexed by request-state slot (``expanded_idx_mapping[r]`` for row ``r``), as
+    V2's kernels read it; ``greedy_temperature`` is the value that means greedy.
+    """
+    cu = cu_num_logits.long()  # [R + 1]
+    logits_per_request = torch.diff(cu)  # [R]
+    n_rows = draft_sampled.shape[0]
+    request = torch.repeat_interleave(
+        torch.arange(logits_per_request.shape[0], device=cu.device), logits_per_request, output_size=n_rows
+    )  # [L]
+    start = cu[:-1][request]  # [L]
+    local = torch.arange(n_rows, device=cu.device) - start  # [L]
+    verified = torch.cat(
+        [draft_sampled[1:].long(), draft_sampled.new_full((1,), PLACEHOLDER_TOKEN_ID).long()]
+    )
+    draft_row = local < logits_per_request[request] - 1  # [L]: not the bonus row
+    unusable = (draft_row & (verified < 0)).long()  # [L]
+    before = torch.cumsum(unusable, 0) - unusable  # [L]: unusable rows before r, batch-wide
+    rows = draft_row & (unusable == 0) & (before == before[start])  # none before r in its own request
+    num_draft_tokens = torch.zeros_like(logits_per_request).index_add_(0, request, rows.long())  # [R]
+    greedy = temperature[expanded_idx_mapping.long()] == greedy_temperature  # [L]
+    return V2Layout(verified.clamp(min=0), rows, num_draft_tokens, greedy)
 
 
 def accepted_lengths(output_token_ids: torch.Tensor) -> torch.Tensor:
@@ -105,17 +183,21 @@ class AcceptCounters:
 
     def record(
         self,
-        batch: RelaxedBatch,
-        output_token_ids: torch.Tensor,
+        decisions: Decisions,
+        n_accepted: torch.Tensor,
         num_draft_tokens: torch.Tensor,
         greedy_rows: torch.Tensor | None,
     ) -> None:
-        """Add one batch. ``greedy_rows``: bool ``[T]``, or None when every request is greedy."""
-        n_accepted = accepted_lengths(output_token_ids)  # [B]
-        accepted = _accepted_mask(n_accepted, num_draft_tokens, batch.relaxed.shape[0])  # [T]
-        counted_relaxed = batch.relaxed & ~batch.exact
+        """Add one batch of ``B`` requests and ``T`` draft rows (request ``i`` owning
+        ``num_draft_tokens[i]`` consecutive rows of ``decisions``).
+
+        ``n_accepted``: long ``[B]``, drafts vLLM accepted per request; ``greedy_rows``: bool ``[T]``,
+        or None when every request is greedy.
+        """
+        accepted = _accepted_mask(n_accepted, num_draft_tokens, decisions.relaxed.shape[0])  # [T]
+        counted_relaxed = decisions.relaxed & ~decisions.exact
         if greedy_rows is not None:
-            counted_relaxed = torch.where(greedy_rows, counted_relaxed, batch.relaxed)
+            counted_relaxed = torch.where(greedy_rows, counted_relaxed, decisions.relaxed)
         relaxed = (accepted & counted_relaxed).sum()
         step = torch.stack(
             [

@@ -38,6 +38,9 @@ class EngineSpec:
     model: str  # a Hugging Face checkpoint directory (vLLM cannot reach a hub here)
     draft: str | None = None  # a draft checkpoint directory; None: vLLM's n-gram drafting
     k: int = 4  # num_speculative_tokens
+    # vLLM's speculative method: "auto" (a draft model if ``draft`` is set, else n-gram), "eagle3"
+    # (``draft`` is an EAGLE-3 head for ``model``), or "none" (plain decoding, no speculation).
+    method: str = "auto"
     marspec: dict[str, Any] | None = None  # additional_config["marspec"]; None: the plugin stays inert
     load_plugin: bool = True  # False: VLLM_PLUGINS="" so vLLM runs exactly as shipped
     memory_share: float = 0.3  # gpu_memory_utilization: on CPU, the share of RAM vLLM reserves
@@ -108,18 +111,13 @@ def _child() -> None:
     from marspec.integrations.vllm.plugin import read_counters, reset_counters
 
     extra = {"additional_config": {"marspec": spec.marspec}} if spec.marspec is not None else {}
-    speculative = (
-        {"model": spec.draft, "num_speculative_tokens": spec.k}
-        if spec.draft
-        else {"method": "ngram", "num_speculative_tokens": spec.k, "prompt_lookup_max": 4}
-    )
     llm = LLM(
         model=spec.model,
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
         gpu_memory_utilization=spec.memory_share,
         distributed_executor_backend="uni",
-        speculative_config=speculative,
+        speculative_config=speculative_config(spec),
         seed=0,
         enforce_eager=spec.eager,
         **extra,
@@ -142,6 +140,19 @@ def _child() -> None:
         counters = read_counters(llm) if counting else None
         results.append(asdict(BatchResult(tokens, seconds, counters)))
     print(_RESULT + json.dumps(results), flush=True)
+
+
+def speculative_config(spec: EngineSpec) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for ``spec`` (None: plain decoding)."""
+    if spec.method == "none":
+        return None
+    if spec.method == "eagle3":
+        return {"method": "eagle3", "model": spec.draft, "num_speculative_tokens": spec.k}
+    if spec.method != "auto":
+        raise ValueError(f"EngineSpec.method={spec.method!r}: use 'auto', 'eagle3' or 'none'")
+    if spec.draft:
+        return {"model": spec.draft, "num_speculative_tokens": spec.k}
+    return {"method": "ngram", "num_speculative_tokens": spec.k, "prompt_lookup_max": 4}
 
 
 def compare(model: str, draft: str | None, k: int, max_tokens: int, memory_share: float, eager: bool) -> None:

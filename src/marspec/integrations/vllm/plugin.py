@@ -1,40 +1,67 @@
 """The hooks that put marspec's accept rule into vLLM. Imported only inside a process that has vLLM.
 
 vLLM calls :func:`register` in every process it starts (entry-point group ``vllm.general_plugins``).
-``register`` changes no behaviour by itself: it wraps two places so that a deployment configured with
+``register`` changes no behaviour by itself: it wraps a few places so that a deployment configured with
 ``additional_config={"marspec": {...}}`` is (1) validated when its engine config is built, in the user's
-process, and (2) switched to the MARS rule when the worker builds its rejection sampler. Without that
+process, and (2) switched to the marspec rule when the worker builds its rejection sampler. Without that
 key every wrapper passes straight through.
 
+vLLM has two model runners, each with its own verifier, both hooked (see :mod:`.versions`):
+- V1 (``vllm.v1.sample.rejection_sampler``; the runner vLLM uses on CPU): its module-level
+  ``rejection_sample``, looked up at call time by ``RejectionSampler.forward``;
+- V2 (``vllm.v1.worker.gpu.spec_decode.rejection_sampler``; vLLM's default on GPUs with Triton): the
+  ``rejection_sample`` that ``RejectionSampler._verify`` calls, a global of that module.
+
 What switching does, in the worker process only:
-- vLLM's module-level ``rejection_sample`` (looked up at call time by ``RejectionSampler.forward``) is
-  wrapped: the target logits are rewritten by :func:`~marspec.integrations.vllm.batch_rule.relax_close_calls`
-  and handed to vLLM's own function, so greedy and sampled requests in one batch each get their rule;
+- the verifier's signature is checked against the one the plugin knows (one-line refusal otherwise);
+- the verifier is wrapped: the rows where the rule accepts a close call are forced in the target's
+  logits (:func:`~marspec.integrations.vllm.batch_rule.forced`) while vLLM's own function verifies, so
+  greedy and sampled requests in one batch each get their rule;
 - the counters of exact and relaxed accepts are updated, and logged every ``log_every`` steps;
-- on the CPU platform, where vLLM registers a C++ override of the rejection sampler's expand kernel that
-  writes into an int64 copy and never copies back (vLLM issue 55005: a batch mixing greedy and sampled
-  requests then reads uninitialised temperatures), a pure-torch replacement is registered over it.
+- on the V1 runner on CPU, where vLLM installs a C++ override of the rejection sampler's expand kernel
+  that writes into an int64 copy and never copies back (vLLM issue 55005: a batch mixing greedy and
+  sampled requests then reads uninitialised temperatures), a pure-torch replacement is installed over
+  it at the first verification, only when the installed override fails a probe
+  (:func:`fix_cpu_expand_kernel`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from marspec.integrations.vllm.batch_rule import AcceptCounters, counts_from_cumulative, relax_close_calls
+from marspec.integrations.vllm.batch_rule import (
+    AcceptCounters,
+    Decisions,
+    accepted_lengths,
+    counts_from_cumulative,
+    decide,
+    forced,
+    v2_layout,
+)
 from marspec.integrations.vllm.config import PluginConfig, VllmPluginConfigError, parse_plugin_config
+from marspec.integrations.vllm.versions import (
+    SUPPORTED_VLLM_VERSIONS,
+    V1_VERIFIER,
+    V2_VERIFIER,
+    VerifierContract,
+    check_verifier,
+    is_tested_version,
+)
 
 logger = logging.getLogger("vllm.marspec")  # a child of vLLM's logger, so it shares its handlers
 
 _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 _WRAPPED = "_marspec_wrapped"
 
-# This process's state: the active settings (None: inert), the accept counters, vLLM's own function.
+# This process's state: the active settings (None: inert) and the accept counters.
 _active: PluginConfig | None = None
-_original_rejection_sample: Any = None
+_expand_checked = False  # whether the CPU expand kernel was probed (at the first V1 verification)
 _steps_since_log = 0
 counters = AcceptCounters()
 
@@ -42,19 +69,30 @@ counters = AcceptCounters()
 def register() -> None:
     """vLLM's plugin entry point. Idempotent: vLLM may call it several times per process."""
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.sample import rejection_sampler
 
     _wrap(EngineArgs, "create_engine_config", _checked_create_engine_config)
-    _wrap(rejection_sampler.RejectionSampler, "__init__", _activating_init)
+    for contract in (V1_VERIFIER, V2_VERIFIER):
+        try:
+            module = importlib.import_module(contract.module)
+        except ImportError:  # a vLLM without this runner: nothing of it to hook
+            continue
+        _wrap(module.RejectionSampler, "__init__", functools.partial(_activating_init, contract=contract))
 
 
-def _wrap(owner: type, name: str, make: Any) -> None:
+def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
     original = getattr(owner, name)
     if getattr(original, _WRAPPED, False):
         return
     wrapper = functools.wraps(original)(make(original))
     setattr(wrapper, _WRAPPED, True)
     setattr(owner, name, wrapper)
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version string (``vllm.__version__``)."""
+    import vllm
+
+    return str(vllm.__version__)
 
 
 def _checked_create_engine_config(original: Any) -> Any:
@@ -68,8 +106,14 @@ def _checked_create_engine_config(original: Any) -> Any:
     return create_engine_config
 
 
+def runner_contract(vllm_config: Any) -> VerifierContract:
+    """The verifier the deployment's model runner will call."""
+    return V2_VERIFIER if getattr(vllm_config, "use_v2_model_runner", False) else V1_VERIFIER
+
+
 def check_deployment(vllm_config: Any) -> None:
-    """Refuse a configured plugin on a deployment where it could not take effect."""
+    """Refuse a configured plugin on a deployment where it could not take effect, or on a vLLM whose
+    verifier it does not know (the worker checks again when it wraps it)."""
     spec = vllm_config.speculative_config
     if spec is None:
         raise VllmPluginConfigError(
@@ -83,14 +127,12 @@ def check_deployment(vllm_config: Any) -> None:
             f"speculative_config.rejection_sample_method={method!r} replaces vLLM's verification, which "
             'MARS builds on: use the default "standard", or drop additional_config["marspec"]'
         )
-    if vllm_config.use_v2_model_runner:
-        raise VllmPluginConfigError(
-            "vLLM chose its V2 model runner, whose rejection sampler the marspec plugin does not hook; "
-            "set VLLM_USE_V2_MODEL_RUNNER=0 to run MARS on the V1 runner"
-        )
+    contract = runner_contract(vllm_config)
+    module = importlib.import_module(contract.module)
+    check_verifier(_original(getattr(module, contract.name)), contract, vllm_version())
 
 
-def _activating_init(original: Any) -> Any:
+def _activating_init(original: Any, contract: VerifierContract) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         from vllm.config import get_current_vllm_config_or_none
@@ -98,70 +140,125 @@ def _activating_init(original: Any) -> Any:
         vllm_config = get_current_vllm_config_or_none()
         settings = parse_plugin_config(vllm_config.additional_config if vllm_config else None)
         if settings is not None:
-            activate(settings)
+            activate(settings, contract)
 
     return __init__
 
 
-def activate(settings: PluginConfig) -> None:
-    """Verify with ``settings.rule`` from now on in this process (called by the worker at start-up)."""
-    global _active, _original_rejection_sample
-    from vllm.v1.sample import rejection_sampler
-
+def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -> None:
+    """Verify with ``settings.rule`` from now on in this process, on ``contract``'s runner (called by the
+    worker when it builds its rejection sampler). Raises :class:`~.versions.VllmVersionError` when the
+    installed vLLM's verifier is not the one the plugin knows."""
+    global _active
+    module = importlib.import_module(contract.module)
+    current = getattr(module, contract.name)
+    if not getattr(current, _WRAPPED, False):
+        version = vllm_version()
+        check_verifier(current, contract, version)
+        if not is_tested_version(version):
+            logger.warning(
+                "marspec: vLLM %s is not among the releases the plugin was tested on (%s); its %s verifier "
+                "has the signature the plugin knows, so it runs",
+                version,
+                ", ".join(SUPPORTED_VLLM_VERSIONS),
+                contract.runner,
+            )
+        make = _v1_verifier if contract is V1_VERIFIER else _v2_verifier
+        wrapper = make(current)
+        setattr(wrapper, _WRAPPED, True)
+        setattr(module, contract.name, wrapper)
     _active = settings
-    if _original_rejection_sample is None:
-        _original_rejection_sample = rejection_sampler.rejection_sample
-        rejection_sampler.rejection_sample = _mars_rejection_sample
-    fixed = fix_cpu_expand_kernel()
     logger.info(
-        "marspec: verifying with %s (theta=%s, margin=%s)%s",
+        "marspec: verifying with %s (theta=%s, margin=%s) on vLLM's %s runner",
         settings.rule.name,
         settings.rule.theta,
         settings.rule.margin,
-        "; replaced vLLM's CPU expand kernel (issue 55005)" if fixed else "",
+        contract.runner,
     )
 
 
-def _mars_rejection_sample(
-    draft_token_ids: torch.Tensor,  # [T]
-    num_draft_tokens: list[int],  # [B]
-    max_spec_len: int,
-    cu_num_draft_tokens: torch.Tensor,  # [B]
-    draft_probs: torch.Tensor | None,  # [T, V]
-    target_logits: torch.Tensor,  # [T, V], processed (temperature, top-k/top-p) for sampled requests
-    bonus_token_ids: torch.Tensor,  # [B, 1]
-    sampling_metadata: Any,
-    *args: Any,
-    **kwargs: Any,  # newer vLLM versions add keyword arguments: pass them through
-) -> torch.Tensor:
+def _original(function: Any) -> Any:
+    """vLLM's own function behind the plugin's wrapper (``function`` itself when unwrapped)."""
+    return function.__wrapped__ if getattr(function, _WRAPPED, False) else function
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], contract: VerifierContract, name: str) -> Any:
+    """A verifier argument by name, whether vLLM passed it by position or by keyword."""
+    index = contract.index(name)
+    return args[index] if index < len(args) else kwargs[name]
+
+
+def _v1_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
+    from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE
+
+    @functools.wraps(original)
+    def rejection_sample(*args: Any, **kwargs: Any) -> torch.Tensor:
+        global _expand_checked
+        assert _active is not None
+        if not _expand_checked:  # at the first step: by then the CPU runner has installed its overrides
+            _expand_checked = True
+            if fix_cpu_expand_kernel():
+                logger.info(
+                    "marspec: replaced vLLM's CPU expand kernel, which loses its output (issue 55005)"
+                )
+        draft = _argument(args, kwargs, V1_VERIFIER, "draft_token_ids")  # [T]
+        cu_num_draft_tokens = _argument(args, kwargs, V1_VERIFIER, "cu_num_draft_tokens")  # [B]
+        logits = _argument(args, kwargs, V1_VERIFIER, "target_logits")  # [T, V], processed
+        metadata = _argument(args, kwargs, V1_VERIFIER, "sampling_metadata")
+        decisions = decide(logits, draft, _active.rule)
+        with forced(logits, decisions.relaxed, draft):
+            output = original(*args, **kwargs)  # [B, max_spec_len + 1], -1 after the last token
+        counts = counts_from_cumulative(cu_num_draft_tokens)  # [B], on the device: no copy from the list
+        greedy_rows = None
+        if not metadata.all_greedy:
+            greedy_requests = metadata.temperature == GREEDY_TEMPERATURE  # [B]
+            greedy_rows = torch.repeat_interleave(greedy_requests, counts, output_size=draft.shape[0])
+        _count(decisions, accepted_lengths(output), counts, greedy_rows)
+        return output
+
+    return rejection_sample
+
+
+def _v2_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
+    # V2's kernels test ``temperature == 0.0`` for greedy: the value V1 names GREEDY_TEMPERATURE.
+    from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE
+
+    @functools.wraps(original)
+    def rejection_sample(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        assert _active is not None
+        logits = _argument(args, kwargs, V2_VERIFIER, "target_logits")  # [L, V], processed
+        layout = v2_layout(
+            _argument(args, kwargs, V2_VERIFIER, "draft_sampled"),  # [L]
+            _argument(args, kwargs, V2_VERIFIER, "cu_num_logits"),  # [R + 1]
+            _argument(args, kwargs, V2_VERIFIER, "expanded_idx_mapping"),  # [L]
+            _argument(args, kwargs, V2_VERIFIER, "temperature"),  # [max_num_reqs]
+            GREEDY_TEMPERATURE,
+        )
+        decisions = decide(logits, layout.draft_tokens, _active.rule, layout.rows)
+        with forced(logits, decisions.relaxed, layout.draft_tokens):
+            sampled, num_sampled = original(*args, **kwargs)  # [R, S + 1], [R]: accepted + 1
+        rows = layout.rows
+        _count(
+            Decisions(decisions.relaxed[rows], decisions.exact[rows]),
+            num_sampled.long() - 1,
+            layout.num_draft_tokens,
+            layout.greedy[rows],
+        )
+        return sampled, num_sampled
+
+    return rejection_sample
+
+
+def _count(
+    decisions: Decisions, n_accepted: torch.Tensor, num_draft_tokens: torch.Tensor, greedy_rows: Any
+) -> None:
     global _steps_since_log
-    assert _active is not None and _original_rejection_sample is not None
-    batch = relax_close_calls(target_logits, draft_token_ids, _active.rule)
-    output = _original_rejection_sample(
-        draft_token_ids,
-        num_draft_tokens,
-        max_spec_len,
-        cu_num_draft_tokens,
-        draft_probs,
-        batch.logits,
-        bonus_token_ids,
-        sampling_metadata,
-        *args,
-        **kwargs,
-    )  # [B, max_spec_len + 1]
-    counts = counts_from_cumulative(cu_num_draft_tokens)  # [B], already on the device: no copy from the list
-    greedy_rows = None
-    if not sampling_metadata.all_greedy:
-        greedy_requests = sampling_metadata.temperature == 0  # vLLM's GREEDY_TEMPERATURE
-        greedy_rows = torch.repeat_interleave(
-            greedy_requests, counts, output_size=draft_token_ids.shape[0]
-        )  # [T]
-    counters.record(batch, output, counts, greedy_rows)
+    assert _active is not None
+    counters.record(decisions, n_accepted, num_draft_tokens, greedy_rows)
     _steps_since_log += 1
     if _active.log_every and _steps_since_log >= _active.log_every:
         _steps_since_log = 0
         logger.info("marspec counters: %s", format_counters(counters.snapshot()))
-    return output
 
 
 def format_counters(snapshot: dict[str, float]) -> str:
@@ -174,25 +271,48 @@ def format_counters(snapshot: dict[str, float]) -> str:
 
 
 def fix_cpu_expand_kernel() -> bool:
-    """Replace vLLM's broken CPU expand-kernel override, only where it is the one registered."""
-    from vllm.triton_utils import dispatcher
+    """Replace vLLM's CPU expand-kernel override where it is installed and broken; True if replaced.
+
+    Only on a vLLM without Triton (where CPU overrides stand in for the Triton kernels): the installed
+    expand is probed on a three-request batch, and only a wrong answer (vLLM issue 55005) installs
+    :func:`expand_by_repeat_interleave` the way that vLLM installs its own CPU overrides: through its
+    public kernel registry where it has one (v0.32: ``register_kernels``, which rebinds every holder of
+    the kernel and logs that it overwrites vLLM's registration), else (v0.28, whose CPU runner assigns
+    the module attribute) by assigning that same attribute.
+    """
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:  # vLLM's Triton kernel runs: there is no CPU override to fix
+        return False
     from vllm.v1.sample import rejection_sampler
 
+    if _expands_correctly(rejection_sampler.expand_batch_to_tokens):
+        return False
     try:
-        from vllm.utils import cpu_triton_utils
-    except ImportError:  # not a CPU build
-        return False
-    broken = getattr(cpu_triton_utils, "_expand_kernel_impl", None)
-    override = rejection_sampler.expand_kernel  # vLLM's KernelOverride once the CPU platform registered it
-    if broken is None or getattr(override, "_impl", None) is not broken:
-        return False
-    # Swap the implementation inside vLLM's own override object, so every holder of it (the warmup
-    # dispatcher keeps references) calls the fixed one; vLLM launches it with positional arguments.
-    override._impl = override.func = expand_by_repeat_interleave
-    override._forward_by_name = False
-    original_kernel, _ = dispatcher._registry[_EXPAND_KERNEL]
-    dispatcher._registry[_EXPAND_KERNEL] = (original_kernel, expand_by_repeat_interleave)
-    return True
+        from vllm.triton_utils.dispatcher import register_kernels
+    except ImportError:
+        rejection_sampler.expand_kernel = _Launcher(expand_by_repeat_interleave)
+    else:
+        register_kernels({_EXPAND_KERNEL: expand_by_repeat_interleave})
+    return _expands_correctly(rejection_sampler.expand_batch_to_tokens)
+
+
+class _Launcher:
+    """``kernel[grid](*args)`` launches ``function(*args)``: a Triton kernel's calling form on CPU."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return self.function
+
+
+def _expands_correctly(expand_batch_to_tokens: Callable[..., torch.Tensor]) -> bool:
+    """Whether vLLM's ``expand_batch_to_tokens`` gives each request's temperature to its draft tokens."""
+    temperatures = torch.tensor([0.0, 0.3125, 2.5])  # [B]: 0 (greedy) becomes 1
+    cu_num_tokens = torch.tensor([2, 2, 5], dtype=torch.int32)  # [B]: 2, 0 and 3 tokens
+    expanded = expand_batch_to_tokens(temperatures, cu_num_tokens, 5, replace_from=0, replace_to=1)  # [5]
+    return expanded.tolist() == [1.0, 1.0, 2.5, 2.5, 2.5]
 
 
 def expand_by_repeat_interleave(
