@@ -7,14 +7,15 @@ loads (``LlamaForCausalLMEagle3``, as EAGLE-3 checkpoints are published: ``midla
 weights are random; its output path is taken from the target (``fc`` passes on the target's last hidden
 state, ``norm`` and ``lm_head`` are the target's). EAGLE-3 drafts token t+2 from the target's state at t
 and the token at t+1, so this untrained head mostly proposes the token the target has just emitted, read
-out again from its state: accepted where the target repeats a token, and now and then the target's
-runner-up, which is where MARS acts. A trained head drafts far better; the invariants do not depend on
-how good the drafts are, only on some being accepted.
+out again from its state: accepted where the target repeats a token. It did not propose the target's
+runner-up at a close call in the one run on the 0.5B target (MARS at p2/p1 > 0.1 relaxed nothing), so
+this file does not claim that MARS relaxes EAGLE-3 drafts: that needs a trained head (docs/vllm.md). The
+invariants below do not depend on how good the drafts are, only on some being accepted.
 
 Four engines on one greedy batch (prompts that invite repeated tokens, and a code prompt): plain
 decoding (no speculation), vLLM's EAGLE-3 as shipped (plugin not loaded), the plugin at theta 1.0, and
 MARS at a relaxing setting (probability ratio above 0.1: the runner-up has at least a tenth of the top
-token's probability), so that the few runner-up drafts of this head are accepted.
+token's probability), whose counters must add up whether or not it relaxed.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def test_mars_theta_one_equals_strict_with_eagle3(runs: dict[str, BatchResult]) 
     )
 
 
-def test_mars_relaxes_eagle3_drafts_and_its_counters_add_up(runs: dict[str, BatchResult]) -> None:
+def test_mars_counters_add_up_with_eagle3(runs: dict[str, BatchResult]) -> None:
     for name in ("theta=1.0", "relaxing"):
         c = runs[name].counters
         assert c is not None and c["drafted"] > 0
@@ -161,5 +162,3 @@ def test_mars_relaxes_eagle3_drafts_and_its_counters_add_up(runs: dict[str, Batc
         # Each request's output is one token per verification step plus its accepted drafts, so the
         # accepted drafts can never exceed the tokens generated.
         assert accepted < runs[name].new_tokens
-    mars = runs["relaxing"].counters
-    assert mars is not None and mars["accepted_relaxed"] > 0
