@@ -87,12 +87,14 @@ def test_transformers_early_initialisation_then_appends_rollback_and_reset():
         layer.crop(1)
 
 
-def test_states_of_another_shape_start_a_new_sequence_in_new_buffers():
+def test_a_new_sequence_of_another_shape_gets_new_buffers():
+    """Shapes are checked when a sequence starts (after a reset, or a rollback to nothing), not per token."""
     layer = PositionLayer()
     layer.update(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))
+    layer.reset()
     keys, values = layer.update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))  # batch 2 now
     assert keys.shape == values.shape == (2, 2, 1, 4) and layer.get_seq_length() == 1
-    keys, _ = layer.update(
-        torch.zeros(2, 2, 1, 4, dtype=torch.float64), torch.zeros(2, 2, 1, 4, dtype=torch.float64)
-    )
+    layer.crop(-1)
+    doubles = torch.zeros(2, 2, 1, 4, dtype=torch.float64)
+    keys, _ = layer.update(doubles, doubles)
     assert keys.dtype == torch.float64 and layer.get_seq_length() == 1

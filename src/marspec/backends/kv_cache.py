@@ -41,8 +41,7 @@ class PositionLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Make buffers for states shaped like these (an empty sequence); transformers' early
         initialisation calls this, and :meth:`update` does the same on its own when needed."""
-        self._ensure_buffers(key_states, value_states, new=0)
-        self.length = 0
+        self._new_sequence(key_states, value_states, 0)
         self._expose()
 
     def update(
@@ -50,8 +49,14 @@ class PositionLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``key_states``/``value_states`` ([B, H, n, D]) at positions ``length ... length + n`` and
         return views of every cached position, these included."""
-        key_buf, value_buf = self._ensure_buffers(key_states, value_states, new=key_states.shape[-2])
-        start, end = self.length, self.length + key_states.shape[-2]
+        start = self.length
+        end = start + key_states.shape[-2]
+        key_buf, value_buf = self._key_buf, self._value_buf
+        # The checks are kept off the per-token path: shapes are checked once per sequence, at its start.
+        if start == 0 or key_buf is None or value_buf is None:
+            key_buf, value_buf = self._new_sequence(key_states, value_states, end)
+        elif end > key_buf.shape[-2]:
+            key_buf, value_buf = self._grow(end)
         key_buf[:, :, start:end].copy_(key_states)
         value_buf[:, :, start:end].copy_(value_states)
         self.length = end
@@ -83,26 +88,32 @@ class PositionLayer(CacheLayerMixin):
         if self._key_buf is not None:
             self._expose()
 
-    def _ensure_buffers(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, new: int
+    def _new_sequence(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Buffers that fit states like these with room for ``new`` more positions, the cached ones kept;
-        states of another batch size, head layout, dtype or device start a new sequence (length 0)."""
+        """Length 0 and buffers for states like these with room for ``needed`` positions: the current ones
+        when they fit (the same batch size, heads, head size, dtype and device), else new ones."""
+        self.length = 0
         key_buf, value_buf = self._key_buf, self._value_buf
         if key_buf is None or value_buf is None or not _fits(key_buf, key_states):
-            self.length = 0
-            key_buf = _alloc(key_states, max(new, INITIAL_CAPACITY))
-            value_buf = _alloc(value_states, max(new, INITIAL_CAPACITY))
+            key_buf = _alloc(key_states, max(needed, INITIAL_CAPACITY))
+            value_buf = _alloc(value_states, max(needed, INITIAL_CAPACITY))
+            self._key_buf, self._value_buf = key_buf, value_buf
             self.dtype, self.device = key_states.dtype, key_states.device
             self.is_initialized = True
-        elif self.length + new > key_buf.shape[-2]:
-            needed, capacity = self.length + new, key_buf.shape[-2]
-            while capacity < needed:
-                capacity *= 2
-            key_buf = _grown(key_buf, capacity, self.length)
-            value_buf = _grown(value_buf, capacity, self.length)
-        self._key_buf, self._value_buf = key_buf, value_buf
+        elif needed > key_buf.shape[-2]:
+            key_buf, value_buf = self._grow(needed)
         return key_buf, value_buf
+
+    def _grow(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Double the buffers' capacity until ``needed`` positions fit; the cached ones are kept."""
+        assert self._key_buf is not None and self._value_buf is not None
+        capacity = self._key_buf.shape[-2]
+        while capacity < needed:
+            capacity *= 2
+        self._key_buf = _grown(self._key_buf, capacity, self.length)
+        self._value_buf = _grown(self._value_buf, capacity, self.length)
+        return self._key_buf, self._value_buf
 
     def _expose(self) -> None:
         assert self._key_buf is not None and self._value_buf is not None
