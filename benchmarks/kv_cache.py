@@ -38,6 +38,7 @@ def fill(lm: HFCausalLM, context: int, gen: torch.Generator) -> None:
         batch, heads, _, dim = layer.keys.shape
         keys = torch.randn(batch, heads, context - 1, dim, generator=gen, dtype=layer.keys.dtype)
         layer.update(keys, torch.randn(keys.shape, generator=gen, dtype=keys.dtype))
+    lm._record_ids(torch.zeros(context - 1, dtype=torch.long))  # their token ids, as a forward notes them
     lm._cached = context
 
 

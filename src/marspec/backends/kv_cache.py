@@ -6,59 +6,78 @@ forward: with the draft model's one-token forwards that is a full copy per draft
 and values in buffers with spare room ([batch, kv_heads, capacity, head_dim]); an append writes the new
 rows at the current length and the layer hands attention a view of the first ``length`` positions, so
 attention still reads exactly the valid prefix. Buffers double when full (a handful of copies over a
-long sequence, none once a request of that length has run, since :meth:`reset` keeps them).
+long sequence, none once a request of that length has run, since :meth:`PositionLayer.reset` keeps them).
+
+Only transformers' public cache API is used, so the range of transformers versions marspec supports can
+be wide: a :class:`transformers.Cache` built from a list of layers (its public constructor), whose
+full-attention layers are :class:`PositionLayer`, an implementation of the public layer interface
+:class:`transformers.CacheLayerMixin` (``update``, ``get_seq_length``, ``get_mask_sizes``,
+``get_max_length``, ``crop``, ``reset``, and the ``keys``/``values`` views). A layer never depends on
+transformers calling anything but ``update``; it owns its state (buffers and a length) and keeps the
+interface's ``keys``, ``values`` and ``is_initialized`` attributes truthful for whoever reads them.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, PreTrainedConfig
 
 INITIAL_CAPACITY = 256  # positions; doubled as needed
 
 
-class PositionLayer(DynamicLayer):
-    """One layer's keys and values in growable buffers; ``keys``/``values`` are views of the valid prefix."""
+class PositionLayer(CacheLayerMixin):
+    """One full-attention layer's keys and values in growable buffers; ``keys``/``values`` are views of
+    the valid prefix ([batch, kv_heads, length, head_dim])."""
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    is_sliding = False  # attends to every cached position (masks read this)
+    is_croppable = True  # crop() restores exactly the earlier state
+
+    def __init__(self) -> None:
+        super().__init__()
         self.length = 0
         self._key_buf: torch.Tensor | None = None  # [B, H, capacity, D]
         self._value_buf: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        if self._key_buf is None or self._key_buf.shape[:2] != key_states.shape[:2]:
-            self._key_buf = self._alloc(key_states, INITIAL_CAPACITY)
-            self._value_buf = self._alloc(value_states, INITIAL_CAPACITY)
-        self.length = 0
+        """Make buffers for states shaped like these (an empty sequence); transformers' early
+        initialisation calls this, and :meth:`update` does the same on its own when needed."""
+        self._new_sequence(key_states, value_states, 0)
         self._expose()
-        self.is_initialized = True
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[-2]
-        assert self._key_buf is not None and self._value_buf is not None
-        if end > self._key_buf.shape[-2]:
-            self._grow(end)
-        self._key_buf[:, :, start:end].copy_(key_states)
-        self._value_buf[:, :, start:end].copy_(value_states)
+        """Write ``key_states``/``value_states`` ([B, H, n, D]) at positions ``length ... length + n`` and
+        return views of every cached position, these included."""
+        start = self.length
+        end = start + key_states.shape[-2]
+        key_buf, value_buf = self._key_buf, self._value_buf
+        # The checks are kept off the per-token path: shapes are checked once per sequence, at its start.
+        if start == 0 or key_buf is None or value_buf is None:
+            key_buf, value_buf = self._new_sequence(key_states, value_states, end)
+        elif end > key_buf.shape[-2]:
+            key_buf, value_buf = self._grow(end)
+        key_buf[:, :, start:end].copy_(key_states)
+        value_buf[:, :, start:end].copy_(value_states)
         self.length = end
         self._expose()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.length if self.is_initialized else 0
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) for a forward of ``query_length`` new tokens: the whole prefix plus them."""
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1  # grows without limit
 
     def crop(self, tokens_to_remove: int) -> None:
         """Forget the last ``-tokens_to_remove`` positions (transformers' convention: a negative count)."""
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to drop, got {tokens_to_remove}")
-        if tokens_to_remove == 0 or not self.is_initialized:
+        if tokens_to_remove == 0 or self._key_buf is None:
             return
         self.length = max(0, self.length + tokens_to_remove)
         self._expose()
@@ -66,36 +85,69 @@ class PositionLayer(DynamicLayer):
     def reset(self) -> None:
         """A new sequence: the length goes to 0 and the buffers stay, ready for the next request."""
         self.length = 0
-        self.is_initialized = False
-        self.keys = self.values = None
+        if self._key_buf is not None:
+            self._expose()
+
+    def _new_sequence(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Length 0 and buffers for states like these with room for ``needed`` positions: the current ones
+        when they fit (the same batch size, heads, head size, dtype and device), else new ones."""
+        self.length = 0
+        key_buf, value_buf = self._key_buf, self._value_buf
+        if key_buf is None or value_buf is None or not _fits(key_buf, key_states):
+            key_buf = _alloc(key_states, max(needed, INITIAL_CAPACITY))
+            value_buf = _alloc(value_states, max(needed, INITIAL_CAPACITY))
+            self._key_buf, self._value_buf = key_buf, value_buf
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.is_initialized = True
+        elif needed > key_buf.shape[-2]:
+            key_buf, value_buf = self._grow(needed)
+        return key_buf, value_buf
+
+    def _grow(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Double the buffers' capacity until ``needed`` positions fit; the cached ones are kept."""
+        assert self._key_buf is not None and self._value_buf is not None
+        capacity = self._key_buf.shape[-2]
+        while capacity < needed:
+            capacity *= 2
+        self._key_buf = _grown(self._key_buf, capacity, self.length)
+        self._value_buf = _grown(self._value_buf, capacity, self.length)
+        return self._key_buf, self._value_buf
 
     def _expose(self) -> None:
         assert self._key_buf is not None and self._value_buf is not None
         self.keys = self._key_buf[:, :, : self.length]  # [B, H, length, D], a view
         self.values = self._value_buf[:, :, : self.length]
 
-    def _grow(self, needed: int) -> None:
-        assert self._key_buf is not None and self._value_buf is not None
-        capacity = self._key_buf.shape[-2]
-        while capacity < needed:
-            capacity *= 2
-        for name in ("_key_buf", "_value_buf"):
-            old = getattr(self, name)
-            new = self._alloc(old, capacity)
-            new[:, :, : self.length].copy_(old[:, :, : self.length])
-            setattr(self, name, new)
 
-    @staticmethod
-    def _alloc(like: torch.Tensor, capacity: int) -> torch.Tensor:
-        batch, heads, _, dim = like.shape
-        return torch.empty(batch, heads, capacity, dim, dtype=like.dtype, device=like.device)
+def _fits(buf: torch.Tensor, states: torch.Tensor) -> bool:
+    return (
+        buf.shape[:2] == states.shape[:2]
+        and buf.shape[-1] == states.shape[-1]
+        and buf.dtype == states.dtype
+        and buf.device == states.device
+    )
 
 
-def position_cache(config) -> DynamicCache:
-    """A transformers cache for ``config``'s model whose full-attention layers are :class:`PositionLayer`
-    (sliding-window layers, which drop old positions, stay as transformers builds them)."""
-    cache = DynamicCache(config=config)
-    cache.layers = [PositionLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    if cache.layer_class_to_replicate is DynamicLayer:
-        cache.layer_class_to_replicate = PositionLayer
-    return cache
+def _alloc(like: torch.Tensor, capacity: int) -> torch.Tensor:
+    batch, heads, _, dim = like.shape
+    return torch.empty(batch, heads, capacity, dim, dtype=like.dtype, device=like.device)
+
+
+def _grown(buf: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
+    """A copy of ``buf`` with room for ``capacity`` positions, its first ``length`` kept."""
+    new = _alloc(buf, capacity)
+    new[:, :, :length].copy_(buf[:, :, :length])
+    return new
+
+
+def position_cache(config: PreTrainedConfig) -> Cache:
+    """A transformers cache for ``config``'s model whose full-attention layers are :class:`PositionLayer`.
+
+    The layer layout is the one ``DynamicCache(config=config)`` builds (public API); its plain
+    full-attention layers are replaced and any other kind (sliding-window layers, which drop old
+    positions) is kept as transformers makes it.
+    """
+    layout = DynamicCache(config=config).layers
+    return Cache(layers=[PositionLayer() if type(layer) is DynamicLayer else layer for layer in layout])
