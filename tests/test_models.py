@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 from marspec.errors import MarspecError
 from marspec.models import (
@@ -301,6 +303,10 @@ def test_streamed_safetensors_read_back_exactly(tmp_path: Path, count: int) -> N
     assert (header_len == reserved) == (count == 5) and header_len % 8 == 0
 
 
+@pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.23"),
+    reason="transformers < 5.23 reads this GGUF's tokenizer with EOS 260, not its 261 (docs/install.md)",
+)
 def test_gguf_path_converts_once_and_matches_the_gguf(
     cache: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

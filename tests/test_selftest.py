@@ -95,9 +95,9 @@ def test_the_sampling_check_catches_a_drafter_that_misreports_q():
 def test_the_read_check_fails_when_a_step_reads_the_device_twice(decoder, monkeypatch):
     verify_greedy = marspec.decode.verify_greedy
 
-    def reads_a_logit_first(logits, draft_tokens, rule):
+    def reads_a_logit_first(logits, draft_tokens, rule, *args):
         int(logits[0].argmax())  # a second host read of the target's logits
-        return verify_greedy(logits, draft_tokens, rule)
+        return verify_greedy(logits, draft_tokens, rule, *args)
 
     assert one_read_per_step(decoder).passed
     monkeypatch.setattr(marspec.decode, "verify_greedy", reads_a_logit_first)

@@ -556,7 +556,8 @@ def test_a_refused_body_still_being_sent_gets_its_413_intact(server: ServerProce
         while chunk := sock.recv(65536):
             reply += chunk
     status, _, rest = reply.partition(b"\r\n")
-    assert status == b"HTTP/1.1 413 Request Entity Too Large", reply[:200]
+    # The reason phrase is the HTTP library's (h11 says "Request Entity Too Large" or "Content Too Large").
+    assert status.startswith(b"HTTP/1.1 413 "), reply[:200]
     error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "request_too_large"
 

@@ -67,7 +67,10 @@ class HFCausalLM:
 
     def reset(self) -> None:
         """Drop the cache (a new sequence starts); a position cache keeps its buffers for the next one."""
-        if self.position_cache:
+        # Only position layers are reset in place: a sliding-window layer's reset differs between
+        # transformers versions (5.17 zeroes its tensors and keeps their length), so a cache that has one
+        # is made anew.
+        if self.position_cache and all(isinstance(layer, PositionLayer) for layer in self._cache.layers):
             self._cache.reset()
         else:
             self._cache = self._new_cache()
