@@ -295,7 +295,8 @@ class Decoder:
         config = opts.decode_config(self.eos_token_ids)
         if config.rule.guard == "class":  # the table is computed once per tokenizer, then reused
             table = relaxable_table(self.tokenizer, self.target.vocab_size, GUARD_CLASSES)
-            config = replace(config, relaxable=table)
+            # The verifier indexes it with token ids on the target's device (a CUDA target included).
+            config = replace(config, relaxable=table.to(self.target.device))
         stops = _check_stops(opts.stop)
         chat = self.chat_default if opts.chat is None else opts.chat
         prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
