@@ -31,7 +31,7 @@ import torch
 
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
-from marspec.eval.bench import cpu_name
+from marspec.eval.cpu import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
