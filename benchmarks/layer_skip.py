@@ -28,8 +28,8 @@ from marspec.api import load_lm
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.quantize import quantize_int8
 from marspec.defaults import DEFAULT_K
-from marspec.eval.bench import load_records, whole_run
 from marspec.eval.datasets import load_task
+from marspec.eval.rundir import load_records, whole_run
 from marspec.models.registry import DEFAULT_DRAFT
 from marspec.prompting import encode_prompt
 

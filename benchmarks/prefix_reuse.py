@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from marspec.api import Decoder, GenerationResult
-from marspec.eval.bench import cpu_name
+from marspec.eval.cpu import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 

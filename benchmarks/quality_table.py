@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from marspec.errors import MarspecError
-from marspec.eval.bench import whole_run
+from marspec.eval.rundir import whole_run
 
 HEADER = (
     "| task | temperature | method | questions x samples | speedup | tau | score [95% CI] "

@@ -31,7 +31,7 @@ from typing import Any
 from marspec.defaults import GUARD_CLASSES
 from marspec.errors import MarspecError
 from marspec.eval.audit import NOT_AUDITED, _target_tokenizer
-from marspec.eval.bench import load_records, read_run
+from marspec.eval.rundir import load_records, read_run
 from marspec.token_classes import CLASSES, token_class
 
 OUTCOMES = ("lost", "won", "same")

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from marspec.errors import MarspecError
-from marspec.eval.bench import load_records, whole_run
 from marspec.eval.contention import contended
 from marspec.eval.intervals import difference_interval
+from marspec.eval.rundir import load_records, whole_run
 
 HEADER = (
     "| method (run) | speedup vs strict | paired median | tau (vs strict) | passed | lost / won "

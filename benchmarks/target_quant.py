@@ -31,7 +31,7 @@ import torch
 
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
-from marspec.eval.bench import cpu_name
+from marspec.eval.cpu import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -99,7 +99,7 @@ def main() -> None:
                         "new_tokens": stats.new_tokens,
                         "wall_s": stats.wall_s,
                         "ms_per_token": 1000 * stats.wall_s / stats.new_tokens,
-                        "tau": stats.new_tokens / stats.target_forwards,
+                        "tau": stats.tau,  # the one definition: a final EOS counts as generated
                     }
                 )
                 print(f"{question.qid} {target} {rule}: {rows[-1]['ms_per_token']:.0f} ms/token", flush=True)

@@ -17,7 +17,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from marspec.eval.bench import load_costs, load_records
+from marspec.eval.rundir import load_costs, load_records
 from marspec.profile import verify_seconds
 
 

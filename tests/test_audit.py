@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 from marspec import Decoder
 from marspec.cli import app
 from marspec.eval.audit import token_class, write_audit
-from marspec.eval.bench import load_records, run_bench
 from marspec.eval.datasets import load_task
 from marspec.eval.grading import grader_for
 from marspec.eval.methods import parse_methods
+from marspec.eval.rundir import load_records
+from marspec.eval.runner import run_bench
 
 SPEC = "strict,topk@50"  # prompt-lookup drafts the target ranks 2nd-50th are relaxed: many highlights
 

@@ -13,24 +13,16 @@ import pytest
 from conftest import SMALL, bench_config
 
 from marspec import Decoder, MarspecError
-from marspec.eval.bench import (
-    RECORDS_FILE,
-    SUMMARY_JSON,
-    SUMMARY_MD,
-    BenchConfig,
-    cpu_from_cpuinfo,
-    cpu_name,
-    load_records,
-    prepare_out_dir,
-    profile_once,
-    resummarize,
-    run_bench,
-)
+from marspec.eval.bench import BenchConfig
 from marspec.eval.calibrate import choice_from_runs
+from marspec.eval.cpu import cpu_from_cpuinfo, cpu_name
 from marspec.eval.datasets import load_task
 from marspec.eval.grading import grader_for
 from marspec.eval.methods import parse_methods
 from marspec.eval.report import combined_pareto, make_report
+from marspec.eval.rundir import RECORDS_FILE, SUMMARY_JSON, SUMMARY_MD, load_records, prepare_out_dir
+from marspec.eval.runner import profile_once, run_bench
+from marspec.eval.summary import resummarize
 
 
 @pytest.fixture(scope="module")

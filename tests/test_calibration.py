@@ -201,3 +201,38 @@ def test_cli_refuses_a_corrupt_calibration_before_measuring(calibration_dir, tmp
     )
     assert result.exit_code == 2 and "corrupt" in result.output
     assert path.read_text() == "[]" and not any(tmp_path.glob("gsm8k-*"))
+
+
+def test_calibration_is_callable_from_the_library(calibration_dir, tmp_path):
+    from marspec.eval.calibrate import calibrate
+    from marspec.eval.harness import new_decoder
+
+    loads, finished = [], []
+
+    def load(target, draft, dtype, threads, settings):
+        loads.append((target, draft, dtype, threads))
+        return new_decoder(target, draft, dtype, threads, settings)
+
+    choice, path = calibrate(
+        target=SMALL,
+        draft="ngram",
+        tasks=["gsm8k"],
+        limit=1,
+        candidates=["mars-prob@0.05"],
+        max_new_tokens=8,
+        threads=1,
+        out=tmp_path,
+        load=load,
+        on_task=lambda task, folder, summary: finished.append((task, folder, summary["questions"])),
+    )
+    assert loads == [(SMALL, "ngram", "fp32", 1)]
+    assert finished == [("gsm8k", tmp_path / "gsm8k-t0", 1)]
+    assert path == calibration_path(SMALL, "ngram")
+    rule = load_choice(SMALL, "ngram", 0.0)  # theta="auto" now finds it
+    assert (rule.margin, rule.theta) == (choice.margin, choice.theta)
+    stored = json.loads(path.read_text())["greedy"]
+    assert (stored["margin"], stored["theta"]) == (choice.margin, choice.theta)
+    assert stored["tasks"] == {"gsm8k": ["gsm8k/0"]}
+    with pytest.raises(MarspecError, match="graded task"):
+        calibrate(tasks=["mtbench"], out=tmp_path, load=load)
+    assert len(loads) == 1  # refused before loading anything

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from marspec.api import Decoder, GenerationResult
 from marspec.defaults import DEFAULT_K, DEFAULT_THETA, LOSSLESS_RULES
+from marspec.stats import mean_accepted_length
 
 # A handful of prompts across the kinds of work the paper measures: code, math and chat.
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
@@ -55,9 +56,9 @@ class MethodSummary:
 
     @property
     def tau(self) -> float:
+        eos_stops = sum(r.stats.stopped_at_eos for r in self.results)
         forwards = sum(r.stats.target_forwards for r in self.results)
-        generated = self.tokens + sum(r.stats.stopped_at_eos for r in self.results)
-        return generated / forwards if forwards else 0.0
+        return mean_accepted_length(self.tokens, eos_stops, forwards) or 0.0
 
     @property
     def relaxed_share(self) -> float:

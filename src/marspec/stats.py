@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 
+def mean_accepted_length(new_tokens: int, eos_stops: int, target_forwards: int) -> float | None:
+    """tau: tokens generated per target verification forward (plain decoding: 1.0). ``eos_stops`` counts
+    the generations that ended at an end-of-sequence token, which was generated too although it is not
+    among the ``new_tokens`` returned; None when nothing was verified. :attr:`GenerationStats.tau` and
+    the benchmark's summaries (over many generations) both count it this way."""
+    return (new_tokens + eos_stops) / target_forwards if target_forwards else None
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One target verification forward and what it yielded."""
@@ -59,9 +67,8 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """Mean accepted length: new tokens per target verification forward."""
-        generated = self.new_tokens + int(self.stopped_at_eos)  # the EOS was generated, too
-        return generated / self.target_forwards if self.target_forwards else 0.0
+        """Mean accepted length: new tokens per target verification forward (0.0 before any)."""
+        return mean_accepted_length(self.new_tokens, int(self.stopped_at_eos), self.target_forwards) or 0.0
 
     @property
     def overhead_s(self) -> float:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from marspec.calibration import AUTO, load_choice, parse_theta
-from marspec.cli.common import LoadSettings, SamplingSettings, app, err, load_decoder, user_errors
+from marspec.cli.common import (
+    LoadSettings,
+    SamplingSettings,
+    app,
+    err,
+    load_decoder,
+    print_summary,
+    user_errors,
+)
 from marspec.cli.options import (
     DeviceOpt,
     DraftConfidenceOpt,
@@ -41,131 +48,19 @@ from marspec.defaults import (
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
-    default_setting,
 )
 from marspec.errors import MarspecError
 from marspec.eval.methods import METHOD_HELP
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from marspec.progress import progress, status
+from marspec.progress import status
 
 
-def bench_task(
-    *,
-    task: str,
-    limit: int | None,
-    method_spec: str,
-    theta: str | None,
-    margin: str | None,
-    k: int,
-    out: Path,
-    target: str,
-    draft: str,
-    dtype: str,
-    threads: int | None,
-    max_new_tokens: int | None,
-    load_settings: LoadSettings,
-    tree: str | None = None,
-    sampling: SamplingSettings | None = None,
-    offset: int = 0,
-    prefix_reuse: bool = True,
-    redo_contended: bool = False,
-    redo_other_cpu: bool = False,
-) -> dict:
-    """Benchmark ``method_spec`` on one task into ``out`` (resuming it), print the summary and return it:
-    what `marspec bench`, `sweep` and `calibrate` run."""
-    import torch
+def bench_task(out: Path, **settings: Any) -> None:
+    """Run :func:`marspec.eval.harness.run_task` with the CLI's model loader and progress on stderr,
+    then print the summary: what `marspec bench` and `sweep` run."""
+    from marspec.eval.harness import run_task
 
-    from marspec.api import GenerationOptions
-    from marspec.devices import resolve_device
-    from marspec.eval.bench import (
-        DEFAULT_MAX_NEW_TOKENS,
-        BenchConfig,
-        planned_runs,
-        prepare_out_dir,
-        profile_once,
-        run_bench,
-    )
-    from marspec.eval.datasets import TASKS, load_task
-    from marspec.eval.grading import grader_for
-    from marspec.eval.methods import parse_methods
-    from marspec.tree import parse_tree_shape
-
-    if task not in TASKS:
-        raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
-    if limit is not None and limit < 1:
-        raise MarspecError(f"--limit must be >= 1, got {limit}")
-    sampling = sampling or SamplingSettings()
-    theta_value = parse_theta(theta)
-    auto = None
-    if theta_value == AUTO or "@auto" in method_spec:
-        auto = load_choice(target, draft, sampling.temperature)
-    if theta_value == AUTO:
-        assert auto is not None
-        theta_value, margin = auto.theta, auto.margin
-    else:  # unset: the measured default for this run's temperature (kept in config.json as resolved)
-        margin, theta_value = default_setting(sampling.temperature, margin, theta_value)
-    assert isinstance(theta_value, float)
-    methods = parse_methods(method_spec, theta_value, auto, margin)
-    tree_shape = parse_tree_shape(tree)
-    if tree_shape is not None and not any(m.tree for m in methods):
-        raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
-    if tree_shape is None and any(m.tree for m in methods):
-        raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
-    new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
-    GenerationOptions(  # validates the run's MARS setting (the methods' own rules are checked apart)
-        rule="mars",
-        theta=theta_value,
-        margin=margin,
-        k=k,
-        max_new_tokens=new_tokens,
-        temperature=sampling.temperature,
-    )
-    questions = load_task(task, limit, offset)
-    needs_draft = any(m.needs_draft_model for m in methods)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    config = BenchConfig(
-        task=task,
-        methods=tuple(m.name for m in methods),
-        theta=theta_value,
-        margin=margin,
-        k=k,
-        max_new_tokens=new_tokens,
-        target=target,
-        draft=draft if needs_draft else "none",
-        draft_quant=load_settings.draft_quant if needs_draft else "none",
-        draft_confidence=load_settings.draft_confidence if needs_draft else 0.0,
-        lookup=load_settings.lookup if needs_draft else False,
-        dtype=dtype,
-        threads=torch.get_num_threads(),
-        tree=",".join(map(str, tree_shape)) if tree_shape else None,
-        prepack=load_settings.prepack,
-        target_quant=load_settings.target_quant,
-        device=str(resolve_device(load_settings.device)),
-        temperature=sampling.temperature,
-        samples=sampling.samples,
-        plain_limit=sampling.plain_limit,
-        # Recorded only where it can matter, so single-turn runs stay comparable with older ones.
-        prefix_reuse=prefix_reuse and any(len(q.turns) > 1 for q in questions),
-    )
-    prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
-    decoder = load_decoder(target, draft if needs_draft else None, dtype, threads, load_settings)
-    with status(err, "profiling forward costs (for achieved/ideal)"):
-        profile_once(decoder, config, out)
-    with progress(err, task, planned_runs(questions, methods, config), eta=True) as advance:
-
-        def done(question, method, sample: int, skipped: bool) -> None:
-            which = f" sample {sample}" if config.samples > 1 else ""
-            advance(f"{question.qid}{which} {method.name}", skipped=skipped)
-
-        summary = run_bench(
-            decoder, questions, methods, config, out, grader_for(task), done, redo_contended, redo_other_cpu
-        )
-    from marspec.eval.bench import summary_markdown
-
-    Console().print(summary_markdown(summary))
-    err.print(f"results in {out}")
-    return summary
+    print_summary(run_task(out=out, load=load_decoder, console=err, **settings), out)
 
 
 @app.command()
@@ -365,9 +260,9 @@ def report(
 ) -> None:
     """Plots (PNG) for each benchmark directory: speed against recovery, theta curve, acceptance by
     position, margin distribution; with --html, the audit page of what the lossy rules changed."""
-    from marspec.eval.bench import SUMMARY_MD
-    from marspec.eval.bench import resummarize as rewrite_summary
     from marspec.eval.report import combined_pareto, make_report
+    from marspec.eval.rundir import SUMMARY_MD
+    from marspec.eval.summary import resummarize as rewrite_summary
 
     with user_errors():
         for out in runs:

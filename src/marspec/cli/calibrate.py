@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from marspec.calibration import Choice
-from marspec.cli.bench import bench_task
-from marspec.cli.common import LoadSettings, SamplingSettings, app, err, user_errors
+from marspec.cli.common import LoadSettings, app, err, load_decoder, print_summary, user_errors
 from marspec.cli.options import (
     DeviceOpt,
     DraftConfidenceOpt,
@@ -35,11 +33,8 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_K,
     DEFAULT_LOOKUP,
-    DEFAULT_MARGIN,
     DEFAULT_PREPACK,
-    DEFAULT_THETA,
 )
-from marspec.errors import MarspecError
 from marspec.eval.calibrate import DEFAULT_CANDIDATES as CALIBRATION_CANDIDATES
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -77,62 +72,28 @@ def calibrate(
     Runs strict and each candidate on the first --limit questions of each task (resumable, in
     OUT/TASK-tT), then keeps the fastest candidate whose recovery's 95% lower bound reaches --budget on
     every task (theta 1, i.e. strict, if none does)."""
-    from marspec.calibration import calibration_path, read_calibration_file, save_choice, validate_budget
-    from marspec.eval.calibrate import candidates_of, make_choice, storable
-    from marspec.eval.datasets import load_task
-    from marspec.eval.methods import parse_methods
+    from marspec.eval.calibrate import calibrate as run_calibration
 
     with user_errors():
-        validate_budget(budget)
-        tasks = [t.strip() for t in task.split(",") if t.strip()]
-        for name in tasks:
-            if name not in ("humaneval", "gsm8k"):
-                raise MarspecError(
-                    f"cannot calibrate on {name!r}: calibration needs a graded task (humaneval, gsm8k)"
-                )
-        if not tasks:
-            raise MarspecError("--task is empty: give humaneval, gsm8k or both")
-        if limit < 1:
-            raise MarspecError(f"--limit must be >= 1, got {limit}")
-        if draft == "none":
-            raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
-        spec = f"strict,{candidates}"
-        methods = parse_methods(spec, DEFAULT_THETA, margin=DEFAULT_MARGIN)
-        unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
-        if unstorable:
-            raise MarspecError(
-                f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
-                "do not describe +next or +tree; compare those with marspec bench"
-            )
-        if not any(m.kind == "mars" for m in methods):
-            raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
-        # A corrupt or foreign calibration file is refused now, not after hours of measuring.
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device)
-        save_path = calibration_path(target, draft)
-        read_calibration_file(save_path, target, draft)
-        rows = []
-        for name in tasks:
-            summary = bench_task(
-                task=name,
-                limit=limit,
-                method_spec=spec,
-                theta=str(DEFAULT_THETA),
-                margin=DEFAULT_MARGIN,
-                k=k,
-                out=out / f"{name}-t{temperature:g}",
-                target=target,
-                draft=draft,
-                dtype=dtype,
-                threads=threads,
-                max_new_tokens=max_new_tokens,
-                load_settings=load_settings,
-                sampling=SamplingSettings(temperature, samples),
-            )
-            rows += candidates_of(summary, methods, name)
-        questions = {name: [q.qid for q in load_task(name, limit)] for name in tasks}
-        drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
-        choice = make_choice(rows, budget, temperature, questions, drafting)
-        path = save_choice(target, draft, choice)
+        choice, path = run_calibration(
+            target=target,
+            draft=draft,
+            tasks=[t.strip() for t in task.split(",") if t.strip()],
+            limit=limit,
+            budget=budget,
+            candidates=[c.strip() for c in candidates.split(",")],
+            temperature=temperature,
+            samples=samples,
+            k=k,
+            dtype=dtype,
+            threads=threads,
+            max_new_tokens=max_new_tokens,
+            load_settings=LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
+            out=out,
+            load=load_decoder,
+            console=err,
+            on_task=lambda name, folder, summary: print_summary(summary, folder),
+        )
     _print_calibration(target, draft, choice, path)
 
 

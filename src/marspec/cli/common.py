@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from marspec.errors import MarspecError
+from marspec.eval.harness import LoadSettings, SamplingSettings, new_decoder
 from marspec.progress import status
 
 if TYPE_CHECKING:
@@ -41,25 +42,10 @@ def user_errors() -> Iterator[None]:
 _loaded: dict[tuple, Any] = {}  # the last Decoder loaded, by its arguments (calibrate runs several tasks)
 
 
-@dataclass(frozen=True)
-class LoadSettings:
-    """The drafter and kernel settings every model-loading command takes (Decoder's keyword arguments
-    of the same names)."""
-
-    draft_quant: str
-    draft_confidence: float
-    lookup: bool
-    prepack: bool
-    device: str = "auto"
-    target_quant: str = "none"
-
-
 def load_decoder(
     target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings
 ) -> Decoder:
     """Load the models, or reuse the pair the last call loaded with the same arguments."""
-    from marspec.api import Decoder  # torch/transformers import takes seconds: only when needed
-
     key = (target, draft, dtype, threads, settings)
     if key not in _loaded:
         _loaded.clear()  # hold one pair of models at a time
@@ -70,14 +56,16 @@ def load_decoder(
             if name and names_hub_model(name):
                 resolve_model_dir(name)
         with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
-            _loaded[key] = Decoder(target, draft, dtype=dtype, threads=threads, **asdict(settings))
+            _loaded[key] = new_decoder(target, draft, dtype, threads, settings)
     return _loaded[key]
 
 
-@dataclass(frozen=True)
-class SamplingSettings:
-    """How a benchmark decodes: greedily (temperature 0) or sampled ``samples`` times per question."""
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    """A finished benchmark's summary table on stdout and where its folder is on stderr."""
+    from marspec.eval.render import summary_markdown
 
-    temperature: float = 0.0
-    samples: int = 1
-    plain_limit: int | None = None
+    Console().print(summary_markdown(summary))
+    err.print(f"results in {out}")
+
+
+__all__ = ["LoadSettings", "SamplingSettings", "app", "err", "load_decoder", "print_summary", "user_errors"]

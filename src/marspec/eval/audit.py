@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marspec.eval.bench import load_records, read_run
+from marspec.eval.rundir import load_records, read_run
 from marspec.token_classes import AUDIT_KIND
 from marspec.token_classes import token_class as fine_class
 

@@ -1,21 +1,40 @@
-"""``marspec calibrate``: measure MARS settings against strict verification and store the choice.
+"""Calibration: measure MARS settings against strict verification and store the choice (what
+``marspec calibrate`` and ``marspec choose`` run; :func:`calibrate` and :func:`choice_from_runs`).
 
-Each task of the calibration slice is one resumable benchmark run (``DIR/TASK``) of ``strict`` and the
-candidate settings, interleaved question by question. Strict is the quality reference (it equals plain
+Each task of the calibration slice is one resumable benchmark run (``DIR/TASK-tT``) of ``strict`` and
+the candidate settings, interleaved question by question. Strict is the quality reference (it equals plain
 decoding, token for token when greedy and in distribution when sampling) and the speed reference, so
 plain decoding, the most expensive method, is not needed here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from marspec.calibration import Candidate, Choice, choose
+from marspec.calibration import (
+    Candidate,
+    Choice,
+    calibration_path,
+    choose,
+    read_calibration_file,
+    save_choice,
+    validate_budget,
+)
+from marspec.defaults import DEFAULT_K, DEFAULT_MARGIN, DEFAULT_THETA
 from marspec.errors import MarspecError
-from marspec.eval.bench import load_records, read_run
+from marspec.eval.harness import DecoderLoader, LoadSettings, SamplingSettings, new_decoder, run_task
 from marspec.eval.methods import Method, parse_methods
+from marspec.eval.rundir import load_records, read_run
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# Tasks with a grader: a calibration ranks settings by recovery of a task score.
+GRADED_TASKS = ("humaneval", "gsm8k")
 
 # Candidate settings when the user names none: the paper's logit ratio at and above its 0.9, and the
 # scale-aware probability ratio p2/p1 over the range where near-ties on the default pair fall.
@@ -35,6 +54,90 @@ SHARED_RUN_FIELDS = (
     "target", "draft", "draft_quant", "draft_confidence", "lookup", "prepack",
     "dtype", "k", "max_new_tokens", "temperature", "samples",
 )  # fmt: skip
+
+
+def calibrate(
+    *,
+    target: str = DEFAULT_TARGET,
+    draft: str = DEFAULT_DRAFT,
+    tasks: Sequence[str] = GRADED_TASKS,
+    limit: int = 30,
+    budget: float = 0.99,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    temperature: float = 0.0,
+    samples: int = 1,
+    k: int = DEFAULT_K,
+    dtype: str = "fp32",
+    threads: int | None = None,
+    max_new_tokens: int | None = None,
+    load_settings: LoadSettings | None = None,
+    out: Path = Path("runs/calibrate"),
+    load: DecoderLoader = new_decoder,
+    console: Console | None = None,
+    on_task: Callable[[str, Path, dict[str, Any]], None] | None = None,
+) -> tuple[Choice, Path]:
+    """Choose MARS's setting for a model pair by measurement and store it for ``theta="auto"``.
+
+    Runs strict and each candidate (``mars-ratio@T``, ``mars-prob@T``, ...) on the first ``limit``
+    questions of each graded task (resumable, in ``out/TASK-tT``), then keeps the fastest candidate
+    whose recovery's 95% lower bound reaches ``budget`` on every task (theta 1, i.e. strict, if none
+    does). Returns the choice and the file it was stored in. ``on_task(task, folder, summary)`` is
+    called as each task's benchmark finishes; ``load`` and ``console`` are :func:`run_task`'s.
+    """
+    validate_budget(budget)
+    for name in tasks:
+        if name not in GRADED_TASKS:
+            raise MarspecError(
+                f"cannot calibrate on {name!r}: calibration needs a graded task ({', '.join(GRADED_TASKS)})"
+            )
+    if not tasks:
+        raise MarspecError("--task is empty: give humaneval, gsm8k or both")
+    if limit < 1:
+        raise MarspecError(f"--limit must be >= 1, got {limit}")
+    if draft == "none":
+        raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
+    spec = ",".join(["strict", *candidates])
+    methods = parse_methods(spec, DEFAULT_THETA, margin=DEFAULT_MARGIN)
+    unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
+    if unstorable:
+        raise MarspecError(
+            f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
+            "do not describe +next or +tree; compare those with marspec bench"
+        )
+    if not any(m.kind == "mars" for m in methods):
+        raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
+    load_settings = load_settings or LoadSettings()
+    # A corrupt or foreign calibration file is refused now, not after hours of measuring.
+    read_calibration_file(calibration_path(target, draft), target, draft)
+    rows: list[Candidate] = []
+    questions = {}
+    for name in tasks:
+        folder = out / f"{name}-t{temperature:g}"
+        summary = run_task(
+            task=name,
+            limit=limit,
+            method_spec=spec,
+            theta=str(DEFAULT_THETA),
+            margin=DEFAULT_MARGIN,
+            k=k,
+            out=folder,
+            target=target,
+            draft=draft,
+            dtype=dtype,
+            threads=threads,
+            max_new_tokens=max_new_tokens,
+            load_settings=load_settings,
+            sampling=SamplingSettings(temperature, samples),
+            load=load,
+            console=console,
+        )
+        if on_task is not None:
+            on_task(name, folder, summary)
+        rows += candidates_of(summary, methods, name)
+        questions[name] = list(summary["qids"])
+    drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
+    choice = make_choice(rows, budget, temperature, questions, drafting)
+    return choice, save_choice(target, draft, choice)
 
 
 def storable(method: Method) -> bool:
@@ -112,8 +215,10 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
     for run in run_dirs:
         config, summary = read_run(run)
         task = config["task"]
-        if task not in ("humaneval", "gsm8k"):
-            raise MarspecError(f"{run} ran {task!r}: calibration needs a graded task (humaneval, gsm8k)")
+        if task not in GRADED_TASKS:
+            raise MarspecError(
+                f"{run} ran {task!r}: calibration needs a graded task ({', '.join(GRADED_TASKS)})"
+            )
         if task in tasks:
             raise MarspecError(f"two runs of {task!r} given ({run} and another): give one run per task")
         for earlier in configs:

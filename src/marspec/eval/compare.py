@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marspec.errors import MarspecError
-from marspec.eval.bench import load_records
 from marspec.eval.intervals import Estimate, difference_interval, ratio_interval
+from marspec.eval.rundir import load_records
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 # Other processes' average load, in cores, above which a record's timing is suspect. Beside a running
 # bench on this project's quiet 2-core machine the rest measured 0.01 cores over 10 s; a second process
@@ -65,7 +67,7 @@ class LoadWatch:
         self.other_cores = round(max(0.0, others) / wall, 3)
 
 
-def contended(record: dict) -> bool:
+def contended(record: Mapping[str, Any]) -> bool:
     """True when a bench record was decoded while other processes used more than CONTENDED_CORES."""
     load = record.get("other_cores")
     return load is not None and load > CONTENDED_CORES

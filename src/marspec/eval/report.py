@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 from marspec.errors import MarspecError
-from marspec.eval.bench import SUMMARY_JSON, load_records, whole_run
+from marspec.eval.rundir import SUMMARY_JSON, load_records, whole_run
 
 
 def make_report(out_dir: Path) -> list[Path]:

@@ -49,7 +49,7 @@ def _device_name(device: torch.device) -> str:
         return f"{props.name} (compute capability {props.major}.{props.minor}, {memory:.0f} GiB)"
     if device.type == "mps":
         return f"Apple MPS ({platform.machine()})"
-    from marspec.eval.bench import cpu_name
+    from marspec.eval.cpu import cpu_name
 
     return f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}"
 

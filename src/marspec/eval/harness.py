@@ -1,0 +1,211 @@
+"""From settings to a benchmark summary: what ``marspec bench``, ``sweep`` and ``calibrate`` run.
+
+:func:`run_task` checks the settings, resolves the MARS setting (``theta="auto"`` and the measured
+defaults), loads the questions and the models, profiles their forwards once and runs (or resumes) the
+benchmark into a folder. The command line is a thin layer over it; a program calls it the same way:
+
+    from pathlib import Path
+    from marspec.eval.harness import run_task
+
+    summary = run_task(task="gsm8k", method_spec="plain,strict,mars", out=Path("runs/gsm8k"), limit=10)
+
+Importing this module is cheap (torch and the models load inside :func:`run_task`), so the CLI can take
+its settings types at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from marspec.defaults import (
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_DRAFT_QUANT,
+    DEFAULT_K,
+    DEFAULT_LOOKUP,
+    DEFAULT_PREPACK,
+    default_setting,
+)
+from marspec.errors import MarspecError
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from marspec.api import Decoder
+    from marspec.progress import Advance
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """The drafter and kernel settings every model-loading command takes (Decoder's keyword arguments
+    of the same names)."""
+
+    draft_quant: str = DEFAULT_DRAFT_QUANT
+    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
+    lookup: bool = DEFAULT_LOOKUP
+    prepack: bool = DEFAULT_PREPACK
+    device: str = "auto"
+    target_quant: str = "none"
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a benchmark decodes: greedily (temperature 0) or sampled ``samples`` times per question."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    plain_limit: int | None = None
+
+
+# (target, draft or None, dtype, threads, settings) -> a Decoder; the CLI passes one that keeps the last
+# pair loaded, so a calibration over two tasks loads the models once.
+DecoderLoader = Callable[[str, str | None, str, int | None, LoadSettings], "Decoder"]
+
+
+def new_decoder(
+    target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings
+) -> Decoder:
+    """A fresh :class:`~marspec.api.Decoder` with these settings (run_task's default loader)."""
+    from marspec.api import Decoder
+
+    return Decoder(target, draft, dtype=dtype, threads=threads, **asdict(settings))
+
+
+def run_task(
+    *,
+    task: str,
+    method_spec: str,
+    out: Path,
+    limit: int | None = None,
+    theta: str | None = None,
+    margin: str | None = None,
+    k: int = DEFAULT_K,
+    target: str = DEFAULT_TARGET,
+    draft: str = DEFAULT_DRAFT,
+    dtype: str = "fp32",
+    threads: int | None = None,
+    max_new_tokens: int | None = None,
+    load_settings: LoadSettings | None = None,
+    tree: str | None = None,
+    sampling: SamplingSettings | None = None,
+    offset: int = 0,
+    prefix_reuse: bool = True,
+    redo_contended: bool = False,
+    redo_other_cpu: bool = False,
+    load: DecoderLoader = new_decoder,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Benchmark ``method_spec`` (e.g. ``"plain,strict,mars"``, see :data:`~marspec.eval.methods.METHOD_HELP`)
+    on the first ``limit`` questions of ``task`` after ``offset``, into the folder ``out`` (resuming
+    what it holds), and return the summary, also written there as ``summary.json`` and ``summary.md``.
+
+    ``theta`` is a number, ``"auto"`` (the stored calibration) or None (the measured default for the
+    temperature, with ``margin``). ``load`` makes the Decoder; with a ``console``, the loading, profiling
+    and per-decode progress are shown on it. A bad setting raises a MarspecError before any model loads.
+    """
+    import torch
+
+    from marspec.api import GenerationOptions
+    from marspec.calibration import AUTO, load_choice, parse_theta
+    from marspec.devices import resolve_device
+    from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS, BenchConfig, planned_runs
+    from marspec.eval.datasets import TASKS, load_task
+    from marspec.eval.grading import grader_for
+    from marspec.eval.methods import parse_methods
+    from marspec.eval.rundir import prepare_out_dir
+    from marspec.eval.runner import profile_once, run_bench
+    from marspec.tree import parse_tree_shape
+
+    if task not in TASKS:
+        raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if limit is not None and limit < 1:
+        raise MarspecError(f"--limit must be >= 1, got {limit}")
+    load_settings = load_settings or LoadSettings()
+    sampling = sampling or SamplingSettings()
+    theta_value = parse_theta(theta)
+    auto = None
+    if theta_value == AUTO or "@auto" in method_spec:
+        auto = load_choice(target, draft, sampling.temperature)
+    if theta_value == AUTO:
+        assert auto is not None
+        theta_value, margin = auto.theta, auto.margin
+    else:  # unset: the measured default for this run's temperature (kept in config.json as resolved)
+        margin, theta_value = default_setting(sampling.temperature, margin, theta_value)
+    assert isinstance(theta_value, float)
+    methods = parse_methods(method_spec, theta_value, auto, margin)
+    tree_shape = parse_tree_shape(tree)
+    if tree_shape is not None and not any(m.tree for m in methods):
+        raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
+    if tree_shape is None and any(m.tree for m in methods):
+        raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
+    new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
+    GenerationOptions(  # validates the run's MARS setting (the methods' own rules are checked apart)
+        rule="mars",
+        theta=theta_value,
+        margin=margin,
+        k=k,
+        max_new_tokens=new_tokens,
+        temperature=sampling.temperature,
+    )
+    questions = load_task(task, limit, offset)
+    needs_draft = any(m.needs_draft_model for m in methods)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    config = BenchConfig(
+        task=task,
+        methods=tuple(m.name for m in methods),
+        theta=theta_value,
+        margin=margin,
+        k=k,
+        max_new_tokens=new_tokens,
+        target=target,
+        draft=draft if needs_draft else "none",
+        draft_quant=load_settings.draft_quant if needs_draft else "none",
+        draft_confidence=load_settings.draft_confidence if needs_draft else 0.0,
+        lookup=load_settings.lookup if needs_draft else False,
+        dtype=dtype,
+        threads=torch.get_num_threads(),
+        tree=",".join(map(str, tree_shape)) if tree_shape else None,
+        prepack=load_settings.prepack,
+        target_quant=load_settings.target_quant,
+        device=str(resolve_device(load_settings.device)),
+        temperature=sampling.temperature,
+        samples=sampling.samples,
+        plain_limit=sampling.plain_limit,
+        # Recorded only where it can matter, so single-turn runs stay comparable with older ones.
+        prefix_reuse=prefix_reuse and any(len(q.turns) > 1 for q in questions),
+    )
+    prepare_out_dir(out, config)  # refuse a mismatched directory before spending a minute loading models
+    decoder = load(target, draft if needs_draft else None, dtype, threads, load_settings)
+    with _status(console, "profiling forward costs (for achieved/ideal)"):
+        profile_once(decoder, config, out)
+    with _progress(console, task, planned_runs(questions, methods, config)) as advance:
+
+        def done(question, method, sample: int, skipped: bool) -> None:
+            which = f" sample {sample}" if config.samples > 1 else ""
+            advance(f"{question.qid}{which} {method.name}", skipped=skipped)
+
+        return run_bench(
+            decoder, questions, methods, config, out, grader_for(task), done, redo_contended, redo_other_cpu
+        )
+
+
+def _status(console: Console | None, message: str) -> Any:
+    from marspec.progress import status
+
+    return nullcontext() if console is None else status(console, message)
+
+
+@contextmanager
+def _progress(console: Console | None, title: str, total: int) -> Iterator[Advance]:
+    if console is None:
+        yield lambda description, skipped=False: None
+        return
+    from marspec.progress import progress
+
+    with progress(console, title, total, eta=True) as advance:
+        yield advance

@@ -1,0 +1,112 @@
+"""A benchmark summary as markdown (``summary.md``): the settings, one table row per method, and the
+warnings a reader needs (timings taken on a busy machine or on several CPUs, strict differing from plain).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marspec.eval.contention import CONTENDED_CORES
+
+
+def _target_quant(cfg: dict[str, Any]) -> str:
+    quant = cfg.get("target_quant", "none")
+    return "" if quant == "none" else f" ({quant})"
+
+
+def _drafting(cfg: dict[str, Any]) -> str:
+    """How the draft model drafted (absent from summaries written before these options existed)."""
+    if cfg["draft"] in ("none", "ngram") or "draft_quant" not in cfg:
+        return ""
+    lookup = " + prompt lookup" if cfg["lookup"] else ""
+    return f" ({cfg['draft_quant']}, confidence stop {cfg['draft_confidence']}{lookup})"
+
+
+def _interval_text(value: float | None, ci: list[float] | None, spec: str) -> str:
+    if value is None:
+        return "—"
+    text = format(value, spec)
+    return text if ci is None else f"{text} [{format(ci[0], spec)}, {format(ci[1], spec)}]"
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    cfg = summary["config"]
+    temperature = cfg.get("temperature", 0.0)
+    samples = summary.get("samples", 1)
+    decoding = "greedy" if not temperature else f"temperature {temperature:g}, {samples} samples per question"
+    reference = summary.get("quality_reference", summary["baseline"])
+    lines = [
+        f"# {cfg['task']}: {summary['questions']} questions, {decoding}",
+        "",
+        f"target `{cfg['target']}`{_target_quant(cfg)}, "
+        f"draft `{cfg['draft']}`{_drafting(cfg)}, {cfg['dtype']}"
+        f"{', oneDNN-prepacked' if cfg.get('prepack') else ''}, "
+        f"{cfg['threads']} threads, "
+        f"k={cfg['k']}, theta={cfg['theta']} ({cfg['margin']}), max_new_tokens={cfg['max_new_tokens']}",
+        "",
+        f"Speedup is against {summary['baseline']}; score and recovery (against {reference}) carry 95% "
+        "bootstrap intervals over questions.",
+    ]
+    if cfg.get("plain_limit"):
+        lines.append(f"Plain ran on the first {cfg['plain_limit']} questions only (the speed baseline).")
+    lines += [
+        "",
+        "| method | tok/s | speedup | tau | exact | relaxed | rejected | relaxed share | score [95% CI] "
+        f"| recovery [95% CI] | same as {reference} | hit limit | draft share | overhead | achieved/ideal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def fmt(value: Any, spec: str) -> str:
+        return "—" if value is None else format(value, spec)
+
+    for name, m in summary["methods"].items():
+        lines.append(
+            f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup'], '.2f')}x | {fmt(m['tau'], '.2f')} "
+            f"| {m['accepted_exact']} | {m['accepted_relaxed']} | {m['rejected']} | {m['relaxed_share']:.1%} "
+            f"| {_interval_text(m['score'], m.get('score_ci'), '.3f')} "
+            f"| {_interval_text(m['recovery'], m.get('recovery_ci'), '.1%')} "
+            f"| {m['same_as_baseline']}/{m.get('decodes', summary['questions'])} "
+            f"| {m['hit_limit']}/{m['turns']} | {fmt(m['draft_share'], '.1%')} "
+            f"| {fmt(m['overhead_share'], '.1%')} "
+            f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
+        )
+    busy = {name: m["contended"] for name, m in summary["methods"].items() if m.get("contended")}
+    if busy:
+        counts = ", ".join(f"{name} {n}" for name, n in busy.items())
+        lines += [
+            "",
+            f"**Timings suspect**: decodes made while other processes used more than {CONTENDED_CORES:g} "
+            f"of a core ({counts}). Their speed is not comparable; `marspec bench ... --redo-contended` "
+            "decodes them again.",
+        ]
+    cpus = summary.get("cpus", {})
+    if len(cpus) > 1:
+        counts = ", ".join(f"{name} {n}" for name, n in cpus.items())
+        lines += [
+            "",
+            f"**Decoded on {len(cpus)} processor models** ({counts}): a speed ratio between decodes on "
+            "different CPUs is not a measurement, and a lossy rule's drafts differ by CPU. "
+            "`marspec bench ... --redo-other-cpu` decodes the others' records again on this machine.",
+        ]
+    step = summary.get("one_token_step")
+    if step is not None:
+        lines += [
+            "",
+            f"Plain's one-token target step took {step['median_ms']:.0f} ms (median over questions; "
+            f"{step['min_ms']:.0f}-{step['max_ms']:.0f}); the profile priced it at "
+            f"{step['profiled_ms']:.0f} ms. "
+            "Achieved/ideal is read against that one snapshot of the machine's speed.",
+        ]
+    check = summary.get("strict_minus_plain")
+    if check is not None and check["value"] is not None:
+        verdict = (
+            "**the interval excludes 0: strict and plain differ, which lossless verification must not**"
+            if check["excludes_zero"]
+            else "the interval includes 0, as lossless verification requires"
+        )
+        lines += [
+            "",
+            f"Strict minus plain score on the {check['questions']} questions both ran: "
+            f"{check['value']:+.3f} [{check['lo']:+.3f}, {check['hi']:+.3f}]; {verdict}.",
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""The benchmark records' schema: one reader for every version, and tau counted one way everywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from marspec import MarspecError
+from marspec.eval.records import RECORD_SCHEMA, parse_record
+from marspec.eval.rundir import RECORDS_FILE, load_records
+from marspec.stats import GenerationStats, StepRecord, mean_accepted_length
+
+TURN_V1 = {
+    "text": "4",
+    "new_tokens": 3,
+    "stopped_at_eos": True,
+    "wall_s": 0.5,
+    "target_forwards": 2,
+    "drafted": 3,
+    "accepted_exact": 2,
+    "accepted_relaxed": 0,
+    "rejected": 1,
+    "hit_limit": False,
+    "position_reached": [2, 1],
+    "position_accepted": [2, 0],
+    "margins": {"exact": [0.9, 0.8], "relaxed": [], "rejected": [0.1]},
+}
+RECORD_V1 = {
+    "qid": "gsm8k/0",
+    "method": "strict",
+    "theta": 1.0,
+    "margin": "logit_ratio",
+    "turns": [TURN_V1],
+    "seeds": [None],
+    "score": 1.0,
+    "answer": "4",
+}
+
+
+def test_a_version_1_record_is_read_in_the_current_shape() -> None:
+    rec = parse_record(json.loads(json.dumps(RECORD_V1)))
+    assert rec["schema"] == RECORD_SCHEMA
+    assert rec["sample"] == 0  # records from before sampling: one decode per question
+    assert (rec["cpu"], rec["started"], rec["other_cores"]) == (None, None, None)
+    (turn,) = rec["turns"]
+    for field in ("target_forward_s", "draft_forward_s", "prefill_s", "verify_sizes", "token_ids", "relaxed"):
+        assert turn[field] is None, field
+    assert turn["new_tokens"] == 3 and rec["answer"] == "4"  # what it kept is kept
+    # A field a version-1 record did keep is not overwritten by the filling.
+    kept = parse_record({**RECORD_V1, "cpu": "Some CPU", "sample": 2})
+    assert (kept["cpu"], kept["sample"]) == ("Some CPU", 2)
+
+
+def test_a_record_from_a_newer_marspec_is_refused() -> None:
+    with pytest.raises(MarspecError, match="newer than this marspec"):
+        parse_record({**RECORD_V1, "schema": RECORD_SCHEMA + 1})
+
+
+def test_the_folder_reader_upgrades_old_lines_and_lets_the_last_line_win(tmp_path: Path) -> None:
+    newer = {**parse_record(RECORD_V1), "score": 0.0}
+    lines = [json.dumps(RECORD_V1), "not json", json.dumps(newer)]
+    (tmp_path / RECORDS_FILE).write_text("\n".join(lines) + "\n" + '{"qid": "torn')
+    records = load_records(tmp_path)
+    assert list(records) == [("gsm8k/0", "strict", 0)]
+    assert records["gsm8k/0", "strict", 0]["score"] == 0.0
+    assert (tmp_path / RECORDS_FILE).read_text().endswith("\n")  # the torn line is cut off
+
+
+def test_tau_is_one_function() -> None:
+    stats = GenerationStats(new_tokens=5, stopped_at_eos=True)
+    for _ in range(3):
+        stats.record(StepRecord(drafted=2, accepted_exact=1, accepted_relaxed=0, rejected=True, emitted=2))
+    assert stats.tau == mean_accepted_length(5, 1, 3) == 2.0  # the final EOS counts as generated
+    assert GenerationStats().tau == 0.0 and mean_accepted_length(0, 0, 0) is None
