@@ -12,7 +12,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from marspec.calibration import parse_theta
 from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
 from marspec.cli.options import (
     DeviceOpt,
@@ -42,6 +41,7 @@ from marspec.defaults import (
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
+from marspec.rules import parse_theta
 
 
 @app.command()

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from marspec.calibration import parse_theta
 from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
 from marspec.cli.options import (
     DeviceOpt,
@@ -34,6 +33,7 @@ from marspec.defaults import (
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.rules import parse_theta
 
 
 @app.command()
