@@ -28,7 +28,7 @@ from marspec.errors import MarspecError
 AUTO = "auto"
 
 
-class Choice(StrEnum):
+class SettingName(StrEnum):
     """A setting's name. A ``str``, so code and users may keep writing the plain string."""
 
     def __repr__(self) -> str:
@@ -45,7 +45,7 @@ class Choice(StrEnum):
         raise MarspecError(f"unknown {field} {value!r}; use one of: {', '.join(allowed)}", field=field)
 
 
-class RuleName(Choice):
+class RuleName(SettingName):
     """How draft tokens are accepted. ``plain`` decodes without a drafter, so it verifies nothing: it is a
     generation option, never a :class:`Rule`'s name (:data:`RULES`)."""
 
@@ -63,7 +63,7 @@ class RuleName(Choice):
         return self in LOSSLESS_RULES
 
 
-class Margin(Choice):
+class Margin(SettingName):
     """MARS's measure of how close the target's top two are (see :mod:`marspec.verify`)."""
 
     LOGIT_RATIO = "logit_ratio"  # the paper's z2 / z1
@@ -76,7 +76,7 @@ class Margin(Choice):
         return self is not Margin.LOGIT_GAP
 
 
-class Guard(Choice):
+class Guard(SettingName):
     """What narrows a rule's relaxed accepts."""
 
     NONE = "none"

@@ -41,7 +41,7 @@ from marspec.defaults import (
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
-from marspec.rules import parse_theta
+from marspec.rules import LOSSLESS_RULES, RIVALS, parse_theta
 
 
 @app.command()
@@ -61,7 +61,7 @@ def generate(
         str | None,
         typer.Option(
             "--rule",
-            help="plain | strict | mars; rivals: typical | pthresh | topk | fly (--theta). "
+            help=f"{' | '.join(LOSSLESS_RULES)} | mars; rivals: {' | '.join(RIVALS)} (--theta). "
             f"Default: {DEFAULT_RULE} (lossless: the target's own output); --rule mars relaxes near-ties "
             "(faster, and it may change answers).",
             show_default=False,

@@ -23,7 +23,7 @@ from transformers import GenerationConfig
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
-from marspec.rules import GUARDED_RULES, RIVALS, Guard, Rule
+from marspec.rules import GUARDED_RULES, RIVALS, Guard, Margin, Rule
 from marspec.stats import GenerationStats
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
@@ -34,7 +34,11 @@ METHOD_HELP = (
     "fly-wN@ENTROPY (FLy, window N), hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
-MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
+MARGIN_KINDS = {
+    "mars-ratio": Margin.LOGIT_RATIO,
+    "mars-prob": Margin.PROB_RATIO,
+    "mars-gap": Margin.LOGIT_GAP,
+}
 SUFFIXES = ("tree", "next", "class")
 
 
@@ -53,8 +57,8 @@ class Method:
     kind: str  # plain | strict | mars | typical | pthresh | topk | hf-assisted | hf-prompt-lookup
     theta: float | None = None  # mars's theta, or a rival rule's parameter
     tree: bool = False  # a marspec rule with token-tree drafting
-    margin: str | None = None  # mars only: None takes the run's margin
-    guard: str = "none"  # "next" (MARS only) or "class", with the +next / +class suffix (marspec.verify)
+    margin: Margin | None = None  # mars only: None takes the run's margin
+    guard: Guard = Guard.NONE  # "next" (MARS only) or "class", with the +next / +class suffix
     window: int | None = None  # fly only: fly-wN@THETA; None takes FLy's default
 
     @property
@@ -80,7 +84,7 @@ def parse_methods(
                 f"choose from {METHOD_HELP}"
             )
         tree = suffix == "tree"
-        guard = suffix if suffix in ("next", "class") else "none"
+        guard = Guard(suffix) if suffix in ("next", "class") else Guard.NONE
         kind, _, arg = base.partition("@")
         window = None
         if kind.startswith("fly-w"):  # fly-wN@THETA: FLy with a window of N
@@ -89,8 +93,8 @@ def parse_methods(
             raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
         # Which rules a guard narrows is marspec.rules' to say; here it is refused by the method's name.
         rule_kind = "mars" if kind in MARGIN_KINDS else kind
-        if guard != "none" and rule_kind not in GUARDED_RULES[Guard(guard)]:
-            takers = "MARS" if guard == "next" else "MARS and the rival rules"
+        if guard is not Guard.NONE and rule_kind not in GUARDED_RULES[guard]:
+            takers = "MARS" if guard is Guard.NEXT else "MARS and the rival rules"
             raise MarspecError(f"method {name!r}: only {takers} methods take the +{guard} guard")
         if kind == "mars" or kind in MARGIN_KINDS:
             if kind in MARGIN_KINDS and not arg:
