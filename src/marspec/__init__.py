@@ -23,7 +23,10 @@ _LAZY = {
     "GenerationResult": "marspec.api",
     "GenerationStream": "marspec.api",
     "GenerationStats": "marspec.stats",
-    "Rule": "marspec.verify",
+    "Rule": "marspec.rules",
+    "RuleName": "marspec.rules",
+    "Margin": "marspec.rules",
+    "Guard": "marspec.rules",
     "verify_greedy": "marspec.verify",
     "verify_sampling": "marspec.verify",
     "verify_tree_greedy": "marspec.verify",
@@ -43,8 +46,11 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "GenerationStream",
+    "Guard",
+    "Margin",
     "MarspecError",
     "Rule",
+    "RuleName",
     "__version__",
     "generate",
     "verify_greedy",
@@ -55,9 +61,10 @@ __all__ = [
 if TYPE_CHECKING:
     from marspec.api import Decoder, GenerationOptions, GenerationResult, GenerationStream, generate
     from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+    from marspec.rules import Guard, Margin, Rule, RuleName
     from marspec.stats import GenerationStats
     from marspec.tree import DraftTree
-    from marspec.verify import Rule, verify_greedy, verify_sampling, verify_tree_greedy
+    from marspec.verify import verify_greedy, verify_sampling, verify_tree_greedy
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,7 @@ from marspec.backends.quantize import (
     quantize_target_int8,
     rowwise_int8_available,
 )
-from marspec.calibration import AUTO, load_choice
+from marspec.calibration import load_choice
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
@@ -30,8 +30,6 @@ from marspec.defaults import (
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     GUARD_CLASSES,
-    default_setting,
-    rule_to_use,
 )
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
@@ -39,13 +37,12 @@ from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.prompting import Prompt, encode_prompt
+from marspec.rules import AUTO, Rule, RuleName, filled_setting, rule_name
 from marspec.stats import GenerationStats
 from marspec.token_classes import relaxable_table
 from marspec.tree import parse_tree_shape
-from marspec.verify import RIVALS, Rule
 
 CPU = torch.device("cpu")
-RULES = ("plain", "strict", "mars", *RIVALS)
 FinishReason = Literal["eos", "length", "stop"]
 
 
@@ -417,16 +414,10 @@ class GenerationOptions:
 
     def __post_init__(self) -> None:
         # Frozen: the resolved rule is written once, here, so every later copy (replace) holds it named.
-        object.__setattr__(self, "rule", rule_to_use(self.rule, self.theta, self.margin))
-        if self.rule not in RULES:
-            raise MarspecError(f"unknown rule {self.rule!r}: choose one of {', '.join(RULES)}")
-        if self.theta == AUTO and self.rule in RIVALS:
-            raise MarspecError(
-                f"theta='auto' is MARS's calibrated setting; give rule {self.rule!r} its parameter as a "
-                "number (see docs/rules.md)"
-            )
-        # Validates k, temperature, max_new_tokens, theta and margin ("auto" is resolved per pair later).
-        (replace(self, theta=None) if self.theta == AUTO else self).decode_config(frozenset())
+        object.__setattr__(self, "rule", rule_name(self.rule, self.theta, self.margin))
+        # Rule.of checks rule, theta, margin, guard and window (marspec.rules, the one place; "auto" as
+        # unset, resolved per pair later), DecodeConfig the rest: k, temperature, max_new_tokens, tree.
+        self._decode_config(self.to_rule(), frozenset())
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
         ):
@@ -446,28 +437,24 @@ class GenerationOptions:
     def with_defaults(self) -> GenerationOptions:
         """These options with an unset theta or margin replaced by the measured default for this
         temperature (``theta="auto"`` is left for :meth:`Decoder.resolve_theta`)."""
-        # The early returns also end the recursion: replace() validates the new options, which resolves
-        # their defaults again, and they are then already set.
-        if self.theta == AUTO or (self.theta is not None and self.margin is not None):
+        if self.theta == AUTO:
             return self
-        margin, theta = default_setting(self.temperature, self.margin, self.theta)
-        if self.rule in RIVALS:
-            theta = self.theta  # a rival's parameter has no default: Rule's error says what it takes
+        margin, theta = filled_setting(RuleName(self.rule), self.theta, self.margin, self.temperature)
         if (margin, theta) == (self.margin, self.theta):
             return self
         return replace(self, margin=margin, theta=theta)
 
+    def to_rule(self) -> Rule:
+        """The :class:`~marspec.rules.Rule` these options verify with (``plain`` never verifies a draft:
+        ``strict``), unset values filled for the temperature; ``theta="auto"`` is checked as unset."""
+        return Rule.of(self.rule, self.theta, self.margin, self.guard, self.window, self.temperature)
+
     def decode_config(self, eos_token_ids: frozenset[int]) -> DecodeConfig:
         if self.theta == AUTO:
             raise MarspecError("theta='auto' must be resolved for a model pair first (Decoder does this)")
-        opts = self.with_defaults()
-        rule = Rule(
-            name="strict" if self.rule == "plain" else self.rule,
-            theta=opts.theta,
-            margin=opts.margin,
-            guard=self.guard,
-            window=self.window,
-        )
+        return self._decode_config(self.to_rule(), eos_token_ids)
+
+    def _decode_config(self, rule: Rule, eos_token_ids: frozenset[int]) -> DecodeConfig:
         return DecodeConfig(
             rule=rule,
             k=self.k,

@@ -21,11 +21,10 @@ from typing import Any, Literal
 
 from marspec.errors import MarspecError
 from marspec.models import cache_dir
-from marspec.verify import MARGINS, Rule
+from marspec.rules import AUTO, Rule, parse_theta  # noqa: F401 (AUTO and parse_theta: their old home)
 
 Regime = Literal["greedy", "sampling"]
 FILE_VERSION = 1
-AUTO = "auto"
 
 
 def regime_of(temperature: float) -> Regime:
@@ -118,20 +117,6 @@ def _file_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
-def parse_theta(text: str | None) -> float | str | None:
-    """A ``--theta`` value: a number, ``auto`` for the pair's calibrated setting, or None when unset."""
-    if text is None:
-        return None
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return float(text)
-    except ValueError:
-        raise MarspecError(
-            f"--theta must be a number (e.g. 0.9) or 'auto' (the calibrated setting), got {text!r}"
-        ) from None
-
-
 def _how_to(target: str, draft: str, regime: Regime) -> str:
     temp = " --temperature 1.0" if regime == "sampling" else ""
     return f"marspec calibrate --target {target} --draft {draft}{temp}"
@@ -181,8 +166,7 @@ def load_choice(target: str, draft: str, temperature: float) -> Rule:
 def save_choice(target: str, draft: str, choice: Choice) -> Path:
     """Store ``choice`` for the pair's regime, keeping the other regime's entry; written atomically, so
     a failure never leaves a half-written file."""
-    if choice.margin not in MARGINS:
-        raise MarspecError(f"unknown margin {choice.margin!r}")
+    Rule(name="mars", theta=choice.theta, margin=choice.margin)  # store only what theta="auto" can use
     path = calibration_path(target, draft)
     data = read_calibration_file(path, target, draft) or {
         "version": FILE_VERSION,

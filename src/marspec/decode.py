@@ -71,12 +71,8 @@ class DecodeConfig:
         ):
             raise MarspecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         object.__setattr__(self, "tree", parse_tree_shape(self.tree))
-        if self.tree is not None and self.rule.guard == "next":
-            raise MarspecError(
-                "the 'next' guard works on draft chains, not token trees: drop the guard or the tree"
-            )
-        if self.tree is not None and self.rule.name == "fly":
-            raise MarspecError("FLy defers along a draft chain, not a token tree: drop the tree")
+        if self.tree is not None:
+            self.rule.check_tree()  # the rule knows whether it can judge a tree (marspec.rules)
         if not isinstance(self.reuse_prefix, bool):
             raise MarspecError(f"reuse_prefix must be true or false, got {self.reuse_prefix!r}")
         if self.tree is not None and self.temperature > 0:

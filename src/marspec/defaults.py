@@ -1,12 +1,11 @@
 """Drafting defaults, chosen by measurement on the default pair (docs/results.md, "Drafter settings").
 
-Kept in a module without heavy imports so the CLI can show them in --help without loading torch.
+Kept in a module without heavy imports so the CLI can show them in --help without loading torch. The
+names they are written in are checked in :mod:`marspec.rules`, which reads these defaults.
 """
 
 import math
 import numbers
-
-from marspec.errors import MarspecError
 
 # What a caller gets when it names no rule: strict verification, which returns exactly the target's own
 # decoding (lossless), as every engine marspec compares itself with does by default. MARS at a fixed
@@ -14,8 +13,6 @@ from marspec.errors import MarspecError
 # --rule mars, marspec.rule) rather than the default; theta="auto" with rule="mars" uses a stored
 # calibration of the pair.
 DEFAULT_RULE = "strict"
-# Rules that return the target's own decoding, so theta and margin mean nothing to them.
-LOSSLESS_RULES = ("plain", "strict")
 
 # Most draft tokens per step; confidence-stopped drafts are usually shorter. With prepacked kernels a
 # 13-token verification costs about one step: k = 12 measured 3.52x against 3.13x for k = 8.
@@ -59,23 +56,6 @@ GUARD_CLASSES = ("number", "bracket", "operator", "punctuation")
 # serve all three: 0.5 on z2/z1 would relax nearly everywhere. logit_ratio: the paper's 0.9;
 # logit_gap: ln 2, the gap at which p2/p1 = 0.5 (at temperature 1 the same close calls as prob_ratio 0.5).
 MARGIN_THETA = {"prob_ratio": 0.5, "logit_ratio": 0.9, "logit_gap": math.log(2)}
-
-
-def rule_to_use(rule: str | None, theta: object = None, margin: object = None) -> str:
-    """The rule to decode with: ``rule`` when one is named, else :data:`DEFAULT_RULE`.
-
-    With no rule named, a ``theta`` or ``margin`` is refused rather than ignored or taken to mean MARS:
-    they tune a lossy rule, and either guess would change what the caller gets without saying so."""
-    if rule is not None:
-        return rule
-    if theta is not None or margin is not None:
-        given = ", ".join(f"{k}={v!r}" for k, v in (("theta", theta), ("margin", margin)) if v is not None)
-        raise MarspecError(
-            f"{given} tunes a lossy rule but no rule is named, and the default rule ({DEFAULT_RULE}) never "
-            "relaxes: name one, e.g. rule='mars' (CLI --rule mars, server marspec.rule)",
-            field="rule",
-        )
-    return DEFAULT_RULE
 
 
 def default_setting(

@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from marspec.api import Decoder, GenerationResult
-from marspec.defaults import DEFAULT_K, DEFAULT_THETA, LOSSLESS_RULES
+from marspec.defaults import DEFAULT_K, DEFAULT_THETA
+from marspec.rules import LOSSLESS_RULES
 from marspec.stats import mean_accepted_length
 
 # A handful of prompts across the kinds of work the paper measures: code, math and chat.

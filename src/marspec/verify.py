@@ -31,10 +31,10 @@ there (the entropy of its three most likely tokens is at least ``theta``, in nat
 ln 3 (the largest entropy of three probabilities) never relaxes. Its decision needs the block, so it is
 :func:`fly_defers`, not :func:`relaxed_accepts`.
 
-Guards narrow any rule's relaxed accepts: ``next`` (MARS only, below) and ``class``, which relaxes only
-where both the draft token and the target's top-1 it replaces are of the token classes
-:data:`marspec.defaults.GUARD_CLASSES` (:mod:`marspec.token_classes`), read from a per-vocabulary table
-the caller passes as ``relaxable``.
+Guards (:class:`marspec.rules.Guard`) narrow any rule's relaxed accepts: ``next`` (MARS only) and
+``class``, which relaxes only where both the draft token and the target's top-1 it replaces are of the
+token classes :data:`marspec.defaults.GUARD_CLASSES` (:mod:`marspec.token_classes`), read from a
+per-vocabulary table the caller passes as ``relaxable``.
 """
 
 from __future__ import annotations
@@ -42,146 +42,29 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 import torch
 
-from marspec.defaults import DEFAULT_MARGIN, FLY_THETA, FLY_WINDOW, default_setting
 from marspec.errors import MarspecError
+
+# The rule and its names live in marspec.rules (validated there, free of torch); re-exported here, where
+# callers of the verifiers have always found them.
+from marspec.rules import (  # noqa: F401
+    FLY_MAX_ENTROPY,
+    FLY_TOP,
+    GUARDS,
+    MARGINS,
+    RIVALS,
+    RULES,
+    Guard,
+    Margin,
+    Rule,
+    RuleName,
+)
 
 if TYPE_CHECKING:
     from marspec.tree import DraftTree
-
-MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
-RuleName = Literal["strict", "mars", "typical", "pthresh", "topk", "fly"]
-# "next" (our variant, not the paper's): a close call is relaxed only where the draft's next token is the
-# target's top choice after the relaxed token, read from the same verification forward (the target,
-# having seen the runner-up, goes on as the draft does). The last draft position has no next draft
-# token, so it is never relaxed under this guard.
-# "class" (ours): a relaxed accept only where the draft token and the top-1 it replaces are both of the
-# token classes measured harmless (marspec.defaults.GUARD_CLASSES, docs/rules.md).
-GuardName = Literal["none", "next", "class"]
-MARGINS: tuple[str, ...] = get_args(MarginName)
-RULES: tuple[str, ...] = get_args(RuleName)
-GUARDS: tuple[str, ...] = get_args(GuardName)
-
-# Margins whose measure is a ratio at most 1 between the top two: theta is a threshold in [0, 1].
-_RATIO_MARGINS = ("logit_ratio", "prob_ratio")
-# The rivals relax by a test on the target's distribution rather than on MARS's top-2 margin.
-RIVALS: tuple[str, ...] = ("typical", "pthresh", "topk", "fly")
-_RIVAL_PARAMETERS = {
-    "typical": "eps in [0, 1] (accept p(d) > min(eps, sqrt(eps) * exp(-entropy)); 0 never relaxes)",
-    "pthresh": "a probability in [0, 1] (accept p(d) >= theta; 1 never relaxes)",
-    "topk": "an integer k >= 1 (accept a draft among the target's top k; 1 never relaxes)",
-    "fly": "an entropy threshold >= 0 in nats (defer a mismatch where the target's top-3 entropy is at "
-    "least theta; above ln 3 = 1.0986 never relaxes)",
-}
-# FLy's entropy is over the target's three most likely tokens (the source's choice), so it is <= ln 3.
-FLY_TOP = 3
-FLY_MAX_ENTROPY = math.log(FLY_TOP)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How draft tokens are accepted: ``strict`` (exact match / lossless), ``mars`` (margin-aware), or
-    a rival lossy rule (``typical``, ``pthresh``, ``topk``, ``fly``).
-
-    For MARS ``theta`` is the close-call threshold for ``margin``. For the ratio margins it is in
-    ``[0, 1]`` and a lower value relaxes more; for ``logit_gap`` it is the largest top-2 logit gap still
-    treated as a close call. ``theta`` is validated for ``strict`` too, so a bad value never goes
-    unnoticed. For a rival ``theta`` is that rule's parameter (see the module's docstring); ``margin``
-    then only names the measure recorded for statistics. ``window`` is FLy's deferral window (the draft
-    tokens after a mismatch that must pass the lossless test), an integer >= 1; other rules take none.
-    """
-
-    name: RuleName = "mars"
-    # Unset (None): for MARS and strict, the margin's threshold when greedy (marspec.defaults): the
-    # default setting, or a named margin's own usual one; FLy's source default; the other rivals must be
-    # given their parameter.
-    theta: float = None  # type: ignore[assignment]
-    margin: MarginName = DEFAULT_MARGIN  # type: ignore[assignment]
-    guard: GuardName = "none"
-    window: int | None = None  # FLy only; unset: the source's default (marspec.defaults.FLY_WINDOW)
-
-    def __post_init__(self) -> None:
-        if self.name not in RULES:
-            raise MarspecError(f"unknown rule {self.name!r}; use one of: {', '.join(RULES)}")
-        if self.guard not in GUARDS:
-            raise MarspecError(f"unknown guard {self.guard!r}; use one of: {', '.join(GUARDS)}")
-        if self.margin not in MARGINS:
-            raise MarspecError(f"unknown margin {self.margin!r}; use one of: {', '.join(MARGINS)}")
-        self._check_window()
-        theta = self.theta
-        if theta is None and self.name == "fly":
-            theta = FLY_THETA
-        elif theta is None and self.name not in RIVALS:
-            theta = default_setting(0.0, self.margin)[1]
-        is_number = isinstance(theta, numbers.Real) and not isinstance(theta, bool)
-        finite = is_number and math.isfinite(float(theta))
-        if self.name in RIVALS:
-            if self.guard == "next":
-                raise MarspecError(f"the 'next' guard is MARS's; rule {self.name!r} takes 'class' or none")
-            if self.name == "topk":
-                valid = finite and float(theta) >= 1 and float(theta).is_integer()
-            elif self.name == "fly":
-                valid = finite and float(theta) >= 0.0
-            else:
-                valid = finite and 0.0 <= float(theta) <= 1.0
-            if not valid:
-                problem = (
-                    f"rule {self.name!r} needs theta"
-                    if theta is None
-                    else f"theta={theta!r} is invalid for rule {self.name!r}"
-                )
-                raise MarspecError(f"{problem}: use {_RIVAL_PARAMETERS[self.name]}", field="theta")
-        elif self.margin in _RATIO_MARGINS:
-            ratio = "z2/z1" if self.margin == "logit_ratio" else "p2/p1"
-            if not (finite and 0.0 <= float(theta) <= 1.0):
-                raise MarspecError(
-                    f"theta={theta!r} is invalid for margin {self.margin!r}: use a finite number in [0, 1] "
-                    f"(the closeness threshold on {ratio}; lower relaxes more; theta = 1 can never relax "
-                    f"since the ratio is <= 1, i.e. it equals strict verification)"
-                )
-        elif not (finite and float(theta) >= 0.0):
-            raise MarspecError(
-                f"theta={theta!r} is invalid for margin 'logit_gap': use a finite number >= 0 "
-                f"(the largest gap z1 - z2, in logits, still treated as a close call; 0 never relaxes)"
-            )
-        # Normalise ints (theta=1) and numpy scalars to a plain float.
-        object.__setattr__(self, "theta", float(theta))
-
-    def _check_window(self) -> None:
-        window = self.window
-        if self.name != "fly":
-            if window is not None:
-                raise MarspecError(f"window is FLy's deferral window; rule {self.name!r} takes none")
-            return
-        if window is None:
-            window = FLY_WINDOW
-        if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
-            raise MarspecError(
-                f"window={window!r} is invalid for rule 'fly': use an integer >= 1 (the draft tokens after "
-                "a mismatch that must all pass the lossless test for it to be deferred)",
-                field="window",
-            )
-        object.__setattr__(self, "window", int(window))
-
-    @property
-    def relaxes(self) -> bool:
-        """Whether this rule can ever accept a non-top-1 token (False for strict and degenerate theta)."""
-        if self.name == "strict":
-            return False
-        if self.name == "typical":
-            return self.theta > 0.0
-        if self.name == "pthresh":
-            return self.theta < 1.0
-        if self.name == "topk":
-            return self.theta > 1.0
-        if self.name == "fly":
-            return self.theta <= FLY_MAX_ENTROPY  # the top-3 entropy is at most ln 3
-        if self.margin in _RATIO_MARGINS:
-            return self.theta < 1.0  # the ratio is <= 1, and the test is strict ">"
-        return self.theta > 0.0  # the gap is >= 0, and the test is strict "<"
 
 
 @dataclass(frozen=True)
@@ -228,7 +111,7 @@ def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def margin_measure(
-    z1: torch.Tensor, z2: torch.Tensor, margin: MarginName, temperature: float = 1.0
+    z1: torch.Tensor, z2: torch.Tensor, margin: Margin, temperature: float = 1.0
 ) -> torch.Tensor:
     """The raw margin between the top-2 logits ``z1 >= z2`` (same shape as ``z1``).
 
@@ -242,7 +125,8 @@ def margin_measure(
         return torch.exp((z2 - z1) / temperature)
     if margin == "logit_gap":
         return z1 - z2
-    raise MarspecError(f"unknown margin {margin!r}; use one of: {', '.join(MARGINS)}")
+    Margin.parse(margin, "margin")  # every known margin returned above: this raises, naming them
+    raise AssertionError(margin)
 
 
 def is_close_call(z1: torch.Tensor, z2: torch.Tensor, rule: Rule, temperature: float = 1.0) -> torch.Tensor:
@@ -452,10 +336,7 @@ def verify_tree_greedy(
     ``class`` guard applies per node (``relaxable`` as in :func:`guarded`).
     """
     n_nodes = len(tree)
-    if rule.guard == "next":
-        raise MarspecError("the 'next' guard works on draft chains, not token trees: drop one")
-    if rule.name == "fly":
-        raise MarspecError("FLy defers along a draft chain, not a token tree: drop the tree")
+    rule.check_tree()
     if target_logits.dim() != 2 or target_logits.shape[0] != n_nodes + 1:
         shape = list(target_logits.shape)
         raise ValueError(f"target_logits must be [N+1, V] = [{n_nodes + 1}, V], got {shape}")

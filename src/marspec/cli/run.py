@@ -12,7 +12,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from marspec.calibration import parse_theta
 from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
 from marspec.cli.options import (
     DeviceOpt,
@@ -42,6 +41,7 @@ from marspec.defaults import (
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
+from marspec.rules import LOSSLESS_RULES, RIVALS, parse_theta
 
 
 @app.command()
@@ -61,7 +61,7 @@ def generate(
         str | None,
         typer.Option(
             "--rule",
-            help="plain | strict | mars; rivals: typical | pthresh | topk | fly (--theta). "
+            help=f"{' | '.join(LOSSLESS_RULES)} | mars; rivals: {' | '.join(RIVALS)} (--theta). "
             f"Default: {DEFAULT_RULE} (lossless: the target's own output); --rule mars relaxes near-ties "
             "(faster, and it may change answers).",
             show_default=False,

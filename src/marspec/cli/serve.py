@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from marspec.calibration import parse_theta
 from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
 from marspec.cli.options import (
     DeviceOpt,
@@ -34,6 +33,7 @@ from marspec.defaults import (
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.rules import RuleName, parse_theta
 
 
 @app.command()
@@ -52,7 +52,7 @@ def serve(
         str | None,
         typer.Option(
             "--rule",
-            help="Rule for requests that name none: plain | strict | mars | typical | pthresh | topk | fly. "
+            help=f"Rule for requests that name none: {' | '.join(RuleName)}. "
             f"Default: {DEFAULT_RULE} (lossless); a request picks its own with marspec.rule.",
             show_default=False,
         ),

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from marspec.api import Decoder, GenerationOptions
+from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
+from marspec.rules import GUARDED_RULES, RIVALS, Guard, Margin, Rule
 from marspec.stats import GenerationStats
-from marspec.verify import RIVALS, Rule
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 METHOD_HELP = (
@@ -34,11 +34,12 @@ METHOD_HELP = (
     "fly-wN@ENTROPY (FLy, window N), hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
-MARGIN_KINDS = {"mars-ratio": "logit_ratio", "mars-prob": "prob_ratio", "mars-gap": "logit_gap"}
+MARGIN_KINDS = {
+    "mars-ratio": Margin.LOGIT_RATIO,
+    "mars-prob": Margin.PROB_RATIO,
+    "mars-gap": Margin.LOGIT_GAP,
+}
 SUFFIXES = ("tree", "next", "class")
-# A stand-in tree shape, so that validation refuses a rule that cannot verify trees (FLy) at parse time;
-# the run's own shape is given later (--tree).
-_ANY_TREE = (2,)
 
 
 def _window_of(name: str, kind: str) -> int:
@@ -56,8 +57,8 @@ class Method:
     kind: str  # plain | strict | mars | typical | pthresh | topk | hf-assisted | hf-prompt-lookup
     theta: float | None = None  # mars's theta, or a rival rule's parameter
     tree: bool = False  # a marspec rule with token-tree drafting
-    margin: str | None = None  # mars only: None takes the run's margin
-    guard: str = "none"  # "next" (MARS only) or "class", with the +next / +class suffix (marspec.verify)
+    margin: Margin | None = None  # mars only: None takes the run's margin
+    guard: Guard = Guard.NONE  # "next" (MARS only) or "class", with the +next / +class suffix
     window: int | None = None  # fly only: fly-wN@THETA; None takes FLy's default
 
     @property
@@ -83,17 +84,18 @@ def parse_methods(
                 f"choose from {METHOD_HELP}"
             )
         tree = suffix == "tree"
-        guard = suffix if suffix in ("next", "class") else "none"
+        guard = Guard(suffix) if suffix in ("next", "class") else Guard.NONE
         kind, _, arg = base.partition("@")
         window = None
         if kind.startswith("fly-w"):  # fly-wN@THETA: FLy with a window of N
             kind, window = "fly", _window_of(name, kind)
         if tree and kind not in ("strict", "mars", *MARGIN_KINDS, *RIVALS):
             raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
-        if guard == "next" and not (kind == "mars" or kind in MARGIN_KINDS):
-            raise MarspecError(f"method {name!r}: only MARS methods take the +next guard")
-        if guard == "class" and not (kind == "mars" or kind in MARGIN_KINDS or kind in RIVALS):
-            raise MarspecError(f"method {name!r}: only MARS and the rival rules take the +class guard")
+        # Which rules a guard narrows is marspec.rules' to say; here it is refused by the method's name.
+        rule_kind = "mars" if kind in MARGIN_KINDS else kind
+        if guard is not Guard.NONE and rule_kind not in GUARDED_RULES[guard]:
+            takers = "MARS" if guard is Guard.NEXT else "MARS and the rival rules"
+            raise MarspecError(f"method {name!r}: only {takers} methods take the +{guard} guard")
         if kind == "mars" or kind in MARGIN_KINDS:
             if kind in MARGIN_KINDS and not arg:
                 raise MarspecError(f"method {name!r} needs its theta: write it as {kind}@THETA")
@@ -110,8 +112,8 @@ def parse_methods(
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
             named = MARGIN_KINDS.get(kind)
             # Validated against the margin it will run with: its own, else the run's, else the library's
-            # default (GenerationOptions resolves None through marspec.defaults, the one place it lives).
-            GenerationOptions(rule="mars", theta=value, margin=named or margin, guard=guard)
+            # default (Rule.of resolves None through marspec.defaults, the one place it lives).
+            Rule.of("mars", value, named or margin, guard)
             methods.append(Method(name, "mars", value, tree, named, guard))
         elif kind in RIVALS:
             if not arg:
@@ -120,9 +122,9 @@ def parse_methods(
                 value = float(arg)
             except ValueError:
                 raise MarspecError(f"method {name!r}: the parameter after '@' must be a number") from None
-            GenerationOptions(
-                rule=kind, theta=value, guard=guard, window=window, tree=_ANY_TREE if tree else None
-            )
+            rule = Rule.of(kind, value, guard=guard, window=window)
+            if tree:
+                rule.check_tree()
             methods.append(Method(name, kind, value, tree, guard=guard, window=window))
         elif arg or kind not in ("plain", "strict", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")

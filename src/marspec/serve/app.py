@@ -23,9 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
 from marspec.api import Decoder, GenerationOptions
-from marspec.defaults import LOSSLESS_RULES
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt, fewest_tokens, longest_token_bytes, render_prompt
+from marspec.rules import LOSSLESS_RULES
 from marspec.serve.body_limit import BodySizeLimit
 from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job, context_length_error
 from marspec.serve.errors import ApiError, error_body

@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from marspec.api import GenerationOptions
-from marspec.defaults import LOSSLESS_RULES
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt
+from marspec.rules import LOSSLESS_RULES
 from marspec.serve.errors import ApiError
 from marspec.serve.settings import ServerSettings
 
