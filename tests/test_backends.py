@@ -13,9 +13,8 @@ from transformers import GenerationConfig
 
 from marspec.backends import CausalLM, ForwardClock, HFCausalLM
 from marspec.backends.hf import GROUPED_SDPA, use_grouped_attention
-from marspec.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from marspec.drafters.base import Drafter
-from marspec.tree import build_tree
+from marspec.drafters import Draft, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from marspec.drafters.tree import build_tree
 from marspec.verify import Rule
 
 

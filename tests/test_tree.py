@@ -10,8 +10,9 @@ from test_decode import reference_greedy, run
 
 from marspec.api import GenerationOptions
 from marspec.drafters import Draft, ModelDrafter
+from marspec.drafters.tree import build_tree, chain_tree, parse_tree_shape
 from marspec.errors import MarspecError
-from marspec.tree import DraftTree, build_tree, chain_tree, parse_tree_shape
+from marspec.interfaces import DraftTree
 from marspec.verify import Rule, verify_greedy, verify_tree_greedy
 
 V = 8
@@ -132,7 +133,7 @@ def test_build_tree_adds_runner_ups_as_leaves_at_the_first_depths():
     )
     tree = build_tree(draft, (3, 2))
     assert tree.tokens.tolist() == [10, 11, 12, 20, 30, 21]
-    assert tree.parents == [0, 1, 2, 0, 0, 1] and tree.depths == [1, 2, 3, 1, 1, 2]
+    assert tree.parents == (0, 1, 2, 0, 0, 1) and tree.depths == (1, 2, 3, 1, 1, 2)
     assert tree.chain_len == 3
     assert build_tree(Draft(tokens=torch.tensor([10])), (3, 2)).tokens.tolist() == [10]  # no alternatives
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marspec.backends.base import CausalLM
-from marspec.drafters.base import Draft, Drafter
+from marspec.drafters.tree import build_tree, parse_tree_shape
 from marspec.errors import MarspecError
+from marspec.interfaces import CausalLM, Draft, Drafter
 from marspec.stats import GenerationStats, StepRecord
-from marspec.tree import build_tree, parse_tree_shape
 from marspec.verify import (
     Rule,
     TreeVerification,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marspec.backends.base import CausalLM
+from marspec.interfaces import CausalLM
 
 
 @dataclass

@@ -50,7 +50,7 @@ from marspec.defaults import DEFAULT_MARGIN, FLY_THETA, FLY_WINDOW, default_sett
 from marspec.errors import MarspecError
 
 if TYPE_CHECKING:
-    from marspec.tree import DraftTree
+    from marspec.interfaces import DraftTree
 
 MarginName = Literal["logit_ratio", "prob_ratio", "logit_gap"]
 RuleName = Literal["strict", "mars", "typical", "pthresh", "topk", "fly"]

@@ -1,9 +1,8 @@
-"""A Hugging Face transformers causal LM behind the backend protocol (:mod:`marspec.backends.base`)."""
+"""A Hugging Face transformers causal LM behind the backend protocol (marspec.interfaces.CausalLM)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +16,8 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicLayer
 
-from marspec.backends.base import ForwardClock
 from marspec.backends.kv_cache import PositionLayer, position_cache
-
-if TYPE_CHECKING:
-    from marspec.tree import DraftTree
+from marspec.interfaces import DraftTree, ForwardClock
 
 
 class HFCausalLM:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from marspec.backends.base import CausalLM
-from marspec.drafters.base import Draft
 from marspec.errors import MarspecError
+from marspec.interfaces import CausalLM, Draft
 from marspec.verify import sample_token
 
 
