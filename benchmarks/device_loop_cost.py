@@ -16,14 +16,17 @@ and not only their launch):
   clocks, so it is the same measure for any marspec version; the clocks' own figure is printed beside
   it (``clock``) to show whether they time the device's work or only the launches.
 
-The target is made decisive so that a copy of it accepts every draft in any dtype: its layers' writes
-to the residual stream (attention and MLP output projections) are zero, so its next token depends on
-the current token only and is never a near-tie that rounding between a one-token and a many-token
-forward could flip; its LM head is sharpened (logits x20) so the copy's confidence stop lets it draft
-its whole k. Every layer still runs its full computation (zeros cost what other weights cost). The
-end-of-text tokens' head rows are zero, so no run ends early. The small draft is plain random init:
-unconfident (its confidence stop ends drafts after one token), so cases with ``conf0`` repeat a case
-with the stop off (k drafts per step, all rejected).
+The target is made decisive so that a copy of it accepts (almost) every draft in any dtype: its layers'
+writes to the residual stream (attention and MLP output projections) are zero, so its next token depends
+on the current token only, through the same arithmetic in a one-token and a many-token forward, and its
+LM head is sharpened (logits of standard deviation 16) so near-ties that rounding could flip are rare
+and the copy is confident enough that its confidence stop lets it draft its whole k. Every layer still
+runs its full computation (zeros cost what other weights cost). The end-of-text tokens' head rows are
+zero, so no run ends early. The small draft is plain random init: unconfident, so its confidence stop
+ends each draft after one token. Cases marked ``conf0`` repeat a case with the stop off: for the copy
+they draft the same tokens as with it, so the difference between ``strict/copy`` and
+``strict/copy/conf0`` is the stop's cost (one host read per drafted token); for the small draft, k
+drafts per step, all rejected.
 
     python benchmarks/device_loop_cost.py --device cuda --dtype bf16 \
         --tokenizer ~/.cache/marspec/models/qwen2.5-coder-1.5b-instruct --json out.json
@@ -77,7 +80,8 @@ FULL_VOCAB = 151936
 SMALL = {"target": shape(64, 2, 4, 128, tied=False), "draft": shape(32, 2, 4, 64, tied=True)}
 TARGET_SIZES = (1, 2, 4, 8, 13)
 DRAFT_SIZES = (1, 2)
-SHARPEN = 20.0
+# The decisive target's logits: standard deviation 16, so its top choice has most of the probability.
+LOGIT_STD = 16.0
 PROMPT = (
     "def fibonacci(n):\n    # Return the n-th Fibonacci number, computed iteratively so that large n "
     "neither recurses deeply nor repeats work.\n"
@@ -126,7 +130,9 @@ def build_model(shape: dict, vocab: int, seed: int, decisive: bool, tokenizer, b
             for layer in model.model.layers:
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
-            model.lm_head.weight.mul_(SHARPEN)
+            # The head reads a normalised state of norm sqrt(hidden); its weights are drawn with std 0.02.
+            scale = LOGIT_STD / (config.initializer_range * config.hidden_size**0.5)
+            model.lm_head.weight.mul_(scale)
         if special:
             model.lm_head.weight[special] = 0.0
     return model
