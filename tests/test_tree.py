@@ -149,6 +149,30 @@ def test_attention_mask_lets_a_node_see_the_cache_and_its_ancestors_only():
     ]
 
 
+def test_a_tree_shape_is_laid_out_once_and_shared():
+    def draft(offset: int) -> Draft:
+        return Draft(
+            tokens=torch.tensor([10, 11, 12]) + offset,
+            alternatives=torch.tensor([[20, 30], [21, 31], [22, 32]]) + offset,
+        )
+
+    first, second = build_tree(draft(0), (3, 2)), build_tree(draft(100), (3, 2))
+    assert first.layout is second.layout  # the same shape: made once, not in every step
+    assert build_tree(draft(0), (2,)).layout is not first.layout
+    layout = first.layout
+    assert layout.children == ((1, 4, 5), (2, 6), (3,), (), (), (), ())
+    assert layout.parent_index.tolist() == [0, 1, 2, 0, 0, 1]
+    assert layout.position_offsets.tolist() == [0, 1, 2, 3, 1, 1, 2]
+    # The mask made from the layout is the one a node-by-node walk of the ancestors gives.
+    mask = second.attention_mask(cached=3, dtype=torch.bfloat16)[0, 0, :, 3:]
+    for node in range(7):
+        ancestors, at = {node}, node
+        while at:
+            at = second.parents[at - 1]
+            ancestors.add(at)
+        assert [col in ancestors for col in range(7)] == (mask[node] == 0).tolist()
+
+
 def test_tree_shape_parsing_and_errors():
     assert parse_tree_shape("3,2,1") == (3, 2)
     assert parse_tree_shape("1,1") is None and parse_tree_shape(None) is None
