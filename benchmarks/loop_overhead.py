@@ -5,9 +5,11 @@ Decodes with the self-test's tiny random pair (marspec.selftest.tiny: 2 layers, 
 forwards cost about a millisecond, so the loop's own work (verification, tree layout, bookkeeping, the
 drafter's Python) is a large share of each step. On the CPU the backends' clocks are exact (a CPU
 forward returns when its work is done), so a step's overhead is its wall time minus the clocked
-forwards. Cases run interleaved, ``--repeats`` times; each figure is the median over repeats of one
-decode's mean per step. To compare two versions, run this once per source tree (PYTHONPATH), alternating
-a few times, on a quiet machine; differences of a few microseconds are noise on a busy one.
+forwards. On a busy machine wall times also hold the waits for a core, so the CPU time this thread
+spends per step (forwards included: one torch thread, so they run on it) is reported too: it depends
+far less on the machine's other work, and two versions of the loop run the same forwards. Cases run
+interleaved, ``--repeats`` times; each figure is the median over repeats of one decode's mean per step.
+To compare two versions, run this once per source tree (PYTHONPATH), alternating a few times.
 
     PYTHONPATH=src python benchmarks/loop_overhead.py --repeats 15 --json after.json
 """
@@ -47,19 +49,23 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         decoder = tiny_decoder(Path(tmp), torch.device("cpu"))
     options = {"k": args.k, "max_new_tokens": args.new_tokens, "chat": False, "reuse_prefix": False}
-    samples: dict[str, dict[str, list[float]]] = {name: {"step": [], "overhead": []} for name in CASES}
+    samples = {name: {"step": [], "overhead": [], "cpu": []} for name in CASES}
     for repeat in range(args.repeats + 1):  # the first round warms up and is dropped
         for name, case in CASES.items():
+            cpu_start = time.thread_time()
             stats = decoder.generate(PROMPT, **options, **case).stats
+            cpu_s = time.thread_time() - cpu_start
             steps = stats.target_forwards
             loop_s = stats.wall_s - stats.prefill_s  # the prefill is the same for every version
             forwards_s = stats.target_forward_s - stats.prefill_s + stats.draft_forward_s
             if repeat:
                 samples[name]["step"].append(1e6 * loop_s / steps)
                 samples[name]["overhead"].append(1e6 * (loop_s - forwards_s) / steps)
+                samples[name]["cpu"].append(1e6 * cpu_s / steps)  # the prefill included, alike in both
     report = {
         "us_per_step": {name: statistics.median(s["step"]) for name, s in samples.items()},
         "overhead_us_per_step": {name: statistics.median(s["overhead"]) for name, s in samples.items()},
+        "cpu_us_per_step": {name: statistics.median(s["cpu"]) for name, s in samples.items()},
         "repeats": args.repeats,
         "new_tokens": args.new_tokens,
         "k": args.k,
