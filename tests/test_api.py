@@ -120,7 +120,7 @@ def test_no_rule_named_is_strict_and_a_lossy_setting_without_a_rule_is_refused()
 
 def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime(monkeypatch):
     from marspec import defaults
-    from marspec.verify import Rule
+    from marspec.rules import Rule
 
     def rule(**options) -> Rule:
         return GenerationOptions(rule="mars", **options).decode_config(frozenset()).rule

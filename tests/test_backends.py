@@ -13,10 +13,9 @@ from transformers import GenerationConfig
 
 from marspec.backends import CausalLM, ForwardClock, HFCausalLM
 from marspec.backends.hf import GROUPED_SDPA, use_grouped_attention
-from marspec.drafters import Draft, HybridDrafter, ModelDrafter, NgramDrafter
-from marspec.drafters.base import Drafter
-from marspec.tree import build_tree
-from marspec.verify import Rule
+from marspec.drafters import Draft, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from marspec.drafters.tree import build_tree
+from marspec.rules import Rule
 
 
 class BigramLM:
@@ -174,3 +173,41 @@ def test_grouped_query_attention_with_masks_changes_no_logit(monkeypatch):
     assert expanded["sdpa"] > 0 and expanded[GROUPED_SDPA] == 0  # the two paths really differ
     assert other.model.config._attn_implementation == "sdpa"  # no other model changed
     assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+
+
+class _DeviceEvent:
+    """Stands in for a CUDA timing event (none can be made on a CPU-only torch): it knows when it was
+    recorded and whether the device has passed it."""
+
+    def __init__(self, at_ms: float) -> None:
+        self.at_ms = at_ms
+        self.waited = False
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def elapsed_time(self, end: _DeviceEvent) -> float:
+        assert end.waited, "read before the device passed the forward's end"
+        return end.at_ms - self.at_ms
+
+
+def test_a_clock_reads_device_events_only_when_its_seconds_are_read():
+    clock = ForwardClock()
+    clock.tick(0.5)
+    first, second = (_DeviceEvent(10.0), _DeviceEvent(35.0)), (_DeviceEvent(40.0), _DeviceEvent(41.0))
+    clock.record(*first)
+    clock.record(*second)
+    assert clock.calls == 3 and not first[1].waited  # counted at once, timed later
+    assert clock.seconds == pytest.approx(0.5 + 0.025 + 0.001)
+    assert clock.last == pytest.approx(0.001)  # the most recent forward, which decode's prefill uses
+    assert clock.seconds == pytest.approx(0.526)  # each pair is read once
+
+
+def test_cpu_forwards_are_timed_with_the_wall_clock(target):
+    from marspec.backends.timing import ForwardTimer
+
+    assert not ForwardTimer(torch.device("cpu"), ForwardClock()).events  # the CPU has no timing events
+    before = target.clock.calls
+    target.reset()
+    target.forward(torch.tensor([1, 2, 3]))
+    assert target.clock.calls == before + 1 and target.clock.last > 0

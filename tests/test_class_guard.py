@@ -9,11 +9,11 @@ from transformers import AutoTokenizer
 
 from marspec.decode import DecodeConfig
 from marspec.defaults import GUARD_CLASSES
-from marspec.drafters.base import Draft
+from marspec.drafters import Draft
+from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
 from marspec.models import resolve_model_dir
 from marspec.token_classes import CLASSES, check_classes, class_table, relaxable_table, token_class
-from marspec.tree import build_tree
 from marspec.verify import GUARDS, Rule, verify_greedy, verify_sampling, verify_tree_greedy
 
 SMALL = "smollm2-135m-instruct"

@@ -10,8 +10,8 @@ from conftest import tiny_lm
 
 from marspec.decode import DecodeConfig, decode
 from marspec.drafters import Draft, ModelDrafter, NgramDrafter
+from marspec.rules import Rule
 from marspec.stats import GenerationStats
-from marspec.verify import Rule
 
 
 def reference_greedy(lm, prompt: torch.Tensor, n: int) -> list[int]:

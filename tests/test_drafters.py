@@ -13,7 +13,7 @@ from marspec.backends.quantize import quantize_int8
 from marspec.decode import DecodeConfig
 from marspec.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
-from marspec.verify import Rule
+from marspec.rules import Rule
 
 
 def draft_confidences(lm, context: torch.Tensor, k: int) -> tuple[list[int], list[float]]:

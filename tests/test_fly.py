@@ -242,8 +242,8 @@ def test_only_fly_takes_a_window_and_fly_takes_no_next_guard() -> None:
 
 def test_fly_is_refused_where_it_cannot_apply() -> None:
     from marspec.decode import DecodeConfig
-    from marspec.drafters.base import Draft
-    from marspec.tree import build_tree
+    from marspec.drafters import Draft
+    from marspec.drafters.tree import build_tree
 
     logits = rows(UNSURE, picks(2))
     values, tokens = top2(logits)

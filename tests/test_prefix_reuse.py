@@ -11,7 +11,7 @@ from marspec.backends.quantize import quantize_int8
 from marspec.decode import DecodeConfig
 from marspec.drafters import ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
-from marspec.verify import Rule
+from marspec.rules import Rule
 
 
 def next_turn(prompt: torch.Tensor, output: list[int], user: list[int]) -> torch.Tensor:

@@ -11,8 +11,8 @@ from marspec.backends.prepack import PrepackedLinear, prepack_available, prepack
 from marspec.backends.quantize import quantize_int8
 from marspec.decode import DecodeConfig, decode
 from marspec.drafters import ModelDrafter
+from marspec.rules import Rule
 from marspec.stats import GenerationStats
-from marspec.verify import Rule
 
 pytestmark = pytest.mark.skipif(not prepack_available(), reason="this torch build has no oneDNN")
 

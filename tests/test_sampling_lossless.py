@@ -16,8 +16,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from marspec.backends.hf import HFCausalLM
 from marspec.decode import DecodeConfig, decode
 from marspec.drafters.model import ModelDrafter
+from marspec.rules import Rule
 from marspec.stats import GenerationStats
-from marspec.verify import Rule
 
 VOCAB = 4
 TEMPERATURE = 0.4  # far from 1, so a q recorded at temperature 1 is far from the real one

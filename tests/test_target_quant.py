@@ -18,7 +18,7 @@ from marspec.backends.row_attention import row_by_row_attention
 from marspec.cli import app
 from marspec.drafters import ModelDrafter
 from marspec.errors import MarspecError
-from marspec.verify import Rule
+from marspec.rules import Rule
 
 needs_onednn_int8 = pytest.mark.skipif(
     not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels"

@@ -10,8 +10,9 @@ from test_decode import reference_greedy, run
 
 from marspec.api import GenerationOptions
 from marspec.drafters import Draft, ModelDrafter
+from marspec.drafters.tree import build_tree, chain_tree, parse_tree_shape
 from marspec.errors import MarspecError
-from marspec.tree import DraftTree, build_tree, chain_tree, parse_tree_shape
+from marspec.interfaces import DraftTree
 from marspec.verify import Rule, verify_greedy, verify_tree_greedy
 
 V = 8
@@ -132,7 +133,7 @@ def test_build_tree_adds_runner_ups_as_leaves_at_the_first_depths():
     )
     tree = build_tree(draft, (3, 2))
     assert tree.tokens.tolist() == [10, 11, 12, 20, 30, 21]
-    assert tree.parents == [0, 1, 2, 0, 0, 1] and tree.depths == [1, 2, 3, 1, 1, 2]
+    assert tree.parents == (0, 1, 2, 0, 0, 1) and tree.depths == (1, 2, 3, 1, 1, 2)
     assert tree.chain_len == 3
     assert build_tree(Draft(tokens=torch.tensor([10])), (3, 2)).tokens.tolist() == [10]  # no alternatives
 
@@ -146,6 +147,30 @@ def test_attention_mask_lets_a_node_see_the_cache_and_its_ancestors_only():
         [1, 1, 1, 1, 1, 0],  # node 2: root, node 1, itself
         [1, 1, 1, 0, 0, 1],  # node 3 (sibling of 1): root, itself
     ]
+
+
+def test_a_tree_shape_is_laid_out_once_and_shared():
+    def draft(offset: int) -> Draft:
+        return Draft(
+            tokens=torch.tensor([10, 11, 12]) + offset,
+            alternatives=torch.tensor([[20, 30], [21, 31], [22, 32]]) + offset,
+        )
+
+    first, second = build_tree(draft(0), (3, 2)), build_tree(draft(100), (3, 2))
+    assert first.layout is second.layout  # the same shape: made once, not in every step
+    assert build_tree(draft(0), (2,)).layout is not first.layout
+    layout = first.layout
+    assert layout.children == ((1, 4, 5), (2, 6), (3,), (), (), (), ())
+    assert layout.parent_index.tolist() == [0, 1, 2, 0, 0, 1]
+    assert layout.position_offsets.tolist() == [0, 1, 2, 3, 1, 1, 2]
+    # The mask made from the layout is the one a node-by-node walk of the ancestors gives.
+    mask = second.attention_mask(cached=3, dtype=torch.bfloat16)[0, 0, :, 3:]
+    for node in range(7):
+        ancestors, at = {node}, node
+        while at:
+            at = second.parents[at - 1]
+            ancestors.add(at)
+        assert [col in ancestors for col in range(7)] == (mask[node] == 0).tolist()
 
 
 def test_tree_shape_parsing_and_errors():

@@ -17,7 +17,7 @@ from vllm.v1.sample import rejection_sampler
 from marspec.integrations.vllm import VllmPluginConfigError, VllmVersionError, plugin
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
-from marspec.verify import Rule
+from marspec.rules import Rule
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 

@@ -13,8 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from marspec.errors import MarspecError
-
-__version__ = "0.1.0"
+from marspec.version import __version__
 
 _LAZY = {
     "generate": "marspec.api",
@@ -30,7 +29,7 @@ _LAZY = {
     "verify_greedy": "marspec.verify",
     "verify_sampling": "marspec.verify",
     "verify_tree_greedy": "marspec.verify",
-    "DraftTree": "marspec.tree",
+    "DraftTree": "marspec.interfaces",
     "MODELS": "marspec.models",
     "DEFAULT_TARGET": "marspec.models",
     "DEFAULT_DRAFT": "marspec.models",
@@ -60,10 +59,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from marspec.api import Decoder, GenerationOptions, GenerationResult, GenerationStream, generate
+    from marspec.interfaces import DraftTree
     from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
     from marspec.rules import Guard, Margin, Rule, RuleName
     from marspec.stats import GenerationStats
-    from marspec.tree import DraftTree
     from marspec.verify import verify_greedy, verify_sampling, verify_tree_greedy
 
 

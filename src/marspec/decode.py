@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marspec.backends.base import CausalLM
-from marspec.drafters.base import Draft, Drafter
+from marspec.drafters.tree import build_tree, parse_tree_shape
 from marspec.errors import MarspecError
+from marspec.interfaces import CausalLM, Draft, Drafter
 from marspec.stats import GenerationStats, StepRecord
-from marspec.tree import build_tree, parse_tree_shape
 from marspec.verify import (
     Rule,
     TreeVerification,
@@ -123,11 +122,11 @@ def decode(
     target_s0 = target.clock.seconds
     draft_s0 = draft_lm.clock.seconds if draft_lm else 0.0
     draft_calls0 = draft_lm.clock.calls if draft_lm else 0
-    if reused < prompt_len - 1:
+    unread_prefill = reused < prompt_len - 1  # a prefill whose time is read after the first step
+    if unread_prefill:
         target.forward(seq[reused : prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
     stats.reused_tokens = reused
-    stats.prefill_s = target.clock.seconds - target_s0
 
     produced = 0
     draft_len = config.k
@@ -139,6 +138,10 @@ def decode(
         else:
             draft = Draft(tokens=seq.new_empty(0))
         n_draft = len(draft)
+        if n_draft:
+            # Drafts go where they would be committed: a chain's forward scores a slice of the sequence,
+            # and accepted drafts need no copy after the verdict.
+            seq[length : length + n_draft] = draft.tokens
 
         tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
         verdict: Verification
@@ -146,7 +149,7 @@ def decode(
             logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
             verdict = verify_tree_greedy(logits, tree, config.rule, config.relaxable)
         else:
-            logits = target.forward(torch.cat((seq[length - 1 : length], draft.tokens)))  # [1 + k, V]
+            logits = target.forward(seq[length - 1 : length + n_draft])  # [1 + k, V]
             if sampling:
                 verdict = verify_sampling(
                     logits,
@@ -179,7 +182,12 @@ def decode(
         kept_relaxed = relaxed_at[: sum(relaxed)]  # relaxed flags cut with the tokens at EOS or limits
         replaced = tuple(top1[i] for i in kept_relaxed) if top1 else ()
 
-        seq[length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=seq.device)
+        # Accepted chain drafts are in place already. What is new (the correction or bonus token, and a
+        # sibling a tree's path ends in) is written from the host values the verdict brought: a scalar
+        # fill each, not a copy of the step's tokens back to the device.
+        placed = verdict.chain_prefix if isinstance(verdict, TreeVerification) else verdict.n_accepted
+        for i in range(placed, len(tokens)):
+            seq[length + i] = tokens[i]
         # Accepted drafts are cached already; the newest token stays pending.
         if isinstance(verdict, TreeVerification):
             target.keep_path(length - 1, verdict.path)
@@ -209,6 +217,11 @@ def decode(
         )
         stats.new_tokens = produced
         stats.target_forward_s = target.clock.seconds - target_s0
+        if unread_prefill:
+            # Read here, not right after the prefill: on an accelerator that read would wait for the
+            # device. The target's forwards since are this step's verification, the clock's last.
+            stats.prefill_s = stats.target_forward_s - target.clock.last
+            unread_prefill = False
         if draft_lm is not None:
             stats.draft_forward_s = draft_lm.clock.seconds - draft_s0
             stats.draft_forwards = draft_lm.clock.calls - draft_calls0

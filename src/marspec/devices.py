@@ -57,3 +57,14 @@ def resolve_device(spec: str | torch.device) -> torch.device:
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device`` has done the work queued on it (nothing to wait for on the CPU, whose torch
+    calls return when their work is done). For timing a device's work with a wall clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    elif device.type != "cpu":
+        torch.accelerator.synchronize(device)

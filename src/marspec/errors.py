@@ -17,5 +17,12 @@ class MarspecError(ValueError):
         self.field = field
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line (its type and the first line of its message), for a
+    :class:`MarspecError` that names a lower-level failure."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
 class ChatTemplateError(MarspecError):
     """The model's chat template refused the messages (e.g. roles that do not alternate)."""

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marspec.backends.base import CausalLM
+from marspec.devices import synchronize
+from marspec.interfaces import CausalLM
 
 
 @dataclass
@@ -63,7 +64,9 @@ def _lookup(costs: dict[int, float], n: int) -> float:
 @torch.inference_mode()
 def measure(lm: CausalLM, sizes: Iterable[int], context: int = 256, repeats: int = 5) -> dict[int, float]:
     """Median wall seconds of ``lm.forward`` over n new tokens, for each n in ``sizes``, on top of a cache
-    of ``context`` random tokens (rolled back after each forward, as the decode loop does)."""
+    of ``context`` random tokens (rolled back after each forward, as the decode loop does). The device is
+    synchronised before and after each timed forward: on a GPU the wall time then holds its kernels, not
+    only their launch (the loop waits for a forward's result, so that is what a step pays)."""
     gen = torch.Generator().manual_seed(0)
     vocab = lm.vocab_size
     lm.reset()
@@ -73,8 +76,10 @@ def measure(lm: CausalLM, sizes: Iterable[int], context: int = 256, repeats: int
         samples = []
         for _ in range(repeats + 1):  # the first forward at a new size warms kernels up: dropped
             tokens = torch.randint(vocab, (n,), generator=gen).to(lm.device)
+            synchronize(lm.device)
             start = time.perf_counter()
             lm.forward(tokens)
+            synchronize(lm.device)
             samples.append(time.perf_counter() - start)
             lm.rollback(context)
         out[n] = statistics.median(samples[1:])

@@ -64,7 +64,7 @@ from marspec.rules import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
-    from marspec.tree import DraftTree
+    from marspec.interfaces import DraftTree
 
 
 @dataclass(frozen=True)
@@ -342,8 +342,8 @@ def verify_tree_greedy(
         raise ValueError(f"target_logits must be [N+1, V] = [{n_nodes + 1}, V], got {shape}")
     values, top = top2(target_logits)  # [N+1, 2], [N+1, 2]
     values = values.float()
-    device = target_logits.device
-    parents = torch.tensor(tree.parents, dtype=torch.long, device=device)  # [N]
+    layout = tree.layout  # made once per tree shape: no host loop or copy to the device per step
+    parents = layout.parent_index  # long[N]
     node_tokens = tree.tokens.to(dtype=top.dtype)  # [N]
     parent_top = top.index_select(0, parents)  # [N, 2]: the target's top two where each node stands
     exact = node_tokens == parent_top[:, 0]  # [N]
@@ -365,7 +365,7 @@ def verify_tree_greedy(
     row_margins = host[2 * n_nodes + n : 2 * n_nodes + 2 * n]  # float64[N+1], on the host
     token_list = flags[2 * n_nodes + 2 * n :]
 
-    children = tree.children()
+    children = layout.children
     path: list[int] = []
     node = 0
     while True:

@@ -1,6 +1,6 @@
-"""Engines that compute logits with a KV cache."""
+"""Engines that compute logits with a KV cache (the protocol they implement: :class:`CausalLM`)."""
 
-from marspec.backends.base import CausalLM, ForwardClock
 from marspec.backends.hf import HFCausalLM
+from marspec.interfaces import CausalLM, ForwardClock
 
 __all__ = ["CausalLM", "ForwardClock", "HFCausalLM"]

@@ -1,9 +1,6 @@
-"""A Hugging Face transformers causal LM behind the backend protocol (:mod:`marspec.backends.base`)."""
+"""A Hugging Face transformers causal LM behind the backend protocol (marspec.interfaces.CausalLM)."""
 
 from __future__ import annotations
-
-import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +14,9 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicLayer
 
-from marspec.backends.base import ForwardClock
 from marspec.backends.kv_cache import PositionLayer, position_cache
-
-if TYPE_CHECKING:
-    from marspec.tree import DraftTree
+from marspec.backends.timing import ForwardTimer
+from marspec.interfaces import DraftTree, ForwardClock
 
 
 class HFCausalLM:
@@ -50,6 +45,7 @@ class HFCausalLM:
         self.device: torch.device = first.device
         self.eos_token_ids: frozenset[int] = eos_token_ids(model, tokenizer)
         self.clock = ForwardClock()
+        self._timer = ForwardTimer(self.device, self.clock)
         self.position_cache = position_cache
         self._cache = self._new_cache()
         self._cached = 0
@@ -128,7 +124,7 @@ class HFCausalLM:
         Returns [n, V] logits, or [1, V] for the last position only when ``last_only`` (a prefill does not
         need the LM head over the whole prompt: with V = 151,936 that head would dominate the cost).
         """
-        start = time.perf_counter()
+        start = self._timer.start()
         out = self.model(
             input_ids=tokens.unsqueeze(0),
             past_key_values=self._cache,
@@ -138,7 +134,7 @@ class HFCausalLM:
         self._record_ids(tokens)
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [n or 1, V]
-        self.clock.tick(time.perf_counter() - start)
+        self._timer.stop(start)
         return logits
 
     @torch.inference_mode()
@@ -149,7 +145,7 @@ class HFCausalLM:
         so its row equals what a chain forward along its path would give. The cache then holds every
         node: :meth:`keep_path` must follow.
         """
-        start = time.perf_counter()
+        start = self._timer.start()
         cached = self._cached
         tokens = torch.cat((root, tree.tokens))  # [N+1]
         positions = cached + tree.position_offsets()  # [N+1]
@@ -163,7 +159,7 @@ class HFCausalLM:
         self._record_ids(tokens)
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [N+1, V]
-        self.clock.tick(time.perf_counter() - start)
+        self._timer.stop(start)
         return logits
 
     @torch.inference_mode()

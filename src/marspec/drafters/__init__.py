@@ -1,8 +1,8 @@
-"""Drafters: who proposes the tokens the target verifies."""
+"""Drafters: who proposes the tokens the target verifies (the protocol they implement: :class:`Drafter`)."""
 
-from marspec.drafters.base import Draft, Drafter
 from marspec.drafters.hybrid import HybridDrafter
 from marspec.drafters.model import ModelDrafter
 from marspec.drafters.ngram import NgramDrafter
+from marspec.interfaces import Draft, Drafter
 
 __all__ = ["Draft", "Drafter", "HybridDrafter", "ModelDrafter", "NgramDrafter"]

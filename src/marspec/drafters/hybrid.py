@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from marspec.drafters.base import Draft
 from marspec.drafters.model import ModelDrafter
 from marspec.drafters.ngram import NgramDrafter
+from marspec.interfaces import Draft
 
 
 class HybridDrafter:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from marspec.backends.base import CausalLM
-from marspec.drafters.base import Draft
 from marspec.errors import MarspecError
+from marspec.interfaces import CausalLM, Draft
 from marspec.verify import sample_token
 
 
@@ -71,6 +70,13 @@ class ModelDrafter:
         )
 
     def _unsure(self, logits: torch.Tensor) -> bool:
+        """Whether the draft's top probability here is below ``min_confidence``: one host read per
+        drafted token while the stop is on, and it has to be. The stop decides whether the next draft
+        forward runs at all, so the host needs the value before it would queue that forward. Reading it
+        after queuing the next forward anyway would pay that forward's launch on every stopped draft (on a
+        GPU at batch size one a forward's time is mostly the host launching its kernels), and reading a
+        few tokens' values at once would run the very forwards the stop exists to save. On the CPU the
+        read waits for nothing: the value is computed when the call returns."""
         if self.min_confidence <= 0.0:
             return False  # no softmax, no host sync
         return float(torch.softmax(logits, dim=-1).max()) < self.min_confidence

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from marspec.drafters.base import Draft
 from marspec.errors import MarspecError
+from marspec.interfaces import Draft
 
 
 class NgramDrafter:

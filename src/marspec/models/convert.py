@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marspec.errors import MarspecError
+from marspec.errors import MarspecError, one_line
 from marspec.models.cache import (
     CACHE_FORMAT,
     MARKER_FILE,
@@ -104,11 +104,6 @@ def read_gguf_metadata(path: Path, fix: str) -> dict[str, object]:
     if not isinstance(meta.get("general.architecture"), str):
         raise MarspecError(f"{path} has no general.architecture in its GGUF metadata; {fix}")
     return meta
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def _convert_gguf(

@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from marspec.errors import MarspecError
+from marspec.errors import MarspecError, one_line
 
 # One slash between two non-empty parts, no spaces. Narrower checks (allowed characters, "--", length)
 # are huggingface_hub's own validator's, so its reason reaches the user.
@@ -61,8 +61,7 @@ def hub_snapshot(repo_id: str) -> Path:
         RepositoryNotFoundError,
     )
 
-    from marspec import __version__
-    from marspec.models.convert import one_line
+    from marspec.version import __version__
 
     cache = constants.HF_HUB_CACHE
     key = (repo_id, os.fspath(cache))

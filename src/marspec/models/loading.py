@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marspec.errors import MarspecError
+from marspec.errors import MarspecError, one_line
 from marspec.models.cache import models_root
-from marspec.models.convert import one_line, quiet_transformers, resolve_model_dir
+from marspec.models.convert import quiet_transformers, resolve_model_dir
 from marspec.models.hub import names_hub_model
 from marspec.models.registry import MODELS, ModelSpec
 

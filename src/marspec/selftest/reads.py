@@ -111,7 +111,7 @@ def reads_per_step(decoder: Decoder, prompt: torch.Tensor, **config: Any) -> lis
 
 def one_read_per_step(decoder: Decoder) -> Check:
     """Every verification step reads the device exactly once, whichever rule, regime or draft shape."""
-    from marspec.verify import Rule
+    from marspec.rules import Rule
 
     name = "one device read per step"
     prompt = decoder.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"][0].to(decoder.target.device)

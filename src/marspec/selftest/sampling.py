@@ -77,8 +77,8 @@ def sampled_counts(target: HFCausalLM, drafter: Any, prompt: torch.Tensor, trial
     """How often each joint outcome of the first SAMPLING_TOKENS tokens came out of ``trials`` strict
     speculative-sampling decodes (seeds 0 .. trials - 1), float64 [V**SAMPLING_TOKENS]."""
     from marspec.decode import DecodeConfig, decode
+    from marspec.rules import Rule
     from marspec.stats import GenerationStats
-    from marspec.verify import Rule
 
     config = DecodeConfig(
         rule=Rule(name="strict"),

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from marspec.verify import Rule, relaxed_accepts
+from marspec.rules import Rule
+from marspec.verify import relaxed_accepts
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection (and for unusable drafts)
 

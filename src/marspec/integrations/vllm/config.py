@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marspec.errors import MarspecError
-from marspec.verify import Rule
+from marspec.rules import Rule
 
 CONFIG_KEY = "marspec"
 _RULE_FIELDS = (("rule", "name"), ("theta", "theta"), ("margin", "margin"))  # config key -> Rule field

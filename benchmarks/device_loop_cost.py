@@ -1,0 +1,389 @@
+"""What the decode loop itself costs per step on a device, apart from its model forwards.
+
+Builds two random-weight Qwen2 models of the default pair's sizes (no download, no packaged weights),
+saves them with a tokenizer to a temporary folder and loads them through marspec's ``Decoder`` on
+``--device``, as a user's models are loaded. Then it measures, with timings that are right on a GPU
+(a device synchronisation before and after each timed forward, so a GPU's queued kernels are counted
+and not only their launch):
+
+- the target's forward cost by scored tokens (1, 2, 4, 8, 13: a verification scores the pending token
+  and up to k = 12 drafts) and the draft's (1 and 2 tokens), on a cache of the decode's mean length;
+- the per-step wall time of plain, strict and MARS decoding with (a) a draft that is an exact copy of
+  the target (every draft accepted: the most tokens per step, the loop's overhead ceiling) and (b) the
+  small random draft (almost nothing accepted: the most steps per token);
+- the loop's own overhead per step: the step's wall time minus its forwards at the measured costs
+  (the verification at its size, each draft forward at one token). This does not read the backends'
+  clocks, so it is the same measure for any marspec version; the clocks' own figure is printed beside
+  it (``clock``) to show whether they time the device's work or only the launches.
+
+The target is made decisive so that a copy of it accepts (almost) every draft in any dtype: its layers'
+writes to the residual stream (attention and MLP output projections) are zero, so its next token depends
+on the current token only, through the same arithmetic in a one-token and a many-token forward, and its
+LM head is sharpened (logits of standard deviation 16) so near-ties that rounding could flip are rare
+and the copy is confident enough that its confidence stop lets it draft its whole k. Every layer still
+runs its full computation (zeros cost what other weights cost). The end-of-text tokens' head rows are
+zero, so no run ends early. The small draft is plain random init: unconfident, so its confidence stop
+ends each draft after one token. Cases marked ``conf0`` repeat a case with the stop off: for the copy
+they draft the same tokens as with it, so the difference between ``strict/copy`` and
+``strict/copy/conf0`` is the stop's cost (one host read per drafted token); for the small draft, k
+drafts per step, all rejected.
+
+    python benchmarks/device_loop_cost.py --device cuda --dtype bf16 \
+        --tokenizer ~/.cache/marspec/models/qwen2.5-coder-1.5b-instruct --json out.json
+    python benchmarks/device_loop_cost.py --small --device cpu --dtype fp32   # minutes on a CPU
+
+``--small`` builds tiny models of the same shape family (and uses a byte-level tokenizer built in memory
+unless ``--tokenizer`` is given), to check the script end to end without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import marspec
+from marspec.api import Decoder, GenerationOptions
+from marspec.decode import decode
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
+from marspec.models.convert import quiet_transformers
+from marspec.profile import ForwardCosts
+from marspec.stats import GenerationStats
+
+
+def shape(hidden: int, layers: int, heads: int, intermediate: int, tied: bool) -> dict:
+    """A Qwen2 config's sizes; two key/value heads, as in both models of the default pair."""
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=2,
+        intermediate_size=intermediate,
+        tie_word_embeddings=tied,
+    )
+
+
+# The default pair's shapes (Qwen2.5-Coder 1.5B and 0.5B Instruct); the vocabulary is the models' 151,936.
+FULL = {"target": shape(1536, 28, 12, 8960, tied=False), "draft": shape(896, 24, 14, 4864, tied=True)}
+FULL_VOCAB = 151936
+# Small shapes of the same family (grouped key/value heads, untied target, tied draft) for --small.
+SMALL = {"target": shape(64, 2, 4, 128, tied=False), "draft": shape(32, 2, 4, 64, tied=True)}
+TARGET_SIZES = (1, 2, 4, 8, 13)
+DRAFT_SIZES = (1, 2)
+# The decisive target's logits: standard deviation 16, so its top choice has most of the probability.
+LOGIT_STD = 16.0
+PROMPT = (
+    "def fibonacci(n):\n    # Return the n-th Fibonacci number, computed iteratively so that large n "
+    "neither recurses deeply nor repeats work.\n"
+)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, whose torch calls return when done)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def load_tokenizer(folder: str | None):
+    if folder is not None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    from marspec.selftest.tiny import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+def build_model(shape: dict, vocab: int, seed: int, decisive: bool, tokenizer, build_on: torch.device):
+    """A random Qwen2 causal LM of ``shape``. ``decisive`` zeroes the layers' residual writes and sharpens
+    the head (see the module's docstring). End-of-text (special) tokens' head rows are zeroed either way."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    special = sorted({i for i in (*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder) if i < vocab})
+    eos = tokenizer.eos_token_id
+    config = Qwen2Config(
+        vocab_size=vocab,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        **shape,
+    )
+    torch.manual_seed(seed)
+    with torch.device(build_on):
+        model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        if decisive:
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            # The head reads a normalised state of norm sqrt(hidden); its weights are drawn with std 0.02.
+            scale = LOGIT_STD / (config.initializer_range * config.hidden_size**0.5)
+            model.lm_head.weight.mul_(scale)
+        if special:
+            model.lm_head.weight[special] = 0.0
+    return model
+
+
+def save(model, tokenizer, folder: Path, dtype: torch.dtype) -> Path:
+    with quiet_transformers():
+        model.to(dtype).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+@torch.inference_mode()
+def forward_costs(lm, sizes, context: int, repeats: int, device: torch.device) -> dict[int, float]:
+    """Median wall seconds of one ``lm.forward`` scoring n tokens on a cache of ``context`` positions,
+    synchronised before and after (the loop waits for a forward's result, so that is what it pays)."""
+    gen = torch.Generator().manual_seed(0)
+    lm.reset()
+    lm.forward(torch.randint(lm.vocab_size, (context,), generator=gen).to(device), last_only=True)
+    out = {}
+    for n in sizes:
+        samples = []
+        for _ in range(repeats + 1):  # the first at each size warms its kernels up: dropped
+            tokens = torch.randint(lm.vocab_size, (n,), generator=gen).to(device)
+            sync(device)
+            start = time.perf_counter()
+            lm.forward(tokens)
+            sync(device)
+            samples.append(time.perf_counter() - start)
+            lm.rollback(context)
+        out[n] = statistics.median(samples[1:])
+    lm.reset()
+    return out
+
+
+def run_once(decoder: Decoder, rule: str, prompt_ids: torch.Tensor, new_tokens: int, k: int):
+    """One decode through marspec's loop, as Decoder.generate runs it; the wall time of each step is
+    taken when the loop yields it (each step has read its verdict to the host by then, so the device's
+    work for it is done). Returns (step seconds, stats, tokens)."""
+    opts = GenerationOptions(rule=rule, k=k, max_new_tokens=new_tokens, reuse_prefix=False)
+    config = decoder.resolve_theta(opts).decode_config(decoder.eos_token_ids)
+    drafter = None if rule == "plain" else decoder.drafter
+    stats = GenerationStats()
+    step_s, tokens, clock_s = [], [], []
+    sync(prompt_ids.device)
+    start = time.perf_counter()
+    for step in decode(decoder.target, drafter, prompt_ids, config, stats):
+        now = time.perf_counter()
+        step_s.append(now - start)
+        clock_s.append(stats.target_forward_s + stats.draft_forward_s)
+        start = now
+        tokens.extend(step.tokens)
+    return step_s, clock_s, stats, tokens
+
+
+def summarise(runs, costs: ForwardCosts) -> dict:
+    """Per-step means over every step but each run's first (which holds both prefills), medians over runs."""
+    wall, model, clock, tau = [], [], [], []
+    for step_s, clock_s, stats, _ in runs:
+        steps = stats.steps[1:]
+        if not steps:
+            continue
+        forwards = [costs.target_s(s.drafted + s.siblings + 1) + s.drafted * costs.draft_s(1) for s in steps]
+        clocked = [b - a for a, b in itertools.pairwise(clock_s)]
+        wall.append(statistics.fmean(step_s[1:]))
+        model.append(statistics.fmean(forwards))
+        clock.append(statistics.fmean(clocked))
+        tau.append(sum(s.emitted for s in steps) / len(steps))
+    step_ms = 1000 * statistics.median(wall)
+    forward_ms = 1000 * statistics.median(model)
+    clock_ms = 1000 * statistics.median(clock)
+    last = runs[-1][2]
+    return {
+        "step_ms": step_ms,
+        "forwards_ms": forward_ms,
+        "overhead_ms": step_ms - forward_ms,
+        "clock_forwards_ms": clock_ms,
+        "clock_overhead_ms": step_ms - clock_ms,
+        "tokens_per_step": statistics.median(tau),
+        "ms_per_token": step_ms / statistics.median(tau),
+        "steps": len(last.steps),
+        "drafted": last.drafted,
+        "accepted": last.accepted_exact + last.accepted_relaxed,
+        "draft_forwards": last.draft_forwards,
+        "runs": len(wall),
+    }
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda, cpu, cuda:N or mps (default cuda)")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--tokenizer", help="a folder with the Qwen tokenizer (required without --small)")
+    parser.add_argument("--small", action="store_true", help="tiny models, to check the script on a CPU")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per decode (default 128)")
+    parser.add_argument("--repeats", type=int, default=3, help="decodes per case, interleaved (default 3)")
+    parser.add_argument("--cost-repeats", type=int, default=10, help="timed forwards per size (default 10)")
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help=f"draft length (default {DEFAULT_K})")
+    parser.add_argument(
+        "--draft-confidence",
+        type=float,
+        default=DEFAULT_DRAFT_CONFIDENCE,
+        help=f"the drafter's confidence stop (default marspec's {DEFAULT_DRAFT_CONFIDENCE})",
+    )
+    parser.add_argument("--json", type=Path, default=Path("device_loop_cost.json"), help="where to write")
+    args = parser.parse_args(argv)
+    if not args.small and args.tokenizer is None:
+        parser.error("full-size models need --tokenizer DIR (a Qwen2.5 tokenizer folder), or use --small")
+    begun = time.perf_counter()
+    shapes = SMALL if args.small else FULL
+    tokenizer = load_tokenizer(args.tokenizer)
+    vocab = len(tokenizer) if args.small else FULL_VOCAB
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    device = torch.device(args.device)
+
+    with tempfile.TemporaryDirectory(prefix="marspec-loop-cost-") as tmp:
+        # Built on the device (random init of 1.5B weights is seconds there, minutes on a CPU), saved in
+        # the run's dtype, loaded back by path through Decoder.
+        target = build_model(shapes["target"], vocab, 0, True, tokenizer, device)
+        target_dir = save(target, tokenizer, Path(tmp) / "target", dtype)
+        del target
+        draft = build_model(shapes["draft"], vocab, 1, False, tokenizer, device)
+        draft_dir = save(draft, tokenizer, Path(tmp) / "draft", dtype)
+        del draft
+        # No prompt lookup (random text repeats, and lookup would draft instead of the model), no int8
+        # draft (the copy must be the target exactly); the draft's confidence stop as given.
+        common = dict(
+            dtype=args.dtype,
+            device=args.device,
+            lookup=False,
+            draft_quant="none",
+            draft_confidence=args.draft_confidence,
+        )
+        small = Decoder(str(target_dir), str(draft_dir), **common)
+        copy = Decoder(small.target, str(target_dir), **common)  # the same target, a copy as its draft
+        built_s = time.perf_counter() - begun
+
+    ids = small.tokenizer(PROMPT)["input_ids"]
+    prompt_ids = torch.tensor(ids, dtype=torch.long, device=small.target.device)
+    context = len(ids) + args.new_tokens // 2
+    costs = ForwardCosts(context)
+    costs.target = forward_costs(small.target, TARGET_SIZES, context, args.cost_repeats, device)
+    costs.draft = forward_costs(small.drafter.draft_model, DRAFT_SIZES, context, args.cost_repeats, device)
+
+    # (name, decoder, rule, the drafter's confidence stop, tokens per decode). A step of the small draft
+    # yields about one token, so half the tokens give it as many steps as plain's and keep the GPU run
+    # short; the copy's steps yield up to k + 1 tokens, so it gets the full count.
+    whole, half = args.new_tokens, max(2, args.new_tokens // 2)
+    conf = args.draft_confidence
+    cases = [
+        ("plain", small, "plain", conf, whole),
+        ("strict/copy", copy, "strict", conf, whole),
+        ("mars/copy", copy, "mars", conf, whole),
+        ("strict/small", small, "strict", conf, half),
+        ("mars/small", small, "mars", conf, half),
+    ]
+    if conf > 0:
+        cases += [
+            ("strict/copy/conf0", copy, "strict", 0.0, whole),
+            ("strict/small/conf0", small, "strict", 0.0, half),
+        ]
+
+    def run(case, new_tokens):
+        _, decoder, rule, confidence, _ = case
+        if decoder.drafter is not None:
+            decoder.drafter.min_confidence = confidence  # the same drafter, its stop set per case
+        return run_once(decoder, rule, prompt_ids, new_tokens, args.k)
+
+    for case in cases:  # warm-up: kernels, allocator, caches grown to the decode's length
+        run(case, min(16, case[4]))
+    runs: dict[str, list] = {case[0]: [] for case in cases}
+    for _ in range(args.repeats):  # interleaved, so drift on a shared machine hits every case alike
+        for case in cases:
+            runs[case[0]].append(run(case, case[4]))
+
+    plain_tokens = runs["plain"][-1][3]
+    results = {}
+    for name, *_ in cases:
+        results[name] = summarise(runs[name], costs)
+        results[name]["new_tokens"] = runs[name][-1][2].new_tokens
+        if name.startswith("strict"):  # plain decoded the whole count: compare its start
+            tokens = runs[name][-1][3]
+            results[name]["same_tokens_as_plain"] = tokens == plain_tokens[: len(tokens)]
+    report = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "dtype": args.dtype,
+        "small": args.small,
+        "shapes": shapes,
+        "vocab": vocab,
+        "k": args.k,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "draft_confidence": args.draft_confidence,
+        "prompt_tokens": len(ids),
+        "cost_context": context,
+        "target_forward_ms": {n: 1000 * s for n, s in costs.target.items()},
+        "draft_forward_ms": {n: 1000 * s for n, s in costs.draft.items()},
+        "cases": results,
+        "versions": {
+            "marspec": marspec.__version__,
+            "commit": git_commit(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "threads": torch.get_num_threads(),
+        "build_load_s": built_s,
+        "total_s": time.perf_counter() - begun,
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report))
+    print(f"wrote {args.json}", file=sys.stderr)
+    return report
+
+
+def render(report: dict) -> str:
+    target = ", ".join(f"{n}: {ms:.2f}" for n, ms in report["target_forward_ms"].items())
+    draft = ", ".join(f"{n}: {ms:.2f}" for n, ms in report["draft_forward_ms"].items())
+    lines = [
+        f"{report['device_name'] or report['device']} {report['dtype']}, k={report['k']}, "
+        f"{report['new_tokens']} tokens x {report['repeats']}, commit {report['versions']['commit']}",
+        f"target forward ms by scored tokens: {target}",
+        f"draft forward ms by scored tokens: {draft}",
+        "",
+        "| case | ms/step | forwards ms/step | overhead ms/step | clock overhead ms/step | tokens/step "
+        "| ms/token | strict == plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["cases"].items():
+        same = r.get("same_tokens_as_plain", "")
+        lines.append(
+            f"| {name} | {r['step_ms']:.2f} | {r['forwards_ms']:.2f} | {r['overhead_ms']:.2f} | "
+            f"{r['clock_overhead_ms']:.2f} | {r['tokens_per_step']:.2f} | {r['ms_per_token']:.2f} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
