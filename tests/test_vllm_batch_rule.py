@@ -71,19 +71,38 @@ RULES = [
     Rule("pthresh", 0.2),
     Rule("topk", 3),
     Rule("topk", 1),
+    # FLy: a close call's top-3 entropy here is ~0.66 nats, a clear one's ~0.04; 2 nats never relaxes.
+    Rule("fly", 0.3, window=1),
+    Rule("fly", 0.3, window=2),
+    Rule("fly", 2.0),
 ]
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}-{r.theta:g}")
-@pytest.mark.parametrize("seed", range(5))
-def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed: int) -> None:
-    counts = [3, 0, 5, 1, 4]
+def rule_id(rule: Rule) -> str:
+    return f"{rule.name}-{rule.theta:g}" + (f"-w{rule.window}" if rule.window else "")
+
+
+def decided_batch(
+    rule: Rule, counts: list[int], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Decisions]:
+    """A :func:`near_tie_batch` in V2's layout (per request its draft rows, then its bonus row) and the
+    rule's decisions on it: logits ``[T + B, V]``, drafts ``[T]``, each row's draft token ``[T + B]``
+    (0 on bonus rows), which rows are bonus rows, and the decisions."""
     logits, drafts = near_tie_batch(counts, vocab=50, seed=seed)
     is_bonus = torch.zeros(logits.shape[0], dtype=torch.bool)
     is_bonus[torch.tensor(counts).add(1).cumsum(0) - 1] = True
     row_drafts = torch.zeros(logits.shape[0], dtype=torch.long)  # [T + B]: each draft row's token
     row_drafts[~is_bonus] = drafts.long()
-    decisions = decide(logits, row_drafts, rule, ~is_bonus)
+    # Each request's rows, bonus row included, are FLy's blocks.
+    decisions = decide(logits, row_drafts, rule, ~is_bonus, lengths=torch.tensor(counts) + 1)
+    return logits, drafts, row_drafts, is_bonus, decisions
+
+
+@pytest.mark.parametrize("rule", RULES, ids=rule_id)
+@pytest.mark.parametrize("seed", range(5))
+def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed: int) -> None:
+    counts = [3, 0, 5, 1, 4]
+    logits, drafts, row_drafts, is_bonus, decisions = decided_batch(rule, counts, seed)
     rewritten = logits.clone()
     with forced(rewritten, decisions.relaxed, row_drafts):
         out = strict_greedy_batch(rewritten, drafts.long(), counts)
@@ -116,14 +135,43 @@ def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed
         assert not decisions.relaxed.any() and relaxed == 0
 
 
-@pytest.mark.parametrize("rule", [r for r in RULES if r.relaxes], ids=lambda r: f"{r.name}-{r.theta:g}")
+@pytest.mark.parametrize("rule", [r for r in RULES if r.relaxes], ids=rule_id)
 def test_every_relaxing_rule_forces_runner_up_rows(rule: Rule) -> None:
     relaxed = 0
     for seed in range(5):
-        logits, drafts = near_tie_batch([3, 0, 5, 1, 4], vocab=50, seed=seed)
-        decisions = decide(logits[: drafts.shape[0]], drafts, rule)
+        decisions = decided_batch(rule, [3, 0, 5, 1, 4], seed)[-1]
         relaxed += int((decisions.relaxed & ~decisions.exact).sum())
     assert relaxed > 0
+
+
+def fly_rows(*rows: tuple[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hand-made draft rows over 8 tokens, each ``(kind, draft)``: ``close`` (top-1 token 0 at 5.0,
+    runner-up 1 at 4.5: top-3 entropy ~0.7 nats) or ``sure`` (token 0 at 20.0: entropy ~0)."""
+    logits = torch.zeros(len(rows), 8)
+    for i, (kind, _) in enumerate(rows):
+        logits[i, 0], logits[i, 1] = (5.0, 4.5) if kind == "close" else (20.0, 0.0)
+    return logits, torch.tensor([draft for _, draft in rows])
+
+
+def test_fly_defers_only_inside_a_request_and_only_for_greedy_rows() -> None:
+    fly = Rule("fly", 0.3, window=1)
+    # One request: a close mismatch (draft 1) followed by a top-1 draft: deferred.
+    logits, drafts = fly_rows(("close", 1), ("sure", 0))
+    assert decide(logits, drafts, fly).relaxed.tolist() == [True, False]
+    # The same rows as two requests of one draft each: the window would read the next request's row.
+    two = decide(logits, drafts, fly, lengths=torch.tensor([1, 1]))
+    assert two.relaxed.tolist() == [False, False]
+    # A sampled request's rows are verified strictly under FLy; a greedy one's beside it are deferred.
+    logits, drafts = fly_rows(("close", 1), ("sure", 0), ("close", 1), ("sure", 0))
+    greedy = torch.tensor([False, False, True, True])
+    mixed = decide(logits, drafts, fly, lengths=torch.tensor([2, 2]), greedy=greedy)
+    assert mixed.relaxed.tolist() == [False, False, True, False]
+    # A sure mismatch is a genuine rejection; a row that verifies nothing (V2's bonus row or a
+    # placeholder) never counts as an accepted window row.
+    logits, drafts = fly_rows(("sure", 1), ("sure", 0))
+    assert not decide(logits, drafts, fly).relaxed.any()
+    logits, drafts = fly_rows(("close", 1), ("sure", 0))
+    assert not decide(logits, drafts, fly, rows=torch.tensor([True, False])).relaxed.any()
 
 
 def test_accepted_drafts_reads_vllm_output_layout() -> None:
@@ -142,6 +190,8 @@ def test_config_parsing_accepts_defaults_and_refuses_bad_values() -> None:
     # A margin named alone takes its own usual threshold, not the default margin's.
     paper = parse_plugin_config({"marspec": {"margin": "logit_ratio"}})
     assert paper is not None and paper.rule == Rule("mars", 0.9, "logit_ratio")
+    fly = parse_plugin_config({"marspec": {"rule": "fly", "theta": 0.2, "window": 3}})
+    assert fly is not None and fly.rule == Rule("fly", 0.2, window=3)
     bad = [
         ({"marspec": {"margin": ["logit_ratio"]}}, "margin"),
         ({"marspec": "mars"}, "JSON object"),
@@ -151,6 +201,8 @@ def test_config_parsing_accepts_defaults_and_refuses_bad_values() -> None:
         ({"marspec": {"margin": "kl"}}, "margin"),
         ({"marspec": {"tehta": 0.9}}, "tehta"),
         ({"marspec": {"log_every": -1}}, "log_every"),
+        ({"marspec": {"rule": "fly", "window": 0}}, "window"),
+        ({"marspec": {"rule": "mars", "window": 3}}, "window"),
     ]
     for settings, named in bad:
         with pytest.raises(VllmPluginConfigError, match=named):

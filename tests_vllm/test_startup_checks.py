@@ -31,6 +31,9 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
         ({"log_every": -1}, "log_every"),
         ({"thteta": 0.9}, "thteta"),
         ("mars", "JSON object"),
+        ({"rule": "mars", "window": 2}, "window"),  # FLy's parameter
+        # FLy could never defer: 4 draft tokens never leave 4 after a mismatch.
+        ({"rule": "fly", "window": 4}, "window=4 .*num_speculative_tokens=4.*at most 3"),
     ],
 )
 def test_bad_values_are_refused_at_startup(target_dir: str, settings: object, named: str) -> None:

@@ -114,12 +114,19 @@ def marspec_verify(
 
 
 def check(
-    rule: Rule, greedy_share: float, with_draft_logits: bool, seed: int, sampled_close_calls: bool
+    rule: Rule,
+    greedy_share: float,
+    with_draft_logits: bool,
+    seed: int,
+    sampled_close_calls: bool,
+    sampled_rule: Rule | None = None,
+    batches: int = 6,
 ) -> None:
+    """``sampled_rule``, when given, is the rule sampled requests are expected to get instead."""
     plugin.activate(PluginConfig(rule, log_every=0), V2_VERIFIER)
     g = torch.Generator().manual_seed(seed)
     relaxed_total = 0
-    for _ in range(6):
+    for _ in range(batches):
         n = int(torch.randint(1, 6, (), generator=g))
         temperatures = [0.0 if torch.rand((), generator=g) < greedy_share else 0.7 for _ in range(n)]
         ks = torch.randint(0, STEPS + 1, (n,), generator=g).tolist()
@@ -128,7 +135,10 @@ def check(
         ]
         plugin.counters.reset()
         ours = v2_verify(requests, with_draft_logits, g)
-        expected = [marspec_verify(r, rule, with_draft_logits, g) for r in requests]
+        expected = [
+            marspec_verify(r, rule if r.temperature == 0 else sampled_rule or rule, with_draft_logits, g)
+            for r in requests
+        ]
         assert ours == [tokens for tokens, _ in expected], f"drafts {ks}, temperatures {temperatures}"
         snapshot = plugin.counters.snapshot()
         relaxed = sum(n_relaxed for _, n_relaxed in expected)
@@ -164,3 +174,14 @@ def test_v2_verifier_with_plugin_equals_marspec_rule(
 def test_v2_verifier_with_plugin_equals_each_rival_rule(name: str, parameter: float) -> None:
     """The rivals on V2, mixed batches; sampled rows carry no close call (see test_kernels.py)."""
     check(Rule(name, parameter), 0.5, False, len(name), sampled_close_calls=False)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_v2_verifier_with_plugin_equals_fly_for_greedy_and_strict_for_sampled(window: int) -> None:
+    """FLy on V2's layout: a deferral reads its own request's following draft rows, never its bonus
+    row or the rows after a placeholder; sampled requests are verified strictly (see test_kernels.py)."""
+    rule = Rule("fly", 0.3, window=window)
+    # A deferral needs a close mismatch and `window` top-1 drafts after it: ~0.3 (window 1) and ~0.15
+    # (window 2) per batch of half-greedy requests here, so more batches for the longer window.
+    batches = 20 * window
+    check(rule, 0.5, False, 40 + window, False, sampled_rule=Rule("strict"), batches=batches)

@@ -8,10 +8,15 @@ becomes one-hot at the draft token: argmax for greedy requests, ``p(d) = 1`` for
 puts those rows back once vLLM has verified. Every other row is never touched, so the correction token
 after the first rejection, the bonus token, seeding, top-k/top-p and logprobs all stay vLLM's. The
 decision itself is :func:`marspec.verify.relaxed_accepts`, the same code the marspec decoder uses.
-Every rule fits this forcing scheme, since each decides a row from that row's logits and draft token
-alone: MARS, and the rivals ``typical``, ``pthresh`` and ``topk`` (on a sampled row the logits are
-already temperature-divided, so a rival tests the tempered distribution, as it does in marspec's own
-sampling loop).
+MARS and the rivals ``typical``, ``pthresh`` and ``topk`` fit this forcing scheme, since each decides a
+row from that row's logits and draft token alone (on a sampled row the logits are already
+temperature-divided, so a rival tests the tempered distribution, as it does in marspec's own sampling
+loop). FLy (``fly``) decides a row from its request's following rows too: whether the next ``window``
+drafts are the target's top-1, which the same ``[N, V]`` logits tell for greedy requests, so greedy FLy
+fits as well (:func:`marspec.verify.fly_defers` on the flattened batch, one block per request). Sampled
+requests do not: FLy defers a draft only where the following drafts pass vLLM's random test, whose
+uniforms vLLM draws inside its verifier after the plugin has decided. Under ``fly`` the plugin
+therefore verifies sampled requests strictly (lossless), and says so in the log when it activates.
 
 Cost per verification step (see docs/vllm.md for the measured figure): one ``torch.topk(k=2)`` pass
 over the ``[N, V]`` logits, and a save, fill and restore of the relaxed rows only (no full copy).
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from marspec.rules import Rule
-from marspec.verify import relaxed_accepts
+from marspec.verify import fly_defers, relaxed_accepts
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection (and for unusable drafts)
 
@@ -40,7 +45,12 @@ class Decisions:
 
 
 def decide(
-    logits: torch.Tensor, draft_tokens: torch.Tensor, rule: Rule, rows: torch.Tensor | None = None
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    rule: Rule,
+    rows: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    greedy: torch.Tensor | None = None,
 ) -> Decisions:
     """``rule``'s verdict on ``logits`` (``[N, V]``) against ``draft_tokens`` (``[N]``, >= 0).
 
@@ -49,13 +59,25 @@ def decide(
     over the logits and no copy of them. On an exact tie of logits ``torch.topk`` may rank the tied
     tokens in another order than ``argmax``; for MARS a tie of the top two is a close call that accepts
     either, so only the exact/relaxed split of the counters could differ there.
+
+    FLy alone reads the two last arguments: ``lengths`` (long ``[B]``, summing to ``N``) splits the rows
+    into the requests' consecutive blocks (None: one block), since a deferral looks at the following
+    rows of its own request only; ``greedy`` (bool ``[N]``, None: every row) marks the rows of greedy
+    requests, the only ones FLy relaxes (sampled rows are verified strictly: see the module doc).
     """
     values, tokens = torch.topk(logits, 2, dim=-1)  # [N, 2], [N, 2]
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [N]
     exact = draft == tokens[:, 0]  # [N]
-    relaxed = relaxed_accepts(logits, values, tokens, draft, rule)  # [N]
     if rows is not None:
         exact = exact & rows
+    if rule.name == "fly":
+        # A row that verifies nothing is not "accepted by the lossless test", so no window spans it.
+        relaxed = fly_defers(logits, draft, exact, rule, lengths=lengths)  # [N]
+        if greedy is not None:
+            relaxed = relaxed & greedy
+    else:
+        relaxed = relaxed_accepts(logits, values, tokens, draft, rule)  # [N]
+    if rows is not None:
         relaxed = relaxed & rows
     return Decisions(relaxed, exact)
 
@@ -96,6 +118,7 @@ class V2Layout:
     rows: torch.Tensor  # bool[L]: rows that verify a real draft token
     num_draft_tokens: torch.Tensor  # long[R]: such rows per request (they lead its block)
     greedy: torch.Tensor  # bool[L]: the row's request is greedy
+    num_logits: torch.Tensor  # long[R]: rows per request (its drafts, placeholders and bonus row)
 
 
 def v2_layout(
@@ -127,7 +150,7 @@ def v2_layout(
     rows = draft_row & (unusable == 0) & (before == before[start])  # none before r in its own request
     num_draft_tokens = torch.zeros_like(logits_per_request).index_add_(0, request, rows.long())  # [R]
     greedy = temperature[expanded_idx_mapping.long()] == greedy_temperature  # [L]
-    return V2Layout(verified.clamp(min=0), rows, num_draft_tokens, greedy)
+    return V2Layout(verified.clamp(min=0), rows, num_draft_tokens, greedy, logits_per_request)
 
 
 def accepted_lengths(output_token_ids: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,7 @@ class Request:
     max_tokens: int = 64
     temperature: float = 0.0
     seed: int | None = None
+    logprobs: int | None = None  # also return the target's top-N tokens at each generated position
 
 
 @dataclass
@@ -66,6 +67,9 @@ class BatchResult:
     tokens: list[list[int]]  # new token ids, one list per request, in request order
     seconds: float
     counters: dict[str, float] | None = None  # the plugin's counters for this batch alone; None if inert
+    # Per request, per generated position: the target's top-N [token, logprob] pairs, best first (for
+    # requests that asked for ``logprobs=N``; an empty list for the others).
+    top: list[list[list[list[float]]]] | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -129,7 +133,10 @@ def _child() -> None:
     results = []
     for batch in batches:
         params = [
-            SamplingParams(temperature=r.temperature, seed=r.seed, max_tokens=r.max_tokens) for r in batch
+            SamplingParams(
+                temperature=r.temperature, seed=r.seed, max_tokens=r.max_tokens, logprobs=r.logprobs
+            )
+            for r in batch
         ]
         if counting:
             reset_counters(llm)
@@ -138,8 +145,24 @@ def _child() -> None:
         seconds = time.perf_counter() - start
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         counters = read_counters(llm) if counting else None
-        results.append(asdict(BatchResult(tokens, seconds, counters)))
+        top = [_ranked(o.outputs[0].logprobs, r.logprobs) for o, r in zip(outputs, batch, strict=True)]
+        results.append(asdict(BatchResult(tokens, seconds, counters, top)))
     print(_RESULT + json.dumps(results), flush=True)
+
+
+def _ranked(logprobs: Any, n: int | None) -> list[list[list[float]]]:
+    """vLLM's per-position ``{token: Logprob}`` as the top ``n`` ``[token, logprob]`` pairs, best first
+    (vLLM adds the chosen token to each position's dict whatever its rank: dropped unless in the top n)."""
+    if not n or logprobs is None:
+        return []
+    return [
+        [
+            [token, entry.logprob]
+            for token, entry in sorted(position.items(), key=lambda item: item[1].rank)
+            if entry.rank is not None and entry.rank <= n
+        ]
+        for position in logprobs
+    ]
 
 
 def speculative_config(spec: EngineSpec) -> dict[str, Any] | None:

@@ -14,7 +14,8 @@ from marspec.errors import MarspecError
 from marspec.rules import Rule
 
 CONFIG_KEY = "marspec"
-_RULE_FIELDS = (("rule", "name"), ("theta", "theta"), ("margin", "margin"))  # config key -> Rule field
+# config key -> Rule field ("window": FLy's deferral window; Rule refuses it for the other rules)
+_RULE_FIELDS = (("rule", "name"), ("theta", "theta"), ("margin", "margin"), ("window", "window"))
 _KEYS = (*(key for key, _ in _RULE_FIELDS), "log_every")
 DEFAULT_LOG_EVERY = 500  # verification steps between two counter log lines in the engine process
 
@@ -34,8 +35,9 @@ class PluginConfig:
 def parse_plugin_config(additional_config: Any) -> PluginConfig | None:
     """The plugin's settings from a vLLM ``additional_config``, or None when marspec is not configured.
 
-    ``{"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio", "log_every": 500}}``; every
-    key is optional (an empty object means MARS with its defaults). Raises
+    ``{"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio", "log_every": 500}}`` (FLy:
+    ``{"rule": "fly", "theta": 0.3, "window": 6}``); every key is optional (an empty object means MARS
+    with its defaults). Raises
     :class:`VllmPluginConfigError` naming the bad value and what to use instead.
     """
     if not isinstance(additional_config, Mapping) or CONFIG_KEY not in additional_config:

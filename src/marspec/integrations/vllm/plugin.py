@@ -100,7 +100,7 @@ def _checked_create_engine_config(original: Any) -> Any:
         settings = parse_plugin_config(self.additional_config)  # bad values fail here, before any load
         vllm_config = original(self, *args, **kwargs)
         if settings is not None:
-            check_deployment(vllm_config)
+            check_deployment(vllm_config, settings)
         return vllm_config
 
     return create_engine_config
@@ -111,9 +111,9 @@ def runner_contract(vllm_config: Any) -> VerifierContract:
     return V2_VERIFIER if getattr(vllm_config, "use_v2_model_runner", False) else V1_VERIFIER
 
 
-def check_deployment(vllm_config: Any) -> None:
-    """Refuse a configured plugin on a deployment where it could not take effect, or on a vLLM whose
-    verifier it does not know (the worker checks again when it wraps it)."""
+def check_deployment(vllm_config: Any, settings: PluginConfig) -> None:
+    """Refuse a configured plugin on a deployment where it could not take effect (or ``settings``' rule
+    could not), or on a vLLM whose verifier it does not know (the worker checks again when it wraps it)."""
     spec = vllm_config.speculative_config
     if spec is None:
         raise VllmPluginConfigError(
@@ -126,6 +126,16 @@ def check_deployment(vllm_config: Any) -> None:
         raise VllmPluginConfigError(
             f"speculative_config.rejection_sample_method={method!r} replaces vLLM's verification, which "
             'MARS builds on: use the default "standard", or drop additional_config["marspec"]'
+        )
+    rule, k = settings.rule, spec.num_speculative_tokens
+    if rule.name == "fly" and rule.relaxes and rule.window is not None and rule.window >= k:
+        # A deferred mismatch needs `window` draft tokens after it in the same step: FLy would be strict.
+        fix = f"use a window of at most {k - 1}, or more speculative tokens"
+        if k < 2:
+            fix = "use num_speculative_tokens >= 2"
+        raise VllmPluginConfigError(
+            f'additional_config["marspec"]: FLy\'s window={rule.window} needs that many draft tokens after '
+            f"a mismatch, and num_speculative_tokens={k} never leaves them, so it could never relax: {fix}"
         )
     contract = runner_contract(vllm_config)
     module = importlib.import_module(contract.module)
@@ -168,13 +178,22 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
         setattr(wrapper, _WRAPPED, True)
         setattr(module, contract.name, wrapper)
     _active = settings
+    rule = settings.rule
+    # FLy reads no margin; its window is its second parameter.
+    parameter = f"window={rule.window}" if rule.name == "fly" else f"margin={rule.margin}"
     logger.info(
-        "marspec: verifying with %s (theta=%s, margin=%s) on vLLM's %s runner",
-        settings.rule.name,
-        settings.rule.theta,
-        settings.rule.margin,
+        "marspec: verifying with %s (theta=%s, %s) on vLLM's %s runner",
+        rule.name,
+        rule.theta,
+        parameter,
         contract.runner,
     )
+    if rule.name == "fly" and rule.relaxes:
+        logger.warning(
+            "marspec: FLy defers mismatches of greedy requests only; sampled requests are verified "
+            "strictly (lossless), since FLy's sampled test needs the random draws vLLM makes inside its "
+            "verifier"
+        )
 
 
 def _original(function: Any) -> Any:
@@ -205,14 +224,14 @@ def _v1_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
         cu_num_draft_tokens = _argument(args, kwargs, V1_VERIFIER, "cu_num_draft_tokens")  # [B]
         logits = _argument(args, kwargs, V1_VERIFIER, "target_logits")  # [T, V], processed
         metadata = _argument(args, kwargs, V1_VERIFIER, "sampling_metadata")
-        decisions = decide(logits, draft, _active.rule)
-        with forced(logits, decisions.relaxed, draft):
-            output = original(*args, **kwargs)  # [B, max_spec_len + 1], -1 after the last token
         counts = counts_from_cumulative(cu_num_draft_tokens)  # [B], on the device: no copy from the list
         greedy_rows = None
         if not metadata.all_greedy:
             greedy_requests = metadata.temperature == GREEDY_TEMPERATURE  # [B]
             greedy_rows = torch.repeat_interleave(greedy_requests, counts, output_size=draft.shape[0])
+        decisions = decide(logits, draft, _active.rule, lengths=counts, greedy=greedy_rows)
+        with forced(logits, decisions.relaxed, draft):
+            output = original(*args, **kwargs)  # [B, max_spec_len + 1], -1 after the last token
         _count(decisions, accepted_lengths(output), counts, greedy_rows)
         return output
 
@@ -234,7 +253,9 @@ def _v2_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
             _argument(args, kwargs, V2_VERIFIER, "temperature"),  # [max_num_reqs]
             GREEDY_TEMPERATURE,
         )
-        decisions = decide(logits, layout.draft_tokens, _active.rule, layout.rows)
+        decisions = decide(
+            logits, layout.draft_tokens, _active.rule, layout.rows, layout.num_logits, layout.greedy
+        )
         with forced(logits, decisions.relaxed, layout.draft_tokens):
             sampled, num_sampled = original(*args, **kwargs)  # [R, S + 1], [R]: accepted + 1
         rows = layout.rows
