@@ -1,4 +1,10 @@
-"""The public API: ``Decoder`` keeps models loaded between calls; ``generate`` is the one-call form."""
+"""The public API: ``Decoder`` keeps models loaded between calls; ``generate`` is the one-call form.
+
+Longer than marspec's other modules on purpose: it is the surface users import (``Decoder``,
+``GenerationOptions``, ``GenerationResult``, ``GenerationStream``, ``generate``), kept in one place to be
+read as one. The work is elsewhere: the loop in ``decode.py``, settings in ``rules.py``, models in
+``models/`` and ``backends/``.
+"""
 
 from __future__ import annotations
 

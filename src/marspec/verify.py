@@ -1,5 +1,10 @@
 """Accept rules for speculative decoding: strict, MARS (margin-aware) and MARS's rivals.
 
+Longer than marspec's other modules on purpose: every rule's test and the three verifiers (greedy chain,
+token tree, sampling) share the same loop-free helpers (top-2, margins, leading accepts, the one
+read-back), and keeping them side by side lets a reader compare the rules on the same tensors; the
+rules' names and settings are checked apart, in ``rules.py``.
+
 Everything here is a small pure function over target logits: no model, no I/O, no Python loop over draft
 positions. A decode step calls :func:`verify_greedy` (temperature 0) or :func:`verify_sampling`
 (temperature > 0) with the target's logits for ``prefix + draft`` and gets back a :class:`Verification`.
