@@ -35,7 +35,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -43,6 +42,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from engine_ram import ram_share
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -220,7 +220,7 @@ def eagle_memory_share() -> float:
     """vLLM's RAM share for one 0.5B engine: vLLM on CPU asks for this share of the RAM minus what its
     process already holds (~5 GB here) for the KV cache, and refuses to start when less is free; the
     pair's 0.6 would ask for more than a busy 24 GB machine has free."""
-    return float(os.environ.get("MARSPEC_VLLM_MEMORY_SHARE", 0.3))
+    return ram_share(0.3)
 
 
 @pytest.fixture(scope="module")
