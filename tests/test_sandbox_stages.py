@@ -228,6 +228,26 @@ def test_dirs_to_hide_keeps_the_outermost_only(open_tree: Path) -> None:
     assert sandbox_boot.dirs_to_hide(None, sys.base_prefix) == hide  # no home to hide
 
 
+def test_dirs_to_hide_is_the_same_list_in_every_process() -> None:
+    # /var/tmp and /dev/shm have the same length: their order must not follow the string hashes, which
+    # change with each process (PYTHONHASHSEED); a run of the compatibility pass once failed on that.
+    code = (
+        "import sys; from marspec.eval.graders import sandbox_boot as b; "
+        "print(b.dirs_to_hide(None, sys.base_prefix))"
+    )
+    lists = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(12)
+    }
+    assert len(lists) == 1, lists
+
+
 def test_resource_limits_name_every_limit_the_sandbox_sets() -> None:
     cfg = {"mem": 1 << 30, "cpu": 3, "fsize": 4 << 20, "nofile": 64}
     assert sandbox_boot.resource_limits(cfg, nproc=5) == {

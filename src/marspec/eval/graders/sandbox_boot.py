@@ -64,7 +64,8 @@ def dirs_to_hide(home: str | None, prefix: str) -> list[str]:
     closed = first_closed(prefix)
     if closed:
         hide.append(closed)
-    hide = sorted(set(hide), key=len)
+    # Outermost first; ties by name, since a set's order (string hashes) changes from process to process.
+    hide = sorted(set(hide), key=lambda d: (len(d), d))
     return [d for i, d in enumerate(hide) if not any(under(d, h) for h in hide[:i])]
 
 
