@@ -4,20 +4,8 @@ from __future__ import annotations
 
 import os
 
+import psutil  # a dependency of vLLM, which measures free RAM with it too
 import pytest
-
-
-def _meminfo_gib(field: str) -> float | None:
-    """A /proc/meminfo field in GiB, or None off Linux."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                name, _, value = line.partition(":")
-                if name == field:
-                    return int(value.split()[0]) / 2**20
-    except OSError:
-        return None
-    return None
 
 
 def ram_share(default: float) -> float:
@@ -28,8 +16,9 @@ def ram_share(default: float) -> float:
     the usual cause on a shared machine, so say that in one line before any engine starts.
     """
     share = float(os.environ.get("MARSPEC_VLLM_MEMORY_SHARE", default))
-    total, available = _meminfo_gib("MemTotal"), _meminfo_gib("MemAvailable")
-    if total is not None and available is not None and available < share * total:
+    memory = psutil.virtual_memory()
+    total, available = memory.total / 2**30, memory.available / 2**30
+    if available < share * total:
         pytest.fail(
             f"vLLM's engines reserve {share} of the RAM ({share * total:.1f} GiB) and only "
             f"{available:.1f} GiB is free: stop the processes holding RAM, "
