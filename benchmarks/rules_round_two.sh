@@ -5,6 +5,8 @@
 #
 #   benchmarks/rules_round_two.sh compare      # FLy x 3 and the class-guarded MARS beside the first
 #                                              # comparison's rules, HumanEval-30 and GSM8K-30 (~1.6 h)
+#   benchmarks/rules_round_two.sh strict-here  # strict decoded again on this CPU in both folders, so
+#                                              # the methods decoded here get speed ratios (~25 min)
 #   benchmarks/rules_round_two.sh gsm8k250     # paired greedy GSM8K, questions 51-300 (~10 h)
 #   benchmarks/rules_round_two.sh tables       # the tables and plots docs/results.md takes from them
 #   MARSPEC=/path/to/marspec benchmarks/rules_round_two.sh compare
@@ -27,14 +29,21 @@ COMMON=(--margin prob_ratio --theta 0.5 --threads 2)
 
 bench() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
 # Twice with --redo-contended: the second pass decodes again what the first timed under load. A machine
-# whose CPU differs from the one a folder's records were made on needs --redo-other-cpu as well (each
-# question's speed ratios must come from one CPU); that decodes the old methods again too.
+# whose CPU differs from the one a folder's records were made on needs strict decoded there as well
+# (`--methods strict --redo-other-cpu`): a speed ratio pairs each decode with strict's on its own CPU.
 step() { bench "$@" --redo-contended; bench "$@" --redo-contended; }
 
 case "${1:-}" in
 compare)
     step --task humaneval --limit 30 --methods "strict,$DEF,$RIVALS,$FLY,$GUARDED" --out $R/rivals-greedy-humaneval-30
     step --task gsm8k --limit 30 --methods "strict,$DEF,$RIVALS,$FLY,$GUARDED" --out $R/rivals-greedy-gsm8k-30
+    ;;
+strict-here)
+    for task in humaneval gsm8k; do
+        bench --task $task --limit 30 --methods strict --out $R/rivals-greedy-$task-30 --redo-other-cpu
+        # Every method again: nothing left to decode, so this only rewrites the summary over all of them.
+        bench --task $task --limit 30 --methods "strict,$DEF,$RIVALS,$FLY,$GUARDED" --out $R/rivals-greedy-$task-30
+    done
     ;;
 gsm8k250)
     # Questions 51-300: none of the first 50 (greedy-gsm8k-50), so the interval is on unseen questions.
@@ -53,7 +62,7 @@ tables)
         $R/sweep-greedy-gsm8k-30
     ;;
 *)
-    echo "usage: $0 compare | gsm8k250 | tables" >&2
+    echo "usage: $0 compare | strict-here | gsm8k250 | tables" >&2
     exit 2
     ;;
 esac

@@ -8,7 +8,8 @@ the first run listed, so list the run that has strict and the rivals side by sid
         docs/results/sweep-greedy-humaneval-30
 
 Per method: the summary's speedup (Spec-Bench mean of per-question tokens/s ratios), the median of the
-per-question tokens/s ratio against strict's decode of the same question (the two ran back to back),
+per-question tokens/s ratio against strict's decode of the same question on the same CPU model (the two
+ran back to back unless strict was decoded again elsewhere; a question without one is left out),
 tau and its ratio to strict's, answers kept, lost and won against strict, recovery with its 95%
 interval, and relaxed accepts per 1,000 emitted tokens. Then the fastest rule at recovery >= 100%, at
 >= 95% (point estimates; the intervals say how far 30 questions can be trusted) and among those that
@@ -26,7 +27,6 @@ questions resampled as one set), beside each run's own speedup:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +34,8 @@ from pathlib import Path
 from marspec.errors import MarspecError
 from marspec.eval.contention import contended
 from marspec.eval.intervals import difference_interval
-from marspec.eval.rundir import load_records, whole_run
+from marspec.eval.rundir import load_records
+from marspec.eval.summary import summary_of
 
 HEADER = (
     "| method (run) | speedup vs strict | paired median | tau (vs strict) | passed | lost / won "
@@ -42,12 +43,11 @@ HEADER = (
 )
 
 
-def _rate(record: dict) -> float:
-    turns = record["turns"]
-    return sum(t["new_tokens"] for t in turns) / sum(t["wall_s"] for t in turns)
-
-
 Point = tuple[str, float, float, int]  # method, speedup vs strict, recovery, answers lost
+
+
+def _speed(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
 
 
 def _records_by_method(run: Path) -> dict[str, dict[str, dict]]:
@@ -64,7 +64,7 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
     lines, points, seen, busy = [], [], set(), 0
     for run in runs:
         try:
-            _, summary = whole_run(run)
+            summary = summary_of(run)  # this version's metrics, whatever version wrote the summary file
         except MarspecError as exc:
             raise SystemExit(str(exc)) from None
         if summary["baseline"] != "strict" or summary.get("quality_reference") != "strict":
@@ -78,7 +78,6 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             seen.add(name)
             mine = by_method[name]
             busy += sum(contended(rec) for rec in mine.values())
-            paired = statistics.median(_rate(mine[q]) / _rate(strict[q]) for q in mine)
             lost = sum(strict[q]["score"] > mine[q]["score"] for q in mine)
             won = sum(strict[q]["score"] < mine[q]["score"] for q in mine)
             passed = sum(mine[q]["score"] for q in mine)
@@ -86,11 +85,12 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             relaxed = sum(t["accepted_relaxed"] for rec in mine.values() for t in rec["turns"])
             lo, hi = m["recovery_ci"]
             lines.append(
-                f"| {name} ({run.name}) | {m['speedup']:.2f}x | {paired:.2f}x | {m['tau']:.2f} "
+                f"| {name} ({run.name}) | {_speed(m['speedup'])} | {_speed(m['speedup_median'])} "
+                f"| {m['tau']:.2f} "
                 f"({m['tau'] / strict_tau:.2f}x) | {passed:g}/{len(mine)} | {lost} / {won} "
                 f"| {m['recovery']:.1%} [{lo:.1%}, {hi:.1%}] | {1000 * relaxed / tokens:.1f} |"
             )
-            if name != "strict":
+            if name != "strict" and m["speedup"] is not None:
                 points.append((name, m["speedup"], m["recovery"], lost))
     return lines, points, busy
 
@@ -100,7 +100,7 @@ def pooled(runs: list[Path]) -> list[str]:
     per_run = []
     for run in runs:
         try:
-            _, summary = whole_run(run)
+            summary = summary_of(run)
         except MarspecError as exc:
             raise SystemExit(str(exc)) from None
         by_method = _records_by_method(run)
@@ -124,7 +124,7 @@ def pooled(runs: list[Path]) -> list[str]:
         lost = sum(r > m for m, r in zip(mine, reference, strict=True))
         won = sum(r < m for m, r in zip(mine, reference, strict=True))
         diff = difference_interval(mine, reference)
-        speeds = " | ".join(f"{s['methods'][name]['speedup']:.2f}x" for _, s, _ in per_run)
+        speeds = " | ".join(_speed(s["methods"][name]["speedup"]) for _, s, _ in per_run)
         lines.append(
             f"| {name} | {speeds} | {sum(mine):g}/{len(mine)} | {lost} / {won} "
             f"| {100 * diff.value:+.1f} [{100 * diff.lo:+.1f}, {100 * diff.hi:+.1f}] |"
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- **{busy} decodes were timed on a busy machine**: speeds are suspect until a rerun of")
         print("  `marspec bench ... --redo-contended` decodes them again")
     for run in args.runs:
-        cpus = whole_run(run)[1].get("cpus", {})
+        cpus = summary_of(run)["cpus"]
         if len(cpus) > 1:
-            print(f"- **{run.name} decoded on {len(cpus)} processor models** ({cpus}): speed ratios across")
-            print("  CPUs are not measurements until `marspec bench ... --redo-other-cpu` decodes them again")
+            print(f"- **{run.name} decoded on {len(cpus)} processor models** ({cpus}): each speed ratio")
+            print("  pairs decodes on one CPU; '—' where strict never ran on the method's CPU")
     # Recovery is net: on a task where answers churn both ways, 100% can hide losses, hence the third.
     print(f"- {fastest(points, 'at recovery >= 100%', lambda p: p[2] >= 1 - 1e-9)}")
     print(f"- {fastest(points, 'at recovery >= 95%', lambda p: p[2] >= 0.95 - 1e-9)}")

@@ -263,9 +263,16 @@ def test_records_from_another_cpu_are_flagged_and_can_be_redone(decoder, tmp_pat
     summary, redone = run()
     assert redone == [] and summary["cpus"] == {cpu_name(): 3, "Another CPU": 1}
     assert "Decoded on 2 processor models" in (tmp_path / "summary.md").read_text()
+    # Strict's decode of that question has no baseline (plain) from its CPU: left out of its speed.
+    strict = summary["methods"]["strict"]
+    assert (strict["speed_questions"], strict["speed_unpaired"]) == (1, 1)
     summary, redone = run(redo_other_cpu=True)
     assert redone == [(elsewhere["qid"], elsewhere["method"])]
     assert summary["cpus"] == {cpu_name(): 4}
+    assert (
+        summary["methods"]["strict"]["speed_questions"],
+        summary["methods"]["strict"]["speed_unpaired"],
+    ) == (2, 0)
     assert "processor models" not in (tmp_path / "summary.md").read_text()
 
 

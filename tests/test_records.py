@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
+from conftest import bench_config
 
 from marspec import MarspecError
 from marspec.eval.records import RECORD_SCHEMA, parse_record
-from marspec.eval.rundir import RECORDS_FILE, load_records
+from marspec.eval.render import summary_markdown
+from marspec.eval.rundir import RECORDS_FILE, load_records, load_records_by_cpu
+from marspec.eval.summary import summarize
 from marspec.stats import GenerationStats, StepRecord, mean_accepted_length
 
 TURN_V1 = {
@@ -74,3 +78,39 @@ def test_tau_is_one_function() -> None:
         stats.record(StepRecord(drafted=2, accepted_exact=1, accepted_relaxed=0, rejected=True, emitted=2))
     assert stats.tau == mean_accepted_length(5, 1, 3) == 2.0  # the final EOS counts as generated
     assert GenerationStats().tau == 0.0 and mean_accepted_length(0, 0, 0) is None
+
+
+def _timed(qid: str, method: str, cpu: str, tokens_per_s: float) -> dict:
+    """A version-1-shaped record of ``method`` on ``qid`` decoded on ``cpu`` at ``tokens_per_s``."""
+    turn = {**TURN_V1, "new_tokens": 12, "wall_s": 12 / tokens_per_s}
+    return {**RECORD_V1, "qid": qid, "method": method, "cpu": cpu, "turns": [turn]}
+
+
+def test_a_speed_ratio_pairs_decodes_made_on_the_same_cpu(tmp_path: Path) -> None:
+    # Strict ran on an old machine, then again on a new one (a resumed run's --redo-other-cpu); the rule
+    # ran on the old one for q0, the new one for q1, and a third for q2, where strict never ran.
+    lines = [
+        _timed("gsm8k/0", "strict", "old", 10.0),
+        _timed("gsm8k/0", "mars@0.5", "old", 12.0),
+        _timed("gsm8k/0", "strict", "new", 20.0),
+        _timed("gsm8k/1", "strict", "new", 20.0),
+        _timed("gsm8k/1", "mars@0.5", "new", 30.0),
+        _timed("gsm8k/2", "strict", "new", 20.0),
+        _timed("gsm8k/2", "mars@0.5", "third", 50.0),
+    ]
+    (tmp_path / RECORDS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = bench_config("strict,mars@0.5")
+    qids = ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
+    by_cpu = load_records_by_cpu(tmp_path)
+    assert by_cpu["gsm8k/0", "strict", 0, "old"]["turns"][0]["wall_s"] == 12 / 10.0  # superseded, kept
+    summary = summarize(config, config.methods, qids, load_records(tmp_path), by_cpu=by_cpu)
+    rule = summary["methods"]["mars@0.5"]
+    assert (rule["speed_questions"], rule["speed_unpaired"]) == (2, 1)
+    assert rule["speedup"] == pytest.approx((12 + 30) / (10 + 20))  # q0 against old strict, not new
+    assert rule["speedup_median"] == pytest.approx(statistics.median([12 / 10, 30 / 20]))
+    assert summary["methods"]["strict"]["speedup"] == pytest.approx(1.0)
+    markdown = summary_markdown(summary)
+    assert "Decoded on 3 processor models" in markdown and "mars@0.5 1 questions" in markdown
+    # Without the per-CPU records every newest decode is paired, machines and all: the old behaviour.
+    blind = summarize(config, config.methods, qids, load_records(tmp_path))["methods"]["mars@0.5"]
+    assert blind["speed_questions"] == 3 and blind["speedup"] == pytest.approx((12 + 30 + 50) / 60)

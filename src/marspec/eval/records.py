@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the methods module imports torch: reading records needs nei
 RECORD_SCHEMA = 2
 
 RecordKey = tuple[str, str, int]  # (question id, method, sample index)
+CpuKey = tuple[str, str, int, str | None]  # RecordKey and the processor model the decode ran on
 
 
 class TurnRecord(TypedDict):

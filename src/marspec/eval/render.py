@@ -60,8 +60,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         return "—" if value is None else format(value, spec)
 
     for name, m in summary["methods"].items():
+        speedup = "—" if m["speedup"] is None else f"{m['speedup']:.2f}x"
         lines.append(
-            f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup'], '.2f')}x | {fmt(m['tau'], '.2f')} "
+            f"| {name} | {m['tokens_per_s']:.2f} | {speedup} | {fmt(m['tau'], '.2f')} "
             f"| {m['accepted_exact']} | {m['accepted_relaxed']} | {m['rejected']} | {m['relaxed_share']:.1%} "
             f"| {_interval_text(m['score'], m.get('score_ci'), '.3f')} "
             f"| {_interval_text(m['recovery'], m.get('recovery_ci'), '.1%')} "
@@ -82,11 +83,20 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     cpus = summary.get("cpus", {})
     if len(cpus) > 1:
         counts = ", ".join(f"{name} {n}" for name, n in cpus.items())
+        methods = summary["methods"].items()
+        unpaired = {name: m["speed_unpaired"] for name, m in methods if m.get("speed_unpaired")}
+        left_out = (
+            " Left out of speed, for want of a baseline decoded on their CPU: "
+            + ", ".join(f"{name} {n} questions" for name, n in unpaired.items())
+            + "; `marspec bench --methods <baseline> ... --redo-other-cpu` decodes it here."
+            if unpaired
+            else ""
+        )
         lines += [
             "",
-            f"**Decoded on {len(cpus)} processor models** ({counts}): a speed ratio between decodes on "
-            "different CPUs is not a measurement, and a lossy rule's drafts differ by CPU. "
-            "`marspec bench ... --redo-other-cpu` decodes the others' records again on this machine.",
+            f"**Decoded on {len(cpus)} processor models** ({counts}): each speed ratio sets a decode against "
+            "the baseline's decode on the same CPU model (a ratio across two machines measures the "
+            "machines), and a lossy rule's drafts, hence its answers, differ by CPU." + left_out,
         ]
     step = summary.get("one_token_step")
     if step is not None:

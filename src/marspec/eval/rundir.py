@@ -16,7 +16,7 @@ from typing import Any
 
 from marspec.errors import MarspecError
 from marspec.eval.bench import ADDABLE_FIELDS, BenchConfig, runs_on
-from marspec.eval.records import Record, RecordKey, parse_record
+from marspec.eval.records import CpuKey, Record, RecordKey, parse_record
 from marspec.eval.render import summary_markdown
 from marspec.profile import ForwardCosts
 
@@ -52,21 +52,33 @@ def load_records(out_dir: Path) -> dict[RecordKey, Record]:
     """Records by (question id, method, sample), in the current schema. A torn last line left by an
     interrupted run is cut off, so the next record starts on a line of its own; where a key appears
     twice (a record decoded again), the later line wins."""
-    records: dict[RecordKey, Record] = {}
+    return {(rec["qid"], rec["method"], rec["sample"]): rec for rec in _read_records(out_dir)}
+
+
+def load_records_by_cpu(out_dir: Path) -> dict[CpuKey, Record]:
+    """The newest record of each (question id, method, sample) on each processor model it was decoded
+    on. A decode done again on another CPU supersedes the old one in :func:`load_records`; the old one
+    stays the baseline for the other methods decoded on its CPU, so a speed ratio never pairs two
+    machines."""
+    return {(rec["qid"], rec["method"], rec["sample"], rec["cpu"]): rec for rec in _read_records(out_dir)}
+
+
+def _read_records(out_dir: Path) -> list[Record]:
+    """Every record of ``records.jsonl`` in file order (oldest first), a torn last line cut off."""
     path = out_dir / RECORDS_FILE
     if not path.exists():
-        return records
+        return []
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         with path.open("r+b") as f:
             f.truncate(data.rfind(b"\n") + 1)
+    records = []
     for line in path.read_text().splitlines():
         try:
             raw = json.loads(line)
         except json.JSONDecodeError:
             continue
-        rec = parse_record(raw)
-        records[rec["qid"], rec["method"], rec["sample"]] = rec
+        records.append(parse_record(raw))
     return records
 
 

@@ -19,8 +19,14 @@ from marspec.eval.bench import BenchConfig, runs_on
 from marspec.eval.contention import contended
 from marspec.eval.grading import agreement
 from marspec.eval.intervals import Estimate, difference_interval, mean_interval, ratio_interval
-from marspec.eval.records import Record, RecordKey, TurnRecord
-from marspec.eval.rundir import load_costs, read_whole_run, save_summary, summarized_qids
+from marspec.eval.records import CpuKey, Record, RecordKey, TurnRecord
+from marspec.eval.rundir import (
+    load_costs,
+    load_records_by_cpu,
+    read_whole_run,
+    save_summary,
+    summarized_qids,
+)
 from marspec.profile import ForwardCosts, ideal_seconds
 from marspec.stats import mean_accepted_length
 
@@ -33,18 +39,27 @@ def write_summary(
     records: Mapping[RecordKey, Record],
 ) -> dict[str, Any]:
     """Summarize ``records`` and write ``summary.json`` and ``summary.md`` into ``out_dir``."""
-    summary = summarize(config, methods, qids, records, load_costs(out_dir))
+    summary = summarize(config, methods, qids, records, load_costs(out_dir), load_records_by_cpu(out_dir))
     save_summary(out_dir, summary)
     return summary
 
 
 def resummarize(run_dir: Path) -> dict[str, Any]:
     """Rewrite a whole run's summary from its records with this version's metrics, without loading a
-    model or decoding anything (the records hold every measurement). The run's methods and questions
-    are the ones its summary lists; a partial run is refused, as by :func:`~marspec.eval.rundir.whole_run`."""
+    model or decoding anything (the records hold every measurement): :func:`summary_of`, written."""
+    summary = summary_of(run_dir)
+    save_summary(run_dir, summary)
+    return summary
+
+
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    """A whole run's summary computed afresh from its records, nothing written. The run's methods and
+    questions are the ones its summary lists; a partial run is refused, as by
+    :func:`~marspec.eval.rundir.whole_run`."""
     config, summary, records = read_whole_run(run_dir)
     qids = summarized_qids(summary, records)
-    return write_summary(run_dir, config, list(summary["methods"]), qids, records)
+    methods = list(summary["methods"])
+    return summarize(config, methods, qids, records, load_costs(run_dir), load_records_by_cpu(run_dir))
 
 
 def references(config: BenchConfig, methods: Sequence[str]) -> tuple[str, str]:
@@ -62,10 +77,14 @@ def summarize(
     qids: Sequence[str],
     records: Mapping[RecordKey, Record],
     costs: ForwardCosts | None = None,
+    by_cpu: Mapping[CpuKey, Record] | None = None,
 ) -> dict[str, Any]:
     """Metrics per method over the questions every method has finished (so ratios compare like with
     like; plain, when limited, over its own first questions). With ``costs``, marspec's own methods
-    also get ``achieved_vs_ideal``. Scores and recovery come with 95% bootstrap intervals."""
+    also get ``achieved_vs_ideal``. Scores and recovery come with 95% bootstrap intervals. With
+    ``by_cpu`` (every processor model's newest records, :func:`~marspec.eval.rundir.load_records_by_cpu`)
+    a decode's speed is set against its baseline's decode on the same CPU model, else against the
+    baseline's newest."""
     index = {q: i for i, q in enumerate(qids)}
     samples = range(config.samples)
 
@@ -84,11 +103,16 @@ def summarize(
             [r for recs in by_q[m].values() for r in recs], costs
         )
     for m, metrics in per_method.items():
-        metrics["speedup"], metrics["speed_questions"] = _speed_ratio(by_q[m], by_q[speed_base])
+        pairs = _speed_pairs(by_q[m], speed_base, by_q[speed_base], by_cpu)
+        metrics["speedup"], metrics["speed_questions"] = _speed_ratio(pairs), len(pairs)
+        # Questions left out of speed because the baseline never ran on this method's CPU there.
+        metrics["speed_unpaired"] = sum(q in by_q[speed_base] for q in by_q[m]) - len(pairs)
+        metrics["speedup_median"] = statistics.median(a / b for a, b in pairs.values()) if pairs else None
         if "strict" in by_q:
             # Against strict on every question both ran (plain may have run on a few only): the ratio a
             # calibration ranks settings by, whatever the run's speed baseline.
-            metrics["speedup_vs_strict"], _ = _speed_ratio(by_q[m], by_q["strict"])
+            vs_strict = _speed_pairs(by_q[m], "strict", by_q["strict"], by_cpu)
+            metrics["speedup_vs_strict"] = _speed_ratio(vs_strict)
         paired = [
             q for q in by_q[m] if scores[m].get(q) is not None and scores[quality_base].get(q) is not None
         ]
@@ -149,12 +173,32 @@ def _strict_minus_plain(scores: dict[str, dict[str, float | None]], plain_qs: di
     return {**diff.to_dict(), "questions": len(qs), "excludes_zero": not diff.contains(0.0)}
 
 
-def _speed_ratio(own: dict[str, list[Record]], base: dict[str, list[Record]]) -> tuple[float | None, int]:
-    """Mean tokens/s over mean tokens/s of ``base`` on the questions both ran, and how many those are."""
-    common = [q for q in own if q in base]
-    base_rate = _mean([_rate(base[q]) for q in common])
-    rate = _mean([_rate(own[q]) for q in common])
-    return (rate / base_rate if base_rate else None), len(common)
+def _speed_pairs(
+    own: dict[str, list[Record]],
+    base: str,
+    base_by_q: dict[str, list[Record]],
+    by_cpu: Mapping[CpuKey, Record] | None,
+) -> dict[str, tuple[float, float]]:
+    """Per question both ran: (own tokens/s, the baseline's tokens/s). With ``by_cpu`` each of own's
+    decodes is set against the baseline's decode of the same sample on the same processor model, and a
+    question whose baseline never ran on that CPU is left out: a ratio across two machines measures the
+    machines (a run resumed or extended elsewhere; ``marspec bench --redo-other-cpu`` fills the gap)."""
+    pairs = {}
+    for q, recs in own.items():
+        if q not in base_by_q:
+            continue
+        bases: list[Record | None] = list(base_by_q[q])
+        if by_cpu is not None:
+            bases = [by_cpu.get((q, base, sample, rec["cpu"])) for sample, rec in enumerate(recs)]
+        if all(b is not None for b in bases):
+            pairs[q] = (_rate(recs), _rate([b for b in bases if b is not None]))
+    return pairs
+
+
+def _speed_ratio(pairs: dict[str, tuple[float, float]]) -> float | None:
+    """Mean tokens/s over the baseline's mean tokens/s on the paired questions (Spec-Bench's speedup)."""
+    base_rate = _mean([b for _, b in pairs.values()])
+    return _mean([a for a, _ in pairs.values()]) / base_rate if base_rate else None
 
 
 def _rate(recs: list[Record]) -> float:
