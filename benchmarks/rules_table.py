@@ -46,8 +46,9 @@ HEADER = (
 Point = tuple[str, float, float, int]  # method, speedup vs strict, recovery, answers lost
 
 
-def _speed(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}x"
+def _speed(value: float | None, apart: int = 0) -> str:
+    """A speed ratio; marked † where some of its questions were not timed back to back with strict."""
+    return "—" if value is None else f"{value:.2f}x{'†' if apart else ''}"
 
 
 def _records_by_method(run: Path) -> dict[str, dict[str, dict]]:
@@ -85,13 +86,15 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             relaxed = sum(t["accepted_relaxed"] for rec in mine.values() for t in rec["turns"])
             lo, hi = m["recovery_ci"]
             lines.append(
-                f"| {name} ({run.name}) | {_speed(m['speedup'])} | {_speed(m['speedup_median'])} "
+                f"| {name} ({run.name}) | {_speed(m['speedup'], m['speed_apart'])} "
+                f"| {_speed(m['speedup_median'], m['speed_apart'])} "
                 f"| {m['tau']:.2f} "
                 f"({m['tau'] / strict_tau:.2f}x) | {passed:g}/{len(mine)} | {lost} / {won} "
                 f"| {m['recovery']:.1%} [{lo:.1%}, {hi:.1%}] | {1000 * relaxed / tokens:.1f} |"
             )
             if name != "strict" and m["speedup"] is not None:
-                points.append((name, m["speedup"], m["recovery"], lost))
+                marked = f"{name}†" if m["speed_apart"] else name  # see the footnote main prints
+                points.append((marked, m["speedup"], m["recovery"], lost))
     return lines, points, busy
 
 
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if busy:
         print(f"- **{busy} decodes were timed on a busy machine**: speeds are suspect until a rerun of")
         print("  `marspec bench ... --redo-contended` decodes them again")
+    if any("†" in line for line in lines):
+        print("- **†: timed apart from strict** (another sitting or CPU) on some questions: such a speed")
+        print("  carries the machine's drift (a few %) until `marspec bench ... --redo-apart` redoes them")
     for run in args.runs:
         cpus = summary_of(run)["cpus"]
         if len(cpus) > 1:

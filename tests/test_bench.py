@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,22 @@ def test_records_from_another_cpu_are_flagged_and_can_be_redone(decoder, tmp_pat
         summary["methods"]["strict"]["speed_unpaired"],
     ) == (2, 0)
     assert "processor models" not in (tmp_path / "summary.md").read_text()
+    # The first question's strict as if decoded again in a sitting three hours later: its speed ratio is
+    # flagged, and --redo-apart decodes that question's methods again together, once.
+    lines = path.read_text().splitlines()
+    qid0 = json.dumps(questions[0].qid)
+    first_strict = max(i for i, line in enumerate(lines) if '"method": "strict"' in line and qid0 in line)
+    later = json.loads(lines[first_strict])
+    later["started"] = (datetime.fromisoformat(later["started"]) + timedelta(hours=3)).isoformat()
+    lines[first_strict] = json.dumps(later)
+    path.write_text("\n".join(lines) + "\n")
+    summary, redone = run()
+    assert summary["methods"]["strict"]["speed_apart"] == 1
+    assert "Speed timed in different sittings" in (tmp_path / "summary.md").read_text()
+    summary, redone = run(redo_apart=True)
+    assert redone == [(questions[0].qid, "plain"), (questions[0].qid, "strict")]
+    assert summary["methods"]["strict"]["speed_apart"] == 0
+    assert run(redo_apart=True)[1] == []  # resumable: what is back to back stays
 
 
 def test_cpu_names_tell_generations_apart():

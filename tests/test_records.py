@@ -80,10 +80,12 @@ def test_tau_is_one_function() -> None:
     assert GenerationStats().tau == 0.0 and mean_accepted_length(0, 0, 0) is None
 
 
-def _timed(qid: str, method: str, cpu: str, tokens_per_s: float) -> dict:
-    """A version-1-shaped record of ``method`` on ``qid`` decoded on ``cpu`` at ``tokens_per_s``."""
+def _timed(qid: str, method: str, cpu: str, tokens_per_s: float, started: str = "10:00") -> dict:
+    """A version-1-shaped record of ``method`` on ``qid`` decoded on ``cpu`` at ``tokens_per_s``, started
+    at ``started`` (UTC) on one day."""
     turn = {**TURN_V1, "new_tokens": 12, "wall_s": 12 / tokens_per_s}
-    return {**RECORD_V1, "qid": qid, "method": method, "cpu": cpu, "turns": [turn]}
+    when = f"2026-11-26T{started}:00+00:00"
+    return {**RECORD_V1, "qid": qid, "method": method, "cpu": cpu, "turns": [turn], "started": when}
 
 
 def test_a_speed_ratio_pairs_decodes_made_on_the_same_cpu(tmp_path: Path) -> None:
@@ -93,7 +95,7 @@ def test_a_speed_ratio_pairs_decodes_made_on_the_same_cpu(tmp_path: Path) -> Non
         _timed("gsm8k/0", "strict", "old", 10.0),
         _timed("gsm8k/0", "mars@0.5", "old", 12.0),
         _timed("gsm8k/0", "strict", "new", 20.0),
-        _timed("gsm8k/1", "strict", "new", 20.0),
+        _timed("gsm8k/1", "strict", "new", 20.0, started="12:30"),  # decoded again in a later sitting
         _timed("gsm8k/1", "mars@0.5", "new", 30.0),
         _timed("gsm8k/2", "strict", "new", 20.0),
         _timed("gsm8k/2", "mars@0.5", "third", 50.0),
@@ -105,12 +107,13 @@ def test_a_speed_ratio_pairs_decodes_made_on_the_same_cpu(tmp_path: Path) -> Non
     assert by_cpu["gsm8k/0", "strict", 0, "old"]["turns"][0]["wall_s"] == 12 / 10.0  # superseded, kept
     summary = summarize(config, config.methods, qids, load_records(tmp_path), by_cpu=by_cpu)
     rule = summary["methods"]["mars@0.5"]
-    assert (rule["speed_questions"], rule["speed_unpaired"]) == (2, 1)
+    assert (rule["speed_questions"], rule["speed_unpaired"], rule["speed_apart"]) == (2, 1, 1)
     assert rule["speedup"] == pytest.approx((12 + 30) / (10 + 20))  # q0 against old strict, not new
     assert rule["speedup_median"] == pytest.approx(statistics.median([12 / 10, 30 / 20]))
     assert summary["methods"]["strict"]["speedup"] == pytest.approx(1.0)
     markdown = summary_markdown(summary)
-    assert "Decoded on 3 processor models" in markdown and "mars@0.5 1 questions" in markdown
+    assert "Decoded on 3 processor models" in markdown and "their CPU (mars@0.5 1 questions)" in markdown
+    assert "**Speed timed in different sittings** (mars@0.5 1 questions)" in markdown
     # Without the per-CPU records every newest decode is paired, machines and all: the old behaviour.
     blind = summarize(config, config.methods, qids, load_records(tmp_path))["methods"]["mars@0.5"]
     assert blind["speed_questions"] == 3 and blind["speedup"] == pytest.approx((12 + 30 + 50) / 60)

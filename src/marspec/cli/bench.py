@@ -119,6 +119,15 @@ def bench(
             "machine), so each question's speed ratios come from one CPU.",
         ),
     ] = False,
+    redo_apart: Annotated[
+        bool,
+        typer.Option(
+            "--redo-apart",
+            help="Decode again, back to back, every listed method of a question whose records were timed "
+            "in different sittings or on different CPUs (a method added to a run later, a baseline "
+            "decoded again): their speed ratios are measurements only when timed together.",
+        ),
+    ] = False,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -143,6 +152,7 @@ def bench(
             prefix_reuse=prefix_reuse,
             redo_contended=redo_contended,
             redo_other_cpu=redo_other_cpu,
+            redo_apart=redo_apart,
         )
 
 

@@ -96,6 +96,7 @@ def run_task(
     prefix_reuse: bool = True,
     redo_contended: bool = False,
     redo_other_cpu: bool = False,
+    redo_apart: bool = False,
     load: DecoderLoader = new_decoder,
     console: Console | None = None,
 ) -> dict[str, Any]:
@@ -190,7 +191,16 @@ def run_task(
             advance(f"{question.qid}{which} {method.name}", skipped=skipped)
 
         return run_bench(
-            decoder, questions, methods, config, out, grader_for(task), done, redo_contended, redo_other_cpu
+            decoder,
+            questions,
+            methods,
+            config,
+            out,
+            grader_for(task),
+            done,
+            redo_contended,
+            redo_other_cpu,
+            redo_apart,
         )
 
 

@@ -29,6 +29,11 @@ def _interval_text(value: float | None, ci: list[float] | None, spec: str) -> st
     return text if ci is None else f"{text} [{format(ci[0], spec)}, {format(ci[1], spec)}]"
 
 
+def _counts(summary: dict[str, Any], field: str) -> str:
+    """ "method n, ..." for the methods whose ``field`` is not zero ("" when none's is)."""
+    return ", ".join(f"{name} {m[field]}" for name, m in summary["methods"].items() if m.get(field))
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     cfg = summary["config"]
     temperature = cfg.get("temperature", 0.0)
@@ -71,32 +76,39 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"| {fmt(m['overhead_share'], '.1%')} "
             f"| {fmt(m.get('achieved_vs_ideal'), '.1%')} |"
         )
-    busy = {name: m["contended"] for name, m in summary["methods"].items() if m.get("contended")}
+    busy = _counts(summary, "contended")
     if busy:
-        counts = ", ".join(f"{name} {n}" for name, n in busy.items())
         lines += [
             "",
             f"**Timings suspect**: decodes made while other processes used more than {CONTENDED_CORES:g} "
-            f"of a core ({counts}). Their speed is not comparable; `marspec bench ... --redo-contended` "
+            f"of a core ({busy}). Their speed is not comparable; `marspec bench ... --redo-contended` "
             "decodes them again.",
         ]
     cpus = summary.get("cpus", {})
     if len(cpus) > 1:
-        counts = ", ".join(f"{name} {n}" for name, n in cpus.items())
-        methods = summary["methods"].items()
-        unpaired = {name: m["speed_unpaired"] for name, m in methods if m.get("speed_unpaired")}
+        machines = ", ".join(f"{name} {n}" for name, n in cpus.items())
+        unpaired = _counts(summary, "speed_unpaired")
         left_out = (
-            " Left out of speed, for want of a baseline decoded on their CPU: "
-            + ", ".join(f"{name} {n} questions" for name, n in unpaired.items())
-            + "; `marspec bench --methods <baseline> ... --redo-other-cpu` decodes it here."
+            f" Left out of speed, for want of a baseline decoded on their CPU ({unpaired} questions): "
+            "`marspec bench --methods <baseline>,<them> ... --redo-apart` decodes them here together."
             if unpaired
             else ""
         )
         lines += [
             "",
-            f"**Decoded on {len(cpus)} processor models** ({counts}): each speed ratio sets a decode against "
-            "the baseline's decode on the same CPU model (a ratio across two machines measures the "
-            "machines), and a lossy rule's drafts, hence its answers, differ by CPU." + left_out,
+            f"**Decoded on {len(cpus)} processor models** ({machines}): "
+            "each speed ratio sets a decode against the baseline's decode on the same CPU model (a ratio "
+            "across two machines measures the machines), and a lossy rule's drafts, hence its answers, "
+            "differ by CPU." + left_out,
+        ]
+    apart = _counts(summary, "speed_apart")
+    if apart:
+        lines += [
+            "",
+            f"**Speed timed in different sittings** ({apart} questions): a decode and the baseline's it is "
+            "set against started more than an hour apart (a baseline decoded again later), and a "
+            "machine's speed moves by a few percent between sittings. Only back-to-back ratios are "
+            "measurements at that level: `marspec bench ... --redo-apart` decodes them again together.",
         ]
     step = summary.get("one_token_step")
     if step is not None:

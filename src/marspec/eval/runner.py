@@ -20,7 +20,7 @@ from marspec.eval.grading import Grader
 from marspec.eval.methods import Method, TurnOutput, run_method
 from marspec.eval.records import RECORD_SCHEMA, Record, parse_record, turn_record
 from marspec.eval.rundir import RECORDS_FILE, load_costs, prepare_out_dir, save_costs
-from marspec.eval.summary import write_summary
+from marspec.eval.summary import timed_apart, write_summary
 from marspec.profile import ForwardCosts, profile_pair
 
 
@@ -41,13 +41,17 @@ def run_bench(
     on_done: Callable[[Question, Method, int, bool], None] | None = None,
     redo_contended: bool = False,
     redo_other_cpu: bool = False,
+    redo_apart: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark and write its summary. ``grade(question, turn_texts)`` returns at
     least ``{"score": float | None}``; ``on_done(question, method, sample, skipped)`` reports progress.
     With ``redo_contended``, records decoded while other processes loaded the machine are decoded again,
     and with ``redo_other_cpu`` those decoded on another processor model than this machine's (a run
-    resumed elsewhere), so every question's speed ratios come from one CPU. A new record is appended
-    and supersedes the old one."""
+    resumed elsewhere), so every question's speed ratios come from one CPU. With ``redo_apart``, a question
+    whose methods' records were not timed back to back (:func:`~marspec.eval.summary.timed_apart`: a
+    baseline decoded again in a later sitting, or a method added then) has all of them decoded again, one
+    after another. A new record is appended and supersedes the old one (the summary keeps an old one as
+    the baseline of the decodes made on its CPU)."""
 
     def redo(record: Record) -> bool:
         other_cpu = record["cpu"] is not None and record["cpu"] != cpu_name()
@@ -57,11 +61,14 @@ def run_bench(
     with (out_dir / RECORDS_FILE).open("a") as sink:
         for index, question in enumerate(questions):
             for sample in range(config.samples):
+                # Decided before any of the question's decodes: a redo makes its records back to back.
+                have = [records[k] for m in methods if (k := (question.qid, m.name, sample)) in records]
+                apart = redo_apart and timed_apart(have)
                 for method in methods:
                     if not runs_on(method.name, index, config):
                         continue
                     key = (question.qid, method.name, sample)
-                    if key in records and not redo(records[key]):
+                    if key in records and not (apart or redo(records[key])):
                         if on_done:
                             on_done(question, method, sample, True)
                         continue

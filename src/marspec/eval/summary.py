@@ -12,6 +12,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,10 @@ def summarize(
         metrics["speedup"], metrics["speed_questions"] = _speed_ratio(pairs), len(pairs)
         # Questions left out of speed because the baseline never ran on this method's CPU there.
         metrics["speed_unpaired"] = sum(q in by_q[speed_base] for q in by_q[m]) - len(pairs)
-        metrics["speedup_median"] = statistics.median(a / b for a, b in pairs.values()) if pairs else None
+        metrics["speedup_median"] = (
+            statistics.median(_rate(own) / _rate(base) for own, base in pairs.values()) if pairs else None
+        )
+        metrics["speed_apart"] = _apart(pairs)
         if "strict" in by_q:
             # Against strict on every question both ran (plain may have run on a few only): the ratio a
             # calibration ranks settings by, whatever the run's speed baseline.
@@ -173,17 +177,27 @@ def _strict_minus_plain(scores: dict[str, dict[str, float | None]], plain_qs: di
     return {**diff.to_dict(), "questions": len(qs), "excludes_zero": not diff.contains(0.0)}
 
 
+# Own decodes and the baseline's they are timed against, per question.
+SpeedPairs = dict[str, tuple[list[Record], list[Record]]]
+
+# A question's methods run one after another, minutes apart. Decodes timed further apart than this ran in
+# different sittings (a baseline decoded again later), whose machine state moves speed by a few percent:
+# against a strict decoded two hours after it, a rule that hardly relaxes read 0.93x and 1.04x where its
+# tau said 1.01x and 1.00x (docs/results.md, round two).
+BACK_TO_BACK = timedelta(hours=1)
+
+
 def _speed_pairs(
     own: dict[str, list[Record]],
     base: str,
     base_by_q: dict[str, list[Record]],
     by_cpu: Mapping[CpuKey, Record] | None,
-) -> dict[str, tuple[float, float]]:
-    """Per question both ran: (own tokens/s, the baseline's tokens/s). With ``by_cpu`` each of own's
-    decodes is set against the baseline's decode of the same sample on the same processor model, and a
-    question whose baseline never ran on that CPU is left out: a ratio across two machines measures the
-    machines (a run resumed or extended elsewhere; ``marspec bench --redo-other-cpu`` fills the gap)."""
-    pairs = {}
+) -> SpeedPairs:
+    """Per question both ran: own's decodes and the baseline's. With ``by_cpu`` each of own's decodes is
+    set against the baseline's decode of the same sample on the same processor model, and a question
+    whose baseline never ran on that CPU is left out: a ratio across two machines measures the machines
+    (a run resumed or extended elsewhere; ``marspec bench --redo-other-cpu`` fills the gap)."""
+    pairs: SpeedPairs = {}
     for q, recs in own.items():
         if q not in base_by_q:
             continue
@@ -191,14 +205,29 @@ def _speed_pairs(
         if by_cpu is not None:
             bases = [by_cpu.get((q, base, sample, rec["cpu"])) for sample, rec in enumerate(recs)]
         if all(b is not None for b in bases):
-            pairs[q] = (_rate(recs), _rate([b for b in bases if b is not None]))
+            pairs[q] = (recs, [b for b in bases if b is not None])
     return pairs
 
 
-def _speed_ratio(pairs: dict[str, tuple[float, float]]) -> float | None:
+def _speed_ratio(pairs: SpeedPairs) -> float | None:
     """Mean tokens/s over the baseline's mean tokens/s on the paired questions (Spec-Bench's speedup)."""
-    base_rate = _mean([b for _, b in pairs.values()])
-    return _mean([a for a, _ in pairs.values()]) / base_rate if base_rate else None
+    base_rate = _mean([_rate(base) for _, base in pairs.values()])
+    return _mean([_rate(own) for own, _ in pairs.values()]) / base_rate if base_rate else None
+
+
+def timed_apart(records: Sequence[Record]) -> bool:
+    """Whether these decodes were not timed back to back: made on different CPU models, or started more
+    than :data:`BACK_TO_BACK` apart (records from before records kept their start count as together)."""
+    starts = [datetime.fromisoformat(rec["started"]) for rec in records if rec["started"]]
+    spread = max(starts) - min(starts) if starts else timedelta(0)
+    return len({rec["cpu"] for rec in records}) > 1 or spread > BACK_TO_BACK
+
+
+def _apart(pairs: SpeedPairs) -> int:
+    """Questions where a decode and the baseline's it is set against were timed apart."""
+    return sum(
+        any(timed_apart([a, b]) for a, b in zip(own, base, strict=True)) for own, base in pairs.values()
+    )
 
 
 def _rate(recs: list[Record]) -> float:
