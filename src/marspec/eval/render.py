@@ -30,7 +30,7 @@ def _interval_text(value: float | None, ci: list[float] | None, spec: str) -> st
 
 
 def _counts(summary: dict[str, Any], field: str) -> str:
-    """ "method n, ..." for the methods whose ``field`` is not zero ("" when none's is)."""
+    """``method n, ...`` for the methods whose ``field`` is not zero (empty when none's is)."""
     return ", ".join(f"{name} {m[field]}" for name, m in summary["methods"].items() if m.get(field))
 
 
