@@ -196,7 +196,8 @@ def _speed_pairs(
     """Per question both ran: own's decodes and the baseline's. With ``by_cpu`` each of own's decodes is
     set against the baseline's decode of the same sample on the same processor model, and a question
     whose baseline never ran on that CPU is left out: a ratio across two machines measures the machines
-    (a run resumed or extended elsewhere; ``marspec bench --redo-other-cpu`` fills the gap)."""
+    (a run resumed or extended elsewhere; ``marspec bench --redo-apart`` with the baseline listed
+    fills the gap)."""
     pairs: SpeedPairs = {}
     for q, recs in own.items():
         if q not in base_by_q:
