@@ -6,7 +6,7 @@
 #   benchmarks/rules_round_two.sh compare      # FLy x 3 and the class-guarded MARS beside the first
 #                                              # comparison's rules, HumanEval-30 and GSM8K-30 (~1.6 h)
 #   benchmarks/rules_round_two.sh speed-again  # strict and round two's methods decoded again back to
-#                                              # back in both folders, for their speed (~1.6 h)
+#                                              # back in both folders, for their speed (~1.8 h)
 #   benchmarks/rules_round_two.sh gsm8k250     # paired greedy GSM8K, questions 51-300 (~10 h)
 #   benchmarks/rules_round_two.sh tables       # the tables and plots docs/results.md takes from them
 #   MARSPEC=/path/to/marspec benchmarks/rules_round_two.sh compare
