@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 37's measurements (docs/rules.md, "Round two: the runs still to make"), one command each. Every
+# Issue 37's measurements (docs/rules.md, "Round two: the runs"), one command each. Every
 # step resumes from its records.jsonl, so it can be stopped and rerun; a whole step only rewrites its
-# summary. Hours of CPU on 2 cores: not run in the session that wrote this.
+# summary. Hours of CPU on 2 cores, resumed over several sittings.
 #
 #   benchmarks/rules_round_two.sh compare      # FLy x 3 and the class-guarded MARS beside the first
 #                                              # comparison's rules, HumanEval-30 and GSM8K-30 (~1.6 h)
 #   benchmarks/rules_round_two.sh speed-again  # strict and round two's methods decoded again back to
 #                                              # back in both folders, for their speed (~1.8 h)
-#   benchmarks/rules_round_two.sh gsm8k250     # paired greedy GSM8K, questions 51-300 (~10 h)
+#   benchmarks/rules_round_two.sh gsm8k250     # paired greedy GSM8K, questions 51-300 (~8-10 h)
 #   benchmarks/rules_round_two.sh tables       # the tables and plots docs/results.md takes from them
 #   MARSPEC=/path/to/marspec benchmarks/rules_round_two.sh compare
 set -u
@@ -50,7 +50,12 @@ speed-again)
     ;;
 gsm8k250)
     # Questions 51-300: none of the first 50 (greedy-gsm8k-50), so the interval is on unseen questions.
-    step --task gsm8k --offset 50 --limit 250 --methods "strict,$DEF,$GUARDED,$MATCHED" --out $R/greedy-gsm8k-250
+    # Hours over several sittings, and a sitting's machine is not kept: the run grows in in-progress/,
+    # whose records are committed at the end of each sitting (tests/test_committed_runs.py checks only
+    # whole runs), and moves beside the others once whole (its summary is written only then).
+    PART=$R/in-progress/greedy-gsm8k-250
+    step --task gsm8k --offset 50 --limit 250 --methods "strict,$DEF,$GUARDED,$MATCHED" --out $PART
+    if [ -f $PART/summary.json ]; then mv $PART $R/greedy-gsm8k-250; fi
     ;;
 tables)
     for task in humaneval gsm8k; do
