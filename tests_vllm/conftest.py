@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from engine_ram import ram_share
+from engine_ram import PAIR_ENGINE_GIB, SMALL_ENGINE_GIB, require_free_ram
 
 # vLLM's V2 verifier runs under Triton's interpreter, which must not reach the other tests' processes:
 # `make test-vllm` runs that folder in a pytest process of its own.
@@ -37,7 +37,6 @@ def draft_dir() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def memory_share(draft_dir: str | None) -> float:
-    """vLLM's RAM reservation for the pair's engines: target and draft weights plus the KV cache (at 0.5
-    the pair engine's own 13.3 GB left no room for a KV cache on a 24 GB machine)."""
-    return ram_share(0.6 if draft_dir else 0.3)
+def free_ram(draft_dir: str | None) -> None:
+    """Enough RAM free for the pair's engines (target and draft weights plus the KV cache), checked once."""
+    require_free_ram(PAIR_ENGINE_GIB if draft_dir else SMALL_ENGINE_GIB)

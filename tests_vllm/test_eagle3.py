@@ -42,7 +42,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from engine_ram import ram_share
+from engine_ram import KV_CACHE_GIB, SMALL_ENGINE_GIB, require_free_ram
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -216,19 +216,17 @@ def eagle_target_dir(target_dir: str, draft_dir: str | None) -> str:
 
 
 @pytest.fixture(scope="module")
-def eagle_memory_share() -> float:
-    """vLLM's RAM share for one 0.5B engine: vLLM on CPU asks for this share of the RAM minus what its
-    process already holds (~5 GB here) for the KV cache, and refuses to start when less is free; the
-    pair's 0.6 would ask for more than a busy 24 GB machine has free."""
-    return ram_share(0.3)
+def eagle_free_ram() -> None:
+    """Enough RAM free for one engine on the 0.5B model with its KV cache, checked once."""
+    require_free_ram(SMALL_ENGINE_GIB)
 
 
 @pytest.fixture(scope="module")
 def runs(
-    eagle_target_dir: str, eagle_memory_share: float, tmp_path_factory: pytest.TempPathFactory
+    eagle_target_dir: str, eagle_free_ram: None, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, BatchResult]:
-    target, memory_share = eagle_target_dir, eagle_memory_share
-    plain = EngineSpec(target, method="none", memory_share=memory_share, eager=True)
+    target = eagle_target_dir
+    plain = EngineSpec(target, method="none", kv_cache_gib=KV_CACHE_GIB, eager=True)
     results = {"plain": run_engine(plain, [plain_requests(logprobs=2)]).batches[0]}
     head = tmp_path_factory.mktemp("eagle3") / "head"
     proposals, designed = bigram_drafts(results["plain"], RELAXING["theta"])
@@ -240,7 +238,7 @@ def runs(
 
     def spec(**kwargs: object) -> EngineSpec:
         return EngineSpec(
-            target, str(head), k=K, method="eagle3", memory_share=memory_share, eager=True, **kwargs
+            target, str(head), k=K, method="eagle3", kv_cache_gib=KV_CACHE_GIB, eager=True, **kwargs
         )  # type: ignore[arg-type]
 
     configs = {

@@ -9,6 +9,7 @@ exercises the CPU expand-kernel fix.
 from __future__ import annotations
 
 import pytest
+from engine_ram import KV_CACHE_GIB
 
 pytest.importorskip("vllm")
 
@@ -24,10 +25,10 @@ MIXED = [
 
 
 @pytest.fixture(scope="module")
-def runs(target_dir: str, draft_dir: str | None, memory_share: float) -> dict[str, EngineRun]:
+def runs(target_dir: str, draft_dir: str | None, free_ram: None) -> dict[str, EngineRun]:
     def spec(**kwargs: object) -> EngineSpec:
         # Eager: compiling the graphs costs minutes per engine here and does not touch the rule under test.
-        return EngineSpec(target_dir, draft_dir, k=4, memory_share=memory_share, eager=True, **kwargs)  # type: ignore[arg-type]
+        return EngineSpec(target_dir, draft_dir, k=4, kv_cache_gib=KV_CACHE_GIB, eager=True, **kwargs)  # type: ignore[arg-type]
 
     return {
         "shipped": run_engine(spec(load_plugin=False), [GREEDY]),

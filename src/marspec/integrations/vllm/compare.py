@@ -44,6 +44,10 @@ class EngineSpec:
     marspec: dict[str, Any] | None = None  # additional_config["marspec"]; None: the plugin stays inert
     load_plugin: bool = True  # False: VLLM_PLUGINS="" so vLLM runs exactly as shipped
     memory_share: float = 0.3  # gpu_memory_utilization: on CPU, the share of RAM vLLM reserves
+    # kv_cache_memory_bytes, in GiB: the KV cache's exact size, and then memory_share is not used. On CPU
+    # the share's KV cache is the share minus what the engine process already holds, so a share near the
+    # engine's own size gives a KV cache that comes and goes with a few hundred MB of process growth.
+    kv_cache_gib: float | None = None
     max_model_len: int = 1024
     dtype: str = "float32"  # fp32: a many-token forward rounds like a one-token forward
     eager: bool = False  # enforce_eager: skip torch.compile (minutes of C++ builds per engine on CPU)
@@ -120,6 +124,7 @@ def _child() -> None:
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
         gpu_memory_utilization=spec.memory_share,
+        kv_cache_memory_bytes=None if spec.kv_cache_gib is None else int(spec.kv_cache_gib * 2**30),
         distributed_executor_backend="uni",
         speculative_config=speculative_config(spec),
         seed=0,
@@ -178,10 +183,18 @@ def speculative_config(spec: EngineSpec) -> dict[str, Any] | None:
     return {"method": "ngram", "num_speculative_tokens": spec.k, "prompt_lookup_max": 4}
 
 
-def compare(model: str, draft: str | None, k: int, max_tokens: int, memory_share: float, eager: bool) -> None:
+def compare(
+    model: str,
+    draft: str | None,
+    k: int,
+    max_tokens: int,
+    memory_share: float,
+    eager: bool,
+    kv_cache_gib: float | None = None,
+) -> None:
     """Print vLLM as shipped against the plugin at theta 1.0 and 0.9 on :data:`DEFAULT_PROMPTS` (greedy)."""
     batch = [Request(p, max_tokens=max_tokens) for p in DEFAULT_PROMPTS]
-    common = {"memory_share": memory_share, "eager": eager}
+    common = {"memory_share": memory_share, "kv_cache_gib": kv_cache_gib, "eager": eager}
     configs = {
         "vLLM, no plugin": EngineSpec(model, draft, k, load_plugin=False, **common),
         "marspec theta=1.0": EngineSpec(model, draft, k, {"theta": 1.0}, **common),
@@ -208,6 +221,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--memory-share", type=float, default=0.3, help="share of RAM vLLM reserves on CPU")
     parser.add_argument(
+        "--kv-cache-gib", type=float, help="KV cache size in GiB (replaces --memory-share's reservation)"
+    )
+    parser.add_argument(
         "--eager", action="store_true", help="skip torch.compile (faster start, slower steps)"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -217,7 +233,9 @@ def main() -> None:
     elif not args.model:
         parser.error("--model is required (a Hugging Face checkpoint directory)")
     else:
-        compare(args.model, args.draft, args.k, args.max_tokens, args.memory_share, args.eager)
+        compare(
+            args.model, args.draft, args.k, args.max_tokens, args.memory_share, args.eager, args.kv_cache_gib
+        )
 
 
 if __name__ == "__main__":
