@@ -9,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 import marspec.decode
+import marspec.selftest.equality as equality
 import marspec.selftest.sampling as sampling
 from marspec.cli import app
 from marspec.drafters.model import ModelDrafter
@@ -18,6 +19,7 @@ from marspec.selftest import (
     chi_square,
     compare_runs,
     first_difference,
+    no_relax_equals_strict,
     one_read_per_step,
     reads_per_step,
     run_selftest,
@@ -52,7 +54,7 @@ def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
     assert report.device == "cpu" and report.passed, report.checks
     assert [c.name for c in report.checks] == [
         "strict == plain (greedy, chain and tree)",
-        "MARS(theta 1) == strict",
+        "rules that cannot relax == strict",
         "speculative sampling is lossless",
         "one device read per step",
     ]
@@ -90,6 +92,14 @@ def test_the_sampling_check_catches_a_drafter_that_misreports_q():
     probs = target_joint(target, prompt)
     counts = sampled_counts(target, TemperatureOneDrafter(draft, sampling.SAMPLING_VOCAB), prompt, 800)
     assert chi_square(counts, probs) > sampling.CHI2_999_15
+
+
+def test_the_no_relax_check_fails_when_a_rule_relaxes(decoder, monkeypatch):
+    assert no_relax_equals_strict(decoder).passed
+    relaxing = (("mars 0", {"rule": "mars", "theta": 0.0, "margin": "prob_ratio"}),)
+    monkeypatch.setattr(equality, "NO_RELAX", relaxing)
+    check = no_relax_equals_strict(decoder)
+    assert not check.passed and ", mars 0: token " in check.detail, check
 
 
 def test_the_read_check_fails_when_a_step_reads_the_device_twice(decoder, monkeypatch):

@@ -31,9 +31,9 @@ def selftest(
         Path | None, typer.Option("--json", help="Also write the report as JSON to this file.")
     ] = None,
 ) -> None:
-    """Check, in seconds and with tiny random models built here, that strict == plain, MARS(theta 1) ==
-    strict, speculative sampling is lossless and each step reads the device once; print the environment.
-    Exits 1 when a check fails."""
+    """Check, in seconds and with tiny random models built here, that strict == plain, MARS, FLy and the
+    class guard at settings that cannot relax == strict, speculative sampling is lossless and each step
+    reads the device once; print the environment. Exits 1 when a check fails."""
     from marspec.selftest import run_selftest
 
     with user_errors():

@@ -6,15 +6,17 @@ marspec), on the chosen device:
 - **strict equals plain**: strict verification, as a draft chain and as a token tree, emits exactly the
   tokens plain greedy decoding emits (and the drafts were really accepted and rejected, so the check is
   not vacuous);
-- **MARS(theta = 1) equals strict**: MARS at a threshold that can never relax, for both ratio margins;
+- **rules that cannot relax equal strict**: MARS at theta = 1 (both ratio margins), FLy above its
+  largest possible entropy, and MARS at theta = 1 under the class guard;
 - **speculative sampling is lossless**: a chi-square test of the joint distribution of the first tokens
   that strict speculative sampling emits (draft model sampling, verification, residual and bonus draws,
   the caches), against the target's exact distribution computed from its own forwards;
 - **one device read per step**: every host read of a device tensor (``.cpu()``, ``.item()``,
   ``.tolist()``, ``int()``, ``bool()``, data-dependent shapes such as ``nonzero``) is counted while the
-  loop runs; each verification step must make exactly one (its read-back), whichever rule, sampling
-  or tree. On the CPU, where every tensor is a host tensor, the models' outputs stand for device
-  tensors (they and everything computed from them are counted), as ``tests/test_decode.py`` does.
+  loop runs; each verification step must make exactly one (its read-back), whichever rule (MARS,
+  MARS with the class guard, FLy's deferral), sampling or tree. On the CPU, where every tensor is a
+  host tensor, the models' outputs stand for device tensors (they and everything computed from them
+  are counted), as ``tests/test_decode.py`` does.
 
 It needs only marspec, torch and transformers. :func:`run_selftest` returns a :class:`SelftestReport`;
 the CLI (``marspec selftest``) prints it and exits non-zero when a check fails. The parts:
@@ -38,7 +40,7 @@ from marspec.selftest.environment import environment
 from marspec.selftest.equality import (
     compare_runs,
     first_difference,
-    mars_theta_one_equals_strict,
+    no_relax_equals_strict,
     strict_equals_plain,
 )
 from marspec.selftest.reads import HostReads, one_read_per_step, reads_per_step
@@ -54,7 +56,7 @@ __all__ = [
     "compare_runs",
     "environment",
     "first_difference",
-    "mars_theta_one_equals_strict",
+    "no_relax_equals_strict",
     "one_read_per_step",
     "reads_per_step",
     "run_selftest",
@@ -81,7 +83,7 @@ def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -
         decoder = tiny_decoder(Path(tmp), where)
         checks = (
             strict_equals_plain(decoder),
-            mars_theta_one_equals_strict(decoder),
+            no_relax_equals_strict(decoder),
             sampling_is_lossless(where),
             one_read_per_step(decoder),
         )

@@ -1,4 +1,5 @@
-"""Token-for-token checks: strict equals plain, MARS(theta 1) equals strict."""
+"""Token-for-token checks: strict equals plain, and each relaxing rule at a setting that cannot relax
+equals strict."""
 
 from __future__ import annotations
 
@@ -58,15 +59,27 @@ def strict_equals_plain(decoder: Decoder) -> Check:
     return Check(name, check.passed, f"{check.detail}; {share}" if check.passed else check.detail)
 
 
-def mars_theta_one_equals_strict(decoder: Decoder) -> Check:
-    """MARS at theta = 1, which can never relax, emits strict's tokens (both ratio margins)."""
+# Each lossy rule's family at a setting that can never relax: MARS at theta 1 (both ratio margins), FLy
+# above its largest possible entropy (ln 3), and MARS at theta 1 under the class guard (the guard's table
+# lookup on the device runs, and must change nothing).
+NO_RELAX = (
+    ("mars prob_ratio 1", {"rule": "mars", "theta": 1.0, "margin": "prob_ratio"}),
+    ("mars logit_ratio 1", {"rule": "mars", "theta": 1.0, "margin": "logit_ratio"}),
+    ("fly 1.1", {"rule": "fly", "theta": 1.1}),
+    ("mars+class 1", {"rule": "mars", "theta": 1.0, "margin": "prob_ratio", "guard": "class"}),
+)
+NO_RELAX_CHECK = "rules that cannot relax == strict"
+
+
+def no_relax_equals_strict(decoder: Decoder) -> Check:
+    """MARS at theta = 1, FLy above ln 3 and guarded MARS at theta 1, none of which can relax, emit
+    strict's tokens."""
     runs = []
     for i, prompt in enumerate(PROMPTS):
         strict = _generate(decoder, prompt, rule="strict")
-        for margin in ("prob_ratio", "logit_ratio"):
-            got = _generate(decoder, prompt, rule="mars", theta=1.0, margin=margin)
-            runs.append((f"prompt {i + 1}, mars {margin} 1", strict, got))
-    return compare_runs("MARS(theta 1) == strict", runs)
+        for label, options in NO_RELAX:
+            runs.append((f"prompt {i + 1}, {label}", strict, _generate(decoder, prompt, **options)))
+    return compare_runs(NO_RELAX_CHECK, runs)
 
 
 def _greedy() -> dict[str, Any]:
