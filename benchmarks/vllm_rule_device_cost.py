@@ -10,9 +10,10 @@ benchmarks/vllm_verifier_cost.py measures the whole wrapped verifier inside vllm
 
 Rows are requests x (drafts + 1 bonus row) at the Qwen vocabulary; a quarter of the draft rows are close
 calls whose draft is the target's runner-up (so MARS relaxes them and ``forced`` has rows to write). With
-``--rule fly`` the plugin decides by FLy instead (entropy 0.3, a 2-token window): each planted close call
-is followed by two sure rows the draft matches, so FLy defers exactly those rows, and its decision reads
-each request's block of rows (``lengths``) as the plugin passes them.
+``--rule fly`` the plugin decides by FLy instead (entropy 0.3, a 2-token window): it defers the planted
+close calls that have two matched drafts after them in their own request (half of them; the others sit
+too near their request's bonus row), reading each request's block of rows (``lengths``) as the plugin
+passes them.
 
     python benchmarks/vllm_rule_device_cost.py --device cuda --json out.json [--rule fly]
 """
