@@ -7,7 +7,7 @@
 #                                              # comparison's rules, HumanEval-30 and GSM8K-30 (~1.6 h)
 #   benchmarks/rules_round_two.sh speed-again  # strict and round two's methods decoded again back to
 #                                              # back in both folders, for their speed (~1.8 h)
-#   benchmarks/rules_round_two.sh gsm8k250     # paired greedy GSM8K, questions 51-300 (~8-10 h)
+#   benchmarks/rules_round_two.sh gsm8k250     # paired greedy GSM8K, questions 51-300 (~12 h)
 #   benchmarks/rules_round_two.sh tables       # the tables and plots docs/results.md takes from them
 #   MARSPEC=/path/to/marspec benchmarks/rules_round_two.sh compare
 set -u
@@ -52,10 +52,17 @@ gsm8k250)
     # Questions 51-300: none of the first 50 (greedy-gsm8k-50), so the interval is on unseen questions.
     # Hours over several sittings, and a sitting's machine is not kept: the run grows in in-progress/,
     # whose records are committed at the end of each sitting (tests/test_committed_runs.py checks only
-    # whole runs), and moves beside the others once whole (its summary is written only then).
+    # whole runs), and moves beside the others once whole (its summary is written only then). Once there,
+    # this step decodes nothing and only rewrites its summary.
+    WHOLE=$R/greedy-gsm8k-250
     PART=$R/in-progress/greedy-gsm8k-250
-    step --task gsm8k --offset 50 --limit 250 --methods "strict,$DEF,$GUARDED,$MATCHED" --out $PART
-    if [ -f $PART/summary.json ]; then mv $PART $R/greedy-gsm8k-250; fi
+    ARGS=(--task gsm8k --offset 50 --limit 250 --methods "strict,$DEF,$GUARDED,$MATCHED")
+    if [ -d $WHOLE ]; then
+        bench "${ARGS[@]}" --out $WHOLE
+    else
+        step "${ARGS[@]}" --out $PART
+        if [ -f $PART/summary.json ]; then mv $PART $WHOLE; fi
+    fi
     ;;
 tables)
     for task in humaneval gsm8k; do
@@ -64,7 +71,11 @@ tables)
             --combined $R/rivals-greedy-$task-30/pareto-with-sweep.png
     done
     python benchmarks/rules_table.py --pooled $R/rivals-greedy-humaneval-30 $R/rivals-greedy-gsm8k-30
+    # GSM8K-250 and the decision rule's measure (docs/rules.md, "How `gsm8k250` decides"); then the first
+    # 300 questions pooled, with greedy-gsm8k-50's strict and MARS.
     python benchmarks/rules_table.py $R/greedy-gsm8k-250
+    python benchmarks/rules_table.py --pooled $R/greedy-gsm8k-250
+    python benchmarks/rules_table.py --pooled $R/greedy-gsm8k-50 $R/greedy-gsm8k-250
     python benchmarks/relaxed_token_classes.py $R/greedy-humaneval-100 $R/greedy-gsm8k-50 \
         $R/rivals-greedy-humaneval-30 $R/rivals-greedy-gsm8k-30 $R/sweep-greedy-humaneval-30 \
         $R/sweep-greedy-gsm8k-30
