@@ -79,6 +79,8 @@ tables)
     python benchmarks/relaxed_token_classes.py $R/greedy-humaneval-100 $R/greedy-gsm8k-50 \
         $R/rivals-greedy-humaneval-30 $R/rivals-greedy-gsm8k-30 $R/sweep-greedy-humaneval-30 \
         $R/sweep-greedy-gsm8k-30
+    # Out of sample: the classes at GSM8K-250's first divergences.
+    python benchmarks/relaxed_token_classes.py $R/greedy-gsm8k-250
     ;;
 *)
     echo "usage: $0 compare | speed-again | gsm8k250 | tables" >&2
