@@ -152,7 +152,7 @@ COMPAT_PYTHON ?= $(shell python3.13 -c 'import sys; print(sys.executable)' 2>/de
 	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^3\.13' | tail -n 1) pyenv which python3.13 2>/dev/null)
 # On the first prompt only: the main suite checks these invariants on all three; here they check that the
 # lowest versions keep them (two prompts fewer save ~4 minutes of decoding).
-COMPAT_REAL_TESTS := (test_strict_and_mars_theta_one_reproduce_plain or test_tree_drafting_with_strict_and_mars) and prompt0
+COMPAT_REAL_TESTS := (test_strict_and_mars_theta_one_reproduce_plain or test_tree_drafting_with_strict_and_mars) and prompt_code
 
 # No model packages here: the real pair is converted once by the main environment (compat-models), and a
 # converted model needs none.

@@ -22,6 +22,8 @@ PROMPTS = (
     "A train travels 60 km in 45 minutes. What is its average speed in km/h? Explain step by step.",
     "Explain what a hash map is to a new programmer, with an example.",
 )
+# Test ids of the prompts, the same on every pytest version (the compatibility pass selects by them).
+PROMPT_IDS = ("prompt_code", "prompt_arithmetic", "prompt_prose")
 NEW_TOKENS = 64
 PAPER = {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}  # MARS as the paper sets it
 RIVALS_OFF = {"typical": 0.0, "pthresh": 1.0, "topk": 1}  # each rival's setting that never relaxes
@@ -79,7 +81,7 @@ def test_the_invariants_run_on_prepacked_kernels(decoder):
     assert not linears, "the target should hold oneDNN-prepacked layers, not nn.Linear"
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
 def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
     plain = runs[prompt, "plain"]
     assert len(plain.token_ids) == NEW_TOKENS  # the prompts are chosen to run the whole budget
@@ -93,7 +95,11 @@ def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
 
 # Each rival on one prompt, a different one each (every branch of their rules is tested on hand-made
 # logits in test_verify.py; here the real pair in fp32): nine 64-token decodes cost CI three minutes.
-@pytest.mark.parametrize(("rule", "prompt"), list(zip(RIVALS_OFF, PROMPTS, strict=True)))
+@pytest.mark.parametrize(
+    ("rule", "prompt"),
+    list(zip(RIVALS_OFF, PROMPTS, strict=True)),
+    ids=[f"{r}-{i}" for r, i in zip(RIVALS_OFF, PROMPT_IDS, strict=True)],
+)
 def test_rival_rules_at_their_no_relax_settings_reproduce_plain(runs, rule, prompt):
     run = runs[prompt, f"{rule}_off"]
     assert run.token_ids == runs[prompt, "plain"].token_ids
@@ -116,7 +122,7 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
 def test_fly_and_the_class_guard_at_their_no_relax_settings_reproduce_plain(runs, prompt):
     plain = runs[prompt, "plain"]
     for name in ("fly_off", "mars1_class"):
@@ -152,7 +158,7 @@ def test_the_class_guard_relaxes_only_tokens_of_its_classes(decoder, runs):
     assert relaxed > 0  # otherwise this proves nothing
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
 def test_tree_drafting_with_strict_and_mars_theta_one_reproduces_plain(runs, prompt):
     plain = runs[prompt, "plain"]
     for name in ("strict_tree", "mars1_tree"):
@@ -162,7 +168,7 @@ def test_tree_drafting_with_strict_and_mars_theta_one_reproduces_plain(runs, pro
     assert stats.target_forwards < plain.stats.target_forwards
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
 def test_mars_diverges_from_strict_only_at_a_relaxed_accept(runs, prompt):
     strict, mars = runs[prompt, "strict"], runs[prompt, "mars09"]
     diffs = [i for i, (a, b) in enumerate(zip(strict.token_ids, mars.token_ids, strict=False)) if a != b]
