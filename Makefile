@@ -126,8 +126,8 @@ install-browser:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 # -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
-# The vLLM and compatibility environments install while the suite runs (pip: ~5 min of downloading and
-# unpacking, mostly waiting on disk and network); their output goes to a log, shown if they fail. The
+# The vLLM and compatibility environments install while the suite runs (pip: ~5 min alone, about one core;
+# the suite ran ~2 min longer beside it, CI ~14 min shorter); their output goes to a log, shown if they fail. The
 # suite's exit status is kept and reported after they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 test: lint install-browser
