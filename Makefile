@@ -127,7 +127,8 @@ install-browser:
 
 # -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
 # The vLLM and compatibility environments install while the suite runs (pip: ~5 min alone, about one core;
-# the suite ran ~2 min longer beside them, 30 min against 28); their output goes to a log, shown if they fail. The
+# beside them the suite took 30 min from a clean clone, model conversions included, against 28 warm); their
+# output goes to a log, shown if they fail. The
 # suite's exit status is kept and reported after they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 test: lint install-browser
