@@ -128,8 +128,7 @@ install-browser:
 # -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
 # The vLLM and compatibility environments install while the suite runs (pip: ~5 min alone, about one core;
 # beside them the suite took 30 min from a clean clone, model conversions included, against 28 warm); their
-# output goes to a log, shown if they fail. The
-# suite's exit status is kept and reported after they finish.
+# output goes to a log, shown if they fail. The suite's exit status is kept and reported after they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 test: lint install-browser
 	@mkdir -p runs; echo "installing $(VLLM_VENV) and $(COMPAT_VENV) in the background (log: $(TEST_INSTALLS_LOG))"; \
