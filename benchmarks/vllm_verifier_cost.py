@@ -28,6 +28,7 @@ import torch
 
 from marspec.integrations.vllm import plugin
 from marspec.integrations.vllm.config import PluginConfig
+from marspec.integrations.vllm.hooks import unwrapped
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
 from marspec.verify import Rule, top2
 
@@ -67,7 +68,7 @@ def measure(requests: int, k: int, vocab: int, repeats: int, greedy_share: float
     counts = [k] * requests
     cu = torch.tensor(counts).cumsum(0).int()  # [B]
     wrapped = rejection_sampler.rejection_sample  # the plugin's wrapper (activated below)
-    shipped = plugin._original(wrapped)  # vLLM's own function
+    shipped = unwrapped(wrapped)  # vLLM's own function
 
     def step(verifier: Callable[..., torch.Tensor]) -> float:
         """One timed verification; vLLM hands each step fresh logits (copied before the clock starts)."""

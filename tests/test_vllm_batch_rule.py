@@ -119,7 +119,7 @@ def test_batched_rewrite_matches_verify_greedy_on_ragged_blocks(rule: Rule, seed
 
     counters = AcceptCounters()
     draft_rows = Decisions(decisions.relaxed[~is_bonus], decisions.exact[~is_bonus])
-    counters.record(draft_rows, accepted_lengths(out), torch.tensor(counts), None)
+    counters.record(draft_rows, accepted_lengths(out), torch.tensor(counts), None, ("mars",))
     snap = counters.snapshot()
     assert snap["drafted"] == sum(counts) and snap["steps"] == 4
     relaxed = sum(

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
+from marspec.rules import Rule
+
 TOP, CLOSE, FAR = 40.0, 39.0, 20.0
+# Per-request rules a batch's requests pick from (None: the deployment's), for the mixed-rule tests.
+REQUEST_RULES = [
+    None,
+    Rule("strict"),
+    Rule("mars", 0.5, "prob_ratio"),
+    Rule("pthresh", 0.25),
+    Rule("fly", 0.3, window=1),
+]
 
 
 @dataclass

@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from blocks import Block, random_block
+from blocks import REQUEST_RULES, Block, random_block
 from vllm.v1.sample import rejection_sampler
 
-from marspec.integrations.vllm import plugin
+from marspec.integrations.vllm import plugin, request_rules
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
 from marspec.verify import Rule, verify_greedy, verify_sampling
@@ -105,6 +105,15 @@ def test_vllm_kernels_with_plugin_equal_fly_for_greedy_and_strict_for_sampled(
     )
 
 
+def test_vllm_kernels_give_each_request_its_own_rule_in_one_batch() -> None:
+    """Per-request rules (``extra_args["marspec"]``, recorded per batch by the runner's hook): each
+    request of a batch mixing the deployment's MARS, strict, a relaxing MARS, pthresh and FLy gets the
+    tokens its own rule gives it alone; the counters are kept per rule name."""
+    check_plugin_equals_rule(
+        Rule("mars", 0.9, "logit_ratio"), 1.0, False, 7, sampled_close_calls=False, batches=40, pool=REQUEST_RULES
+    )
+
+
 def check_plugin_equals_rule(
     rule: Rule,
     greedy_share: float,
@@ -113,10 +122,12 @@ def check_plugin_equals_rule(
     sampled_close_calls: bool,
     sampled_rule: Rule | None = None,
     batches: int = 20,
+    pool: list[Rule | None] | None = None,
 ) -> None:
     """Random batches through vLLM's rejection sampler with the plugin active give marspec's tokens and
     the relaxation counts marspec's rule gives on the same blocks (``sampled_rule``, when given, is the
-    rule sampled requests are expected to get instead)."""
+    rule sampled requests are expected to get instead; ``pool``, when given, the per-request rules each
+    request picks one of, None for the deployment's ``rule``)."""
     plugin.activate(PluginConfig(rule, log_every=0))
     g = torch.Generator().manual_seed(seed)
     relaxed_total = 0
@@ -127,19 +138,30 @@ def check_plugin_equals_rule(
         blocks = [
             random_block(g, k, VOCAB, gr, sampled_close_calls) for k, gr in zip(counts, greedy, strict=True)
         ]
+        asked = [pool[int(torch.randint(len(pool), (), generator=g))] for _ in blocks] if pool else [None] * n
+        own = [a or rule for a in asked]
         plugin.counters.reset()
-        ours = vllm_verify(blocks, with_draft_probs)
+        request_rules._batch = asked if pool else None
+        try:
+            ours = vllm_verify(blocks, with_draft_probs)
+        finally:
+            request_rules._batch = None
         expected = [
-            marspec_verify(b, rule if b.greedy else sampled_rule or rule, with_draft_probs, g) for b in blocks
+            marspec_verify(b, r if b.greedy else sampled_rule or r, with_draft_probs, g)
+            for b, r in zip(blocks, own, strict=True)
         ]
-        assert ours == [tokens for tokens, _ in expected], f"counts {counts}, greedy {greedy}"
+        assert ours == [tokens for tokens, _ in expected], f"counts {counts}, greedy {greedy}, rules {own}"
         snapshot = plugin.counters.snapshot()
         relaxed = sum(n_relaxed for _, n_relaxed in expected)
         accepted = sum(len(tokens) - 1 for tokens, _ in expected)
         assert snapshot["accepted_relaxed"] == relaxed
         assert snapshot["accepted_exact"] + snapshot["accepted_relaxed"] == accepted
+        for name, totals in plugin.counters.by_rule().items():
+            mine = [(e, b) for e, b, r in zip(expected, blocks, own, strict=True) if r.name == name]
+            assert totals["accepted_relaxed"] == sum(n_relaxed for (_, n_relaxed), _ in mine), name
+            assert totals["drafted"] == sum(len(b.drafts) for _, b in mine), name
         relaxed_total += relaxed
-    if rule.relaxes:
+    if any(r.relaxes for r in [rule, *(p for p in pool or [] if p)]):
         assert relaxed_total > 0, f"no close call was accepted: the test did not exercise {rule.name}"
 
 

@@ -16,6 +16,7 @@ from vllm.v1.sample import rejection_sampler
 
 from marspec.integrations.vllm import VllmPluginConfigError, VllmVersionError, plugin
 from marspec.integrations.vllm.config import PluginConfig
+from marspec.integrations.vllm.hooks import unwrapped
 from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
 from marspec.rules import Rule
 
@@ -68,7 +69,7 @@ def unknown_verifier(logits, draft_token_ids, metadata):
 def test_this_vllms_verifiers_have_the_signatures_the_plugin_knows() -> None:
     for contract in (V1_VERIFIER, V2_VERIFIER):
         function = getattr(importlib.import_module(contract.module), contract.name)
-        check_verifier(plugin._original(function), contract, vllm.__version__)
+        check_verifier(unwrapped(function), contract, vllm.__version__)
 
 
 @pytest.mark.parametrize(

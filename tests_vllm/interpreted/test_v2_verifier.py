@@ -19,11 +19,11 @@ import torch
 
 pytest.importorskip("vllm")
 
-from blocks import random_block
+from blocks import REQUEST_RULES, random_block
 from vllm.triton_utils import HAS_TRITON
 from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2_rejection_sampler
 
-from marspec.integrations.vllm import plugin
+from marspec.integrations.vllm import plugin, request_rules
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.versions import V2_VERIFIER
 from marspec.verify import Rule, verify_greedy, verify_sampling
@@ -54,10 +54,20 @@ def random_request(g: torch.Generator, k: int, temperature: float, relaxes: bool
     return Request(block.logits, block.drafts, block.draft_probs, temperature)
 
 
-def v2_verify(requests: list[Request], with_draft_logits: bool, g: torch.Generator) -> list[list[int]]:
-    """The batch through V2's verifier as ``RejectionSampler._verify`` calls it (the module global)."""
+def v2_verify(
+    requests: list[Request],
+    with_draft_logits: bool,
+    g: torch.Generator,
+    asked: list[Rule | None] | None = None,
+) -> list[list[int]]:
+    """The batch through V2's verifier as ``RejectionSampler._verify`` calls it (the module global);
+    ``asked``: each request's own rule, recorded per slot as the plugin's ``add_request`` hook does."""
     num_reqs = len(requests)
     slots = torch.randperm(num_reqs + 2, generator=g)[:num_reqs]  # request-state slots, not 0..R-1
+    request_rules._slots.clear()
+    for slot, rule in zip(slots.tolist(), asked or [], strict=False):
+        if rule is not None:
+            request_rules._slots[slot] = rule
     max_num_reqs = num_reqs + 2
     temperature = torch.full((max_num_reqs,), 0.9)  # slots no request uses: must not be read
     seed = torch.randint(0, 2**31, (max_num_reqs,), generator=g)
@@ -121,8 +131,10 @@ def check(
     sampled_close_calls: bool,
     sampled_rule: Rule | None = None,
     batches: int = 6,
+    pool: list[Rule | None] | None = None,
 ) -> None:
-    """``sampled_rule``, when given, is the rule sampled requests are expected to get instead."""
+    """``sampled_rule``, when given, is the rule sampled requests are expected to get instead; ``pool``,
+    the per-request rules each request picks one of (None: the deployment's ``rule``)."""
     plugin.activate(PluginConfig(rule, log_every=0), V2_VERIFIER)
     g = torch.Generator().manual_seed(seed)
     relaxed_total = 0
@@ -133,11 +145,18 @@ def check(
         requests = [
             random_request(g, k, t, sampled_close_calls) for k, t in zip(ks, temperatures, strict=True)
         ]
+        asked = (
+            [pool[int(torch.randint(len(pool), (), generator=g))] for _ in requests] if pool else [None] * n
+        )
+        own = [a or rule for a in asked]
         plugin.counters.reset()
-        ours = v2_verify(requests, with_draft_logits, g)
+        try:
+            ours = v2_verify(requests, with_draft_logits, g, asked)
+        finally:
+            request_rules._slots.clear()
         expected = [
-            marspec_verify(r, rule if r.temperature == 0 else sampled_rule or rule, with_draft_logits, g)
-            for r in requests
+            marspec_verify(r, mine if r.temperature == 0 else sampled_rule or mine, with_draft_logits, g)
+            for r, mine in zip(requests, own, strict=True)
         ]
         assert ours == [tokens for tokens, _ in expected], f"drafts {ks}, temperatures {temperatures}"
         snapshot = plugin.counters.snapshot()
@@ -146,7 +165,7 @@ def check(
         assert snapshot["accepted_exact"] + relaxed == sum(len(tokens) - 1 for tokens, _ in expected)
         assert snapshot["drafted"] == sum(int((r.drafts >= 0).cumprod(0).sum()) for r in requests)
         relaxed_total += relaxed
-    if rule.relaxes:
+    if any(r.relaxes for r in [rule, *(p for p in pool or [] if p)]):
         assert relaxed_total > 0, f"no close call was accepted: the test did not exercise {rule.name}"
 
 
@@ -185,3 +204,10 @@ def test_v2_verifier_with_plugin_equals_fly_for_greedy_and_strict_for_sampled(wi
     # (window 2) per batch of half-greedy requests here, so more batches for the longer window.
     batches = 20 * window
     check(rule, 0.5, False, 40 + window, False, sampled_rule=Rule("strict"), batches=batches)
+
+
+def test_v2_verifier_gives_each_request_its_own_rule_in_one_batch() -> None:
+    """Per-request rules on V2: recorded per request-state slot (shuffled slots here), each request of a
+    batch mixing the deployment's MARS, strict, a relaxing MARS, pthresh and FLy gets its own rule's
+    tokens."""
+    check(Rule("mars", 0.9, "logit_ratio"), 1.0, False, 11, False, batches=20, pool=REQUEST_RULES)

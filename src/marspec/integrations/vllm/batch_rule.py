@@ -24,7 +24,7 @@ over the ``[N, V]`` logits, and a save, fill and restore of the relaxed rows onl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -80,6 +80,64 @@ def decide(
     if rows is not None:
         relaxed = relaxed & rows
     return Decisions(relaxed, exact)
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    """The rules of one batch: ``rules[0]`` is the deployment's, the others those requests asked for.
+
+    ``of_request`` (long ``[B]``, on the batch's device) indexes ``rules`` per request, None when every
+    request has the deployment's rule (then nothing per request is computed)."""
+
+    rules: tuple[Rule, ...]
+    of_request: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, default: Rule, requested: Sequence[Rule | None], device: torch.device) -> RuleTable:
+        """The table for requests asking for ``requested`` (None: the deployment's ``default``)."""
+        if all(rule is None for rule in requested):
+            return cls((default,))
+        rules = [default]
+        index = []
+        for rule in requested:
+            chosen = default if rule is None else rule
+            if chosen not in rules:
+                rules.append(chosen)
+            index.append(rules.index(chosen))
+        return cls(tuple(rules), torch.tensor(index, dtype=torch.long, device=device))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The distinct rule names, in first-seen order (what the counters are labelled by)."""
+        return tuple(dict.fromkeys(str(rule.name) for rule in self.rules))
+
+    def name_of_request(self) -> torch.Tensor | None:
+        """Long ``[B]``: each request's index into :attr:`names` (None: every request has ``names[0]``)."""
+        if self.of_request is None:
+            return None
+        names = self.names
+        lookup = [names.index(str(rule.name)) for rule in self.rules]
+        return torch.tensor(lookup, dtype=torch.long, device=self.of_request.device)[self.of_request]
+
+
+def decide_each(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    table: RuleTable,
+    row_rule: torch.Tensor | None,
+    rows: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    greedy: torch.Tensor | None = None,
+) -> Decisions:
+    """:func:`decide` with each row's own rule: ``row_rule`` (long ``[N]``) indexes ``table.rules`` per
+    row (None: ``table.rules[0]`` for every row). One pass per distinct rule of the batch."""
+    first = decide(logits, draft_tokens, table.rules[0], rows, lengths, greedy)
+    if row_rule is None or len(table.rules) == 1:
+        return first
+    relaxed = first.relaxed & (row_rule == 0)
+    for index, rule in enumerate(table.rules[1:], start=1):
+        relaxed |= decide(logits, draft_tokens, rule, rows, lengths, greedy).relaxed & (row_rule == index)
+    return Decisions(relaxed, first.exact)
 
 
 @contextmanager
@@ -192,18 +250,18 @@ COUNTER_NAMES = ("steps", "drafted", "accepted_exact", "accepted_relaxed", "reje
 
 
 class AcceptCounters:
-    """Running totals over every verification the plugin has seen in this process.
+    """Running totals over every verification the plugin has seen in this process, per rule name.
 
-    Kept as one device tensor updated in place, so counting adds no host sync to vLLM's step; a read
-    (:meth:`snapshot`) pays the one copy. ``rejected`` counts verification blocks that ended in a
-    rejection (as marspec's own DecodeStats does); ``steps`` counts verification blocks of requests
-    that had draft tokens (a request with none is not a verification).
+    Kept as device tensors updated in place, so counting adds no host sync to vLLM's step; a read
+    (:meth:`snapshot`, :meth:`by_rule`) pays the copy. ``rejected`` counts verification blocks that
+    ended in a rejection (as marspec's own DecodeStats does); ``steps`` counts verification blocks of
+    requests that had draft tokens (a request with none is not a verification).
     Relaxed accepts are counted as marspec counts them: for greedy requests a close-call accept of the
     target's runner-up; for sampled requests any close-call accept (it skipped the random test).
     """
 
     def __init__(self) -> None:
-        self.totals = torch.zeros(len(COUNTER_NAMES), dtype=torch.long)
+        self.totals: dict[str, torch.Tensor] = {}  # rule name -> long [len(COUNTER_NAMES)]
 
     def record(
         self,
@@ -211,34 +269,56 @@ class AcceptCounters:
         n_accepted: torch.Tensor,
         num_draft_tokens: torch.Tensor,
         greedy_rows: torch.Tensor | None,
+        names: Sequence[str],
+        name_of_request: torch.Tensor | None = None,
     ) -> None:
         """Add one batch of ``B`` requests and ``T`` draft rows (request ``i`` owning
         ``num_draft_tokens[i]`` consecutive rows of ``decisions``).
 
         ``n_accepted``: long ``[B]``, drafts vLLM accepted per request; ``greedy_rows``: bool ``[T]``,
-        or None when every request is greedy.
+        or None when every request is greedy; ``name_of_request``: long ``[B]`` indexing ``names`` (the
+        rule each request was verified with), None when all were verified with ``names[0]``.
         """
-        accepted = _accepted_mask(n_accepted, num_draft_tokens, decisions.relaxed.shape[0])  # [T]
+        total = decisions.relaxed.shape[0]
+        accepted = _accepted_mask(n_accepted, num_draft_tokens, total)  # [T]
         counted_relaxed = decisions.relaxed & ~decisions.exact
         if greedy_rows is not None:
             counted_relaxed = torch.where(greedy_rows, counted_relaxed, decisions.relaxed)
-        relaxed = (accepted & counted_relaxed).sum()
-        step = torch.stack(
+        relaxed_rows = accepted & counted_relaxed  # [T]
+        per_request = torch.stack(  # [5, B]
             [
-                (num_draft_tokens > 0).sum(),
-                num_draft_tokens.sum(),  # on the device already: no per-step copy of T from the host
-                accepted.sum() - relaxed,
-                relaxed,
-                (n_accepted < num_draft_tokens).sum(),
+                (num_draft_tokens > 0).long(),
+                num_draft_tokens.long(),
+                n_accepted.long() - _per_request(relaxed_rows, num_draft_tokens),
+                _per_request(relaxed_rows, num_draft_tokens),
+                (n_accepted < num_draft_tokens).long(),
             ]
         )
-        if self.totals.device != step.device:
-            self.totals = self.totals.to(step.device)
-        self.totals += step
+        if name_of_request is None:
+            self._add(names[0], per_request.sum(1))
+            return
+        for index, name in enumerate(names):
+            self._add(name, (per_request * (name_of_request == index)).sum(1))
+
+    def _add(self, name: str, step: torch.Tensor) -> None:
+        if name not in self.totals:
+            self.totals[name] = torch.zeros(len(COUNTER_NAMES), dtype=torch.long, device=step.device)
+        self.totals[name] += step.to(self.totals[name].device)
+
+    def by_rule(self) -> dict[str, dict[str, int]]:
+        """The totals per rule name (the rules that verified at least one batch)."""
+        return {
+            name: dict(zip(COUNTER_NAMES, totals.tolist(), strict=True))
+            for name, totals in self.totals.items()
+        }
 
     def snapshot(self) -> dict[str, float]:
-        """The totals, plus ``mean_accepted`` (accepted drafts per block) and ``relaxed_share``."""
-        counts = dict(zip(COUNTER_NAMES, self.totals.tolist(), strict=True))
+        """The totals over every rule, plus ``mean_accepted`` (accepted drafts per block) and
+        ``relaxed_share``."""
+        counts: dict[str, float] = dict.fromkeys(COUNTER_NAMES, 0)
+        for totals in self.by_rule().values():
+            for name, value in totals.items():
+                counts[name] += value
         accepted = counts["accepted_exact"] + counts["accepted_relaxed"]
         counts["mean_accepted"] = accepted / counts["steps"] if counts["steps"] else 0.0
         counts["relaxed_share"] = counts["accepted_relaxed"] / accepted if accepted else 0.0
@@ -246,4 +326,14 @@ class AcceptCounters:
 
     def reset(self) -> None:
         """Start counting from zero (e.g. between two measured runs in one process)."""
-        self.totals.zero_()
+        self.totals.clear()
+
+
+def _per_request(row_values: torch.Tensor, num_draft_tokens: torch.Tensor) -> torch.Tensor:
+    """Long ``[B]``: the sum of ``row_values`` (``[T]``) over each request's consecutive rows."""
+    request = torch.repeat_interleave(
+        torch.arange(num_draft_tokens.shape[0], device=num_draft_tokens.device),
+        num_draft_tokens,
+        output_size=row_values.shape[0],
+    )
+    return torch.zeros_like(num_draft_tokens, dtype=torch.long).index_add_(0, request, row_values.long())

@@ -30,21 +30,30 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from marspec.integrations.vllm import request_rules
 from marspec.integrations.vllm.batch_rule import (
     AcceptCounters,
     Decisions,
     accepted_lengths,
     counts_from_cumulative,
-    decide,
+    decide_each,
     forced,
     v2_layout,
 )
-from marspec.integrations.vllm.config import PluginConfig, VllmPluginConfigError, parse_plugin_config
+from marspec.integrations.vllm.config import (
+    PluginConfig,
+    VllmPluginConfigError,
+    fly_window_problem,
+    parse_plugin_config,
+)
+from marspec.integrations.vllm.hooks import WRAPPED, unwrapped, wrap
+from marspec.integrations.vllm.metrics import METRICS_DIR_VARIABLE, CounterFile, prepare_metrics_dir
 from marspec.integrations.vllm.versions import (
     REFUSED_REJECTION_METHODS,
     SIGNATURE_CHECKED_VLLM_VERSIONS,
@@ -60,35 +69,26 @@ from marspec.integrations.vllm.versions import (
 logger = logging.getLogger("vllm.marspec")  # a child of vLLM's logger, so it shares its handlers
 
 _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
-_WRAPPED = "_marspec_wrapped"
 
 # This process's state: the active settings (None: inert) and the accept counters.
 _active: PluginConfig | None = None
 _expand_checked = False  # whether the CPU expand kernel was probed (at the first V1 verification)
 _steps_since_log = 0
 counters = AcceptCounters()
+_counter_file: CounterFile | None = None  # where this worker publishes the counters (None: nowhere)
 
 
 def register() -> None:
     """vLLM's plugin entry point. Idempotent: vLLM may call it several times per process."""
     from vllm.engine.arg_utils import EngineArgs
 
-    _wrap(EngineArgs, "create_engine_config", _checked_create_engine_config)
+    wrap(EngineArgs, "create_engine_config", _checked_create_engine_config)
     for contract in (V1_VERIFIER, V2_VERIFIER):
         try:
             module = importlib.import_module(contract.module)
         except ImportError:  # a vLLM without this runner: nothing of it to hook
             continue
-        _wrap(module.RejectionSampler, "__init__", functools.partial(_activating_init, contract=contract))
-
-
-def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-    original = getattr(owner, name)
-    if getattr(original, _WRAPPED, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _WRAPPED, True)
-    setattr(owner, name, wrapper)
+        wrap(module.RejectionSampler, "__init__", functools.partial(_activating_init, contract=contract))
 
 
 def vllm_version() -> str:
@@ -102,8 +102,10 @@ def _checked_create_engine_config(original: Any) -> Any:
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         settings = parse_plugin_config(self.additional_config)  # bad values fail here, before any load
         vllm_config = original(self, *args, **kwargs)
+        request_rules.hook_admission()  # also refuses a request's rule where the plugin is off
         if settings is not None:
             check_deployment(vllm_config, settings)
+            prepare_metrics_dir()  # before vLLM starts its engine processes, which inherit it
         return vllm_config
 
     return create_engine_config
@@ -132,19 +134,12 @@ def check_deployment(vllm_config: Any, settings: PluginConfig) -> None:
             'default "standard" method; use it, or drop additional_config["marspec"] to keep '
             f"{method!r}"
         )
-    rule, k = settings.rule, spec.num_speculative_tokens
-    if rule.name == "fly" and rule.relaxes and rule.window is not None and rule.window >= k:
-        # A deferred mismatch needs `window` draft tokens after it in the same step: FLy would be strict.
-        fix = f"use a window of at most {k - 1}, or more speculative tokens"
-        if k < 2:
-            fix = "use num_speculative_tokens >= 2"
-        raise VllmPluginConfigError(
-            f'additional_config["marspec"]: FLy\'s window={rule.window} needs that many draft tokens after '
-            f"a mismatch, and num_speculative_tokens={k} never leaves them, so it could never relax: {fix}"
-        )
+    problem = fly_window_problem(settings.rule, spec.num_speculative_tokens)
+    if problem:
+        raise VllmPluginConfigError(f'additional_config["marspec"]: {problem}')
     contract = runner_contract(vllm_config)
     module = importlib.import_module(contract.module)
-    check_verifier(_original(getattr(module, contract.name)), contract, vllm_version())
+    check_verifier(unwrapped(getattr(module, contract.name)), contract, vllm_version())
 
 
 def _activating_init(original: Any, contract: VerifierContract) -> Any:
@@ -167,7 +162,7 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
     global _active
     module = importlib.import_module(contract.module)
     current = getattr(module, contract.name)
-    if not getattr(current, _WRAPPED, False):
+    if not getattr(current, WRAPPED, False):
         version = vllm_version()
         check_verifier(current, contract, version)
         if is_signature_checked_version(version):
@@ -188,8 +183,11 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
             )
         make = _v1_verifier if contract is V1_VERIFIER else _v2_verifier
         wrapper = make(current)
-        setattr(wrapper, _WRAPPED, True)
+        setattr(wrapper, WRAPPED, True)
         setattr(module, contract.name, wrapper)
+    request_rules.hook_worker()
+    global _counter_file
+    _counter_file = _worker_counter_file()
     _active = settings
     rule = settings.rule
     # FLy reads no margin; its window is its second parameter.
@@ -207,11 +205,6 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
             "strictly (lossless), since FLy's sampled test needs the random draws vLLM makes inside its "
             "verifier"
         )
-
-
-def _original(function: Any) -> Any:
-    """vLLM's own function behind the plugin's wrapper (``function`` itself when unwrapped)."""
-    return function.__wrapped__ if getattr(function, _WRAPPED, False) else function
 
 
 def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], contract: VerifierContract, name: str) -> Any:
@@ -242,10 +235,14 @@ def _v1_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
         if not metadata.all_greedy:
             greedy_requests = metadata.temperature == GREEDY_TEMPERATURE  # [B]
             greedy_rows = torch.repeat_interleave(greedy_requests, counts, output_size=draft.shape[0])
-        decisions = decide(logits, draft, _active.rule, lengths=counts, greedy=greedy_rows)
+        table = request_rules.v1_table(_active.rule, counts.shape[0], logits.device)
+        row_rule = None
+        if table.of_request is not None:
+            row_rule = torch.repeat_interleave(table.of_request, counts, output_size=draft.shape[0])
+        decisions = decide_each(logits, draft, table, row_rule, lengths=counts, greedy=greedy_rows)
         with forced(logits, decisions.relaxed, draft):
             output = original(*args, **kwargs)  # [B, max_spec_len + 1], -1 after the last token
-        _count(decisions, accepted_lengths(output), counts, greedy_rows)
+        _count(decisions, accepted_lengths(output), counts, greedy_rows, table.names, table.name_of_request())
         return output
 
     return rejection_sample
@@ -266,8 +263,17 @@ def _v2_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
             _argument(args, kwargs, V2_VERIFIER, "temperature"),  # [max_num_reqs]
             GREEDY_TEMPERATURE,
         )
-        decisions = decide(
-            logits, layout.draft_tokens, _active.rule, layout.rows, layout.num_logits, layout.greedy
+        # Rules are recorded per request-state slot (V2 indexes its per-request tensors by slot).
+        slots = _argument(args, kwargs, V2_VERIFIER, "temperature").shape[0]
+        table = request_rules.v2_table(_active.rule, slots, logits.device)
+        row_rule = name_of_request = None
+        if table.of_request is not None:
+            row_rule = table.of_request[_argument(args, kwargs, V2_VERIFIER, "expanded_idx_mapping").long()]
+            name_of_slot = table.name_of_request()
+            assert name_of_slot is not None
+            name_of_request = name_of_slot[_argument(args, kwargs, V2_VERIFIER, "idx_mapping").long()]
+        decisions = decide_each(
+            logits, layout.draft_tokens, table, row_rule, layout.rows, layout.num_logits, layout.greedy
         )
         with forced(logits, decisions.relaxed, layout.draft_tokens):
             sampled, num_sampled = original(*args, **kwargs)  # [R, S + 1], [R]: accepted + 1
@@ -277,6 +283,8 @@ def _v2_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
             num_sampled.long() - 1,
             layout.num_draft_tokens,
             layout.greedy[rows],
+            table.names,
+            name_of_request,
         )
         return sampled, num_sampled
 
@@ -284,15 +292,39 @@ def _v2_verifier(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _count(
-    decisions: Decisions, n_accepted: torch.Tensor, num_draft_tokens: torch.Tensor, greedy_rows: Any
+    decisions: Decisions,
+    n_accepted: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    greedy_rows: Any,
+    names: tuple[str, ...],
+    name_of_request: torch.Tensor | None,
 ) -> None:
     global _steps_since_log
     assert _active is not None
-    counters.record(decisions, n_accepted, num_draft_tokens, greedy_rows)
+    counters.record(decisions, n_accepted, num_draft_tokens, greedy_rows, names, name_of_request)
+    if _counter_file is not None:
+        _counter_file.write(counters.by_rule())
     _steps_since_log += 1
     if _active.log_every and _steps_since_log >= _active.log_every:
         _steps_since_log = 0
         logger.info("marspec counters: %s", format_counters(counters.snapshot()))
+
+
+def _worker_counter_file() -> CounterFile | None:
+    """Where this worker publishes its counters for ``vllm serve``'s metrics (:mod:`.metrics`): only
+    tensor-parallel rank 0, since every rank verifies the same batch; None without a metrics directory
+    (an engine built outside the plugin's config hook)."""
+    directory = os.environ.get(METRICS_DIR_VARIABLE)
+    if not directory:
+        return None
+    from vllm.distributed import parallel_state
+
+    if (
+        parallel_state.model_parallel_is_initialized()
+        and parallel_state.get_tensor_model_parallel_rank() != 0
+    ):
+        return None
+    return CounterFile(directory)
 
 
 def format_counters(snapshot: dict[str, float]) -> str:
