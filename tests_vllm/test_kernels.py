@@ -110,7 +110,13 @@ def test_vllm_kernels_give_each_request_its_own_rule_in_one_batch() -> None:
     request of a batch mixing the deployment's MARS, strict, a relaxing MARS, pthresh and FLy gets the
     tokens its own rule gives it alone; the counters are kept per rule name."""
     check_plugin_equals_rule(
-        Rule("mars", 0.9, "logit_ratio"), 1.0, False, 7, sampled_close_calls=False, batches=40, pool=REQUEST_RULES
+        Rule("mars", 0.9, "logit_ratio"),
+        1.0,
+        False,
+        7,
+        sampled_close_calls=False,
+        batches=40,
+        pool=REQUEST_RULES,
     )
 
 
