@@ -3,7 +3,8 @@
 Five engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
 configured, MARS at theta 1.0 and at theta 0.9, and FLy at its no-relax setting (an entropy threshold
 above ln 3). The two MARS engines also run a batch that mixes greedy and sampled requests, which
-exercises the CPU expand-kernel fix.
+exercises the CPU expand-kernel fix, and the theta 0.9 engine a batch whose requests ask for different
+rules (``extra_args["marspec"]``), then each of those requests alone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ MIXED = [
 ]
 
 
+# Per-request rules in a MARS deployment (theta 0.9, logit_ratio): the deployment's own, strict, a looser
+# MARS and pthresh (given as a JSON string, as `vllm serve`'s vllm_xargs carries it), then each alone.
+PER_REQUEST = [
+    Request(DEFAULT_PROMPTS[0], max_tokens=MAX_TOKENS),
+    Request(DEFAULT_PROMPTS[1], max_tokens=MAX_TOKENS, marspec={"rule": "strict"}),
+    Request(DEFAULT_PROMPTS[2], max_tokens=MAX_TOKENS, marspec={"rule": "mars", "theta": 0.5}),
+    Request(DEFAULT_PROMPTS[3], max_tokens=MAX_TOKENS, marspec='{"rule": "pthresh", "theta": 0.3}'),
+]
+
+
 @pytest.fixture(scope="module")
 def runs(target_dir: str, draft_dir: str | None, free_ram: None) -> dict[str, EngineRun]:
     def spec(**kwargs: object) -> EngineSpec:
@@ -34,7 +45,10 @@ def runs(target_dir: str, draft_dir: str | None, free_ram: None) -> dict[str, En
         "shipped": run_engine(spec(load_plugin=False), [GREEDY]),
         "inert": run_engine(spec(), [GREEDY]),
         "theta=1.0": run_engine(spec(marspec={"theta": 1.0}), [GREEDY, MIXED]),
-        "theta=0.9": run_engine(spec(marspec={"theta": 0.9, "margin": "logit_ratio"}), [GREEDY, MIXED]),
+        "theta=0.9": run_engine(
+            spec(marspec={"theta": 0.9, "margin": "logit_ratio"}),
+            [GREEDY, MIXED, PER_REQUEST, *([r] for r in PER_REQUEST)],
+        ),
         "fly-no-relax": run_engine(spec(marspec={"rule": "fly", "theta": 2.0}), [GREEDY]),
     }
 
@@ -62,11 +76,27 @@ def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: dict[str,
     assert mars["mean_accepted"] >= strict["mean_accepted"]
 
 
+def test_each_request_of_a_mixed_rule_batch_gets_the_tokens_its_own_rule_gives_alone(
+    runs: dict[str, EngineRun],
+) -> None:
+    greedy, _, mixed, *alone = runs["theta=0.9"].batches
+    for i, request in enumerate(PER_REQUEST):
+        assert mixed.tokens[i] == alone[i].tokens[0], f"request {i} ({request.marspec}) changed in the batch"
+    # The deployment's rule where a request names none; vLLM's own output where it asks for strict.
+    assert mixed.tokens[0] == greedy.tokens[0]
+    assert mixed.tokens[1] == runs["shipped"].batches[0].tokens[1]
+    by_rule = mixed.counters_by_rule
+    assert by_rule is not None and set(by_rule) == {"mars", "strict", "pthresh"}
+    assert by_rule["strict"]["accepted_relaxed"] == 0 and by_rule["strict"]["drafted"] > 0
+    assert mixed.counters is not None
+    assert sum(c["accepted_relaxed"] for c in by_rule.values()) == mixed.counters["accepted_relaxed"] > 0
+
+
 @pytest.mark.parametrize("config", ["theta=1.0", "theta=0.9"])
 def test_greedy_rows_of_a_mixed_batch_equal_an_all_greedy_batch(
     runs: dict[str, EngineRun], config: str
 ) -> None:
-    greedy, mixed = runs[config].batches
+    greedy, mixed = runs[config].batches[:2]
     for i, request in enumerate(MIXED):
         if request.temperature == 0.0:
             assert mixed.tokens[i] == greedy.tokens[i], f"greedy request {i} changed beside sampled requests"

@@ -11,12 +11,15 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm
-from vllm import LLM
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.sample import rejection_sampler
 
 from marspec.integrations.vllm import VllmPluginConfigError, VllmVersionError, plugin
 from marspec.integrations.vllm.config import PluginConfig
-from marspec.integrations.vllm.hooks import unwrapped
+from marspec.integrations.vllm.hooks import WRAPPED, unwrapped
+from marspec.integrations.vllm.request_rules import check_request
 from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
 from marspec.rules import Rule
 
@@ -40,6 +43,31 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 def test_bad_values_are_refused_at_startup(target_dir: str, settings: object, named: str) -> None:
     with pytest.raises(VllmPluginConfigError, match=named):
         LLM(model=target_dir, speculative_config=NGRAM, additional_config={"marspec": settings})
+
+
+def test_vllms_own_verification_methods_are_refused_by_name(target_dir: str) -> None:
+    """Block verification replaces the accept test the plugin builds on (vLLM 0.33's "fly" likewise;
+    see tests/test_vllm_contracts.py): refused in one line naming it."""
+    spec = {**NGRAM, "rejection_sample_method": "block"}
+    with pytest.raises(VllmPluginConfigError, match="'block' is block verification") as refused:
+        LLM(model=target_dir, speculative_config=spec, additional_config={"marspec": {}})
+    assert "\n" not in str(refused.value)
+
+
+def test_a_request_is_checked_against_its_deployment(target_dir: str) -> None:
+    """Admission (vLLM's request validation, wrapped once an engine config is built): a bad per-request
+    rule is refused in one line, and so is any per-request rule where the plugin is not configured."""
+    with_plugin = EngineArgs(
+        model=target_dir, speculative_config=NGRAM, additional_config={"marspec": {}}
+    ).create_engine_config()
+    assert getattr(InputProcessor._validate_params, WRAPPED, False)
+    check_request(SamplingParams(extra_args={"marspec": {"rule": "strict"}}), with_plugin)
+    check_request(SamplingParams(), with_plugin)
+    with pytest.raises(VllmPluginConfigError, match=r"window=4.*num_speculative_tokens=4"):
+        check_request(SamplingParams(extra_args={"marspec": {"rule": "fly", "window": 4}}), with_plugin)
+    without = EngineArgs(model=target_dir, speculative_config=NGRAM).create_engine_config()
+    with pytest.raises(VllmPluginConfigError, match="runs without the marspec plugin"):
+        check_request(SamplingParams(extra_args={"marspec": {}}), without)
 
 
 def test_plugin_without_speculative_decoding_is_refused(target_dir: str) -> None:

@@ -62,6 +62,9 @@ class Request:
     temperature: float = 0.0
     seed: int | None = None
     logprobs: int | None = None  # also return the target's top-N tokens at each generated position
+    marspec: dict[str, Any] | None = (
+        None  # extra_args["marspec"]: this request's own rule (None: the deployment's)
+    )
 
 
 @dataclass
@@ -74,6 +77,7 @@ class BatchResult:
     # Per request, per generated position: the target's top-N [token, logprob] pairs, best first (for
     # requests that asked for ``logprobs=N``; an empty list for the others).
     top: list[list[list[list[float]]]] | None = None
+    counters_by_rule: dict[str, dict[str, int]] | None = None  # the counters per rule name; None if inert
 
     @property
     def new_tokens(self) -> int:
@@ -116,7 +120,7 @@ def _child() -> None:
     batches = [[Request(**r) for r in batch] for batch in job["batches"]]
     from vllm import LLM, SamplingParams
 
-    from marspec.integrations.vllm.plugin import read_counters, reset_counters
+    from marspec.integrations.vllm.plugin import read_counters, read_counters_by_rule, reset_counters
 
     extra = {"additional_config": {"marspec": spec.marspec}} if spec.marspec is not None else {}
     llm = LLM(
@@ -139,7 +143,11 @@ def _child() -> None:
     for batch in batches:
         params = [
             SamplingParams(
-                temperature=r.temperature, seed=r.seed, max_tokens=r.max_tokens, logprobs=r.logprobs
+                temperature=r.temperature,
+                seed=r.seed,
+                max_tokens=r.max_tokens,
+                logprobs=r.logprobs,
+                extra_args=None if r.marspec is None else {"marspec": r.marspec},
             )
             for r in batch
         ]
@@ -150,8 +158,9 @@ def _child() -> None:
         seconds = time.perf_counter() - start
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         counters = read_counters(llm) if counting else None
+        by_rule = read_counters_by_rule(llm) if counting else None
         top = [_ranked(o.outputs[0].logprobs, r.logprobs) for o, r in zip(outputs, batch, strict=True)]
-        results.append(asdict(BatchResult(tokens, seconds, counters, top)))
+        results.append(asdict(BatchResult(tokens, seconds, counters, top, by_rule)))
     print(_RESULT + json.dumps(results), flush=True)
 
 

@@ -54,6 +54,9 @@ CONTRACT_POINTS: dict[str, tuple[str, ...]] = {
     "vllm/v1/engine/input_processor.py": ("InputProcessor._validate_params",),
     "vllm/v1/worker/gpu_model_runner.py": ("GPUModelRunner._sample",),
     "vllm/v1/worker/gpu/sample/states.py": ("SamplingStates.add_request",),
+    # Counting starts after the worker's warm-up (dummy verifications).
+    "vllm/v1/worker/gpu_worker.py": ("Worker.compile_or_warm_up_model",),
+    "vllm/v1/worker/cpu_worker.py": ("CPUWorker.compile_or_warm_up_model",),
     # Metrics: a stat logger plugin in the API server.
     "vllm/plugins/__init__.py": ("STAT_LOGGER_PLUGINS_GROUP",),
     "vllm/v1/metrics/loggers.py": ("StatLoggerBase.__init__", "StatLoggerBase.record"),
@@ -69,6 +72,8 @@ HOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     "InputProcessor._validate_params": ("self", "params"),
     "GPUModelRunner._sample": ("self", "logits", "spec_decode_metadata"),
     "SamplingStates.add_request": ("self", "req_idx", "sampling_params"),
+    "Worker.compile_or_warm_up_model": ("self",),
+    "CPUWorker.compile_or_warm_up_model": ("self",),
     "StatLoggerBase.__init__": ("self", "vllm_config", "engine_index"),
     "StatLoggerBase.record": ("self", "scheduler_stats", "iteration_stats"),
 }

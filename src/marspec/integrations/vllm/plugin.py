@@ -31,6 +31,7 @@ import functools
 import importlib
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,8 @@ from marspec.integrations.vllm.versions import (
 logger = logging.getLogger("vllm.marspec")  # a child of vLLM's logger, so it shares its handlers
 
 _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+# vLLM's workers (module, class): the last step before serving is their compile_or_warm_up_model.
+_WORKERS = (("vllm.v1.worker.gpu_worker", "Worker"), ("vllm.v1.worker.cpu_worker", "CPUWorker"))
 
 # This process's state: the active settings (None: inert) and the accept counters.
 _active: PluginConfig | None = None
@@ -186,6 +189,10 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
         setattr(wrapper, WRAPPED, True)
         setattr(module, contract.name, wrapper)
     request_rules.hook_worker()
+    for module_name, worker in _WORKERS:
+        module = sys.modules.get(module_name)  # the worker running this is imported already
+        if module is not None:
+            wrap(getattr(module, worker), "compile_or_warm_up_model", _counting_from_here)
     global _counter_file
     _counter_file = _worker_counter_file()
     _active = settings
@@ -310,6 +317,19 @@ def _count(
         logger.info("marspec counters: %s", format_counters(counters.snapshot()))
 
 
+def _counting_from_here(original: Any) -> Any:
+    # vLLM's profiling and warm-up run the verifier on dummy batches before the engine serves (not
+    # counted by vLLM's own metrics either): the counters start once the last of them is done.
+    def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        counters.reset()
+        if _counter_file is not None:
+            _counter_file.write({})
+        return result
+
+    return compile_or_warm_up_model
+
+
 def _worker_counter_file() -> CounterFile | None:
     """Where this worker publishes its counters for ``vllm serve``'s metrics (:mod:`.metrics`): only
     tensor-parallel rank 0, since every rank verifies the same batch; None without a metrics directory
@@ -404,6 +424,11 @@ def read_counters(llm: Any) -> dict[str, float]:
     return llm.collective_rpc(_worker_counters)[0]
 
 
+def read_counters_by_rule(llm: Any) -> dict[str, dict[str, int]]:
+    """The accept counters of an offline ``vllm.LLM``'s engine per rule name (see :func:`read_counters`)."""
+    return llm.collective_rpc(_worker_counters_by_rule)[0]
+
+
 def reset_counters(llm: Any) -> None:
     """Zero the accept counters of an offline ``vllm.LLM``'s engine (see :func:`read_counters`)."""
     llm.collective_rpc(_worker_reset)
@@ -411,6 +436,10 @@ def reset_counters(llm: Any) -> None:
 
 def _worker_counters(_worker: Any = None) -> dict[str, float]:
     return counters.snapshot()
+
+
+def _worker_counters_by_rule(_worker: Any = None) -> dict[str, dict[str, int]]:
+    return counters.by_rule()
 
 
 def _worker_reset(_worker: Any = None) -> None:
