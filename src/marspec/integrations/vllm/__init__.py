@@ -13,16 +13,26 @@ vLLM verifies, after any drafter, on both of vLLM's model runners (V1 and V2). T
 was tested on are :data:`SUPPORTED_VLLM_VERSIONS`; on any vLLM it checks the signature of the verifier
 it wraps and refuses one it does not know (:class:`VllmVersionError`). See docs/vllm.md.
 
-Counters of exact and relaxed accepts: :func:`read_counters` offline, and a ``marspec counters:`` log
-line in the engine process every ``log_every`` steps.
+A request may pick its own rule, ``SamplingParams(extra_args={"marspec": {...}})``, validated when vLLM
+admits it (:mod:`.request_rules`); the deployment's stays the default.
+
+Counters of exact and relaxed accepts, per rule: in ``vllm serve``'s Prometheus ``/metrics``
+(:mod:`.metrics`, through a vLLM stat logger plugin), :func:`read_counters` and
+:func:`read_counters_by_rule` offline, and a ``marspec counters:`` log line in the engine process every
+``log_every`` steps.
 
 vLLM is imported only inside :mod:`.plugin`'s functions, so this package imports (and its settings and
 batched rule work) without vLLM.
 """
 
 from marspec.integrations.vllm.batch_rule import AcceptCounters, accepted_drafts, decide, forced, v2_layout
-from marspec.integrations.vllm.config import PluginConfig, VllmPluginConfigError, parse_plugin_config
-from marspec.integrations.vllm.plugin import read_counters, register, reset_counters
+from marspec.integrations.vllm.config import (
+    PluginConfig,
+    VllmPluginConfigError,
+    parse_plugin_config,
+    parse_request_rule,
+)
+from marspec.integrations.vllm.plugin import read_counters, read_counters_by_rule, register, reset_counters
 from marspec.integrations.vllm.versions import SUPPORTED_VLLM_VERSIONS, VllmVersionError
 
 __all__ = [
@@ -35,7 +45,9 @@ __all__ = [
     "decide",
     "forced",
     "parse_plugin_config",
+    "parse_request_rule",
     "read_counters",
+    "read_counters_by_rule",
     "register",
     "reset_counters",
     "v2_layout",
