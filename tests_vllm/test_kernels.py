@@ -10,6 +10,9 @@ for token.
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -189,3 +192,29 @@ def test_mixed_batch_temperatures_reach_every_draft_token_on_cpu() -> None:
     assert plugin.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
     assert expand() == expected
     assert not plugin.fix_cpu_expand_kernel(), "a working expand must be left alone"
+
+
+class SelfDict:
+    """An attribute whose ``__dict__`` is not a dict, like a C library's function wrapper that a
+    ``vllm serve`` worker has loaded: vLLM's ``register_kernels`` scan stops at it."""
+
+    @property
+    def __dict__(self) -> object:  # type: ignore[override]
+        return self
+
+
+def test_the_expand_fix_survives_a_module_vllms_kernel_registry_cannot_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    install_cpu_overrides()  # vLLM's own (broken) CPU expand again, while its registry still works
+    holder = types.ModuleType("marspec_test_unscannable")
+    holder.wrapper = SelfDict()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    with pytest.raises(AttributeError):  # vLLM's registry now fails in this process, as in vllm serve's
+        register_kernels({})
+    assert plugin.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
+    assert rejection_sampler.expand_batch_to_tokens(
+        torch.tensor([0.0, 2.5]), torch.tensor([1, 3]).int(), 3, replace_from=0, replace_to=1
+    ).tolist() == [1.0, 2.5, 2.5]

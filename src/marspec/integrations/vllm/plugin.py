@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -379,8 +380,23 @@ def fix_cpu_expand_kernel() -> bool:
     except ImportError:
         rejection_sampler.expand_kernel = _Launcher(expand_by_repeat_interleave)
     else:
-        register_kernels({_EXPAND_KERNEL: expand_by_repeat_interleave})
+        try:
+            register_kernels({_EXPAND_KERNEL: expand_by_repeat_interleave})
+        except (AttributeError, TypeError):
+            _redirect_installed_override(rejection_sampler.expand_kernel, expand_by_repeat_interleave)
     return _expands_correctly(rejection_sampler.expand_batch_to_tokens)
+
+
+def _redirect_installed_override(installed: Any, function: Callable[..., Any]) -> None:
+    """Point vLLM's installed CPU override object at ``function``.
+
+    ``register_kernels`` rebinds a kernel's holders by scanning every loaded module, and v0.32's scan
+    stops at an object whose ``__dict__`` is not a dict (found in ``vllm serve``'s worker, not offline).
+    Every holder of the expand kernel holds the one override object vLLM's CPU platform registered at
+    start-up, so routing that object's launches to ``function`` reaches them all; the probe that follows
+    checks it."""
+    installed._impl = function
+    installed._forward_by_name = tuple(inspect.signature(function).parameters) == tuple(installed.arg_names)
 
 
 class _Launcher:
