@@ -9,7 +9,8 @@ serialization), so they travel as a small JSON file:
   (before vLLM starts its engine processes, which inherit its environment), names a private directory
   in ``MARSPEC_VLLM_METRICS_DIR`` (a fresh ``mkdtemp``, mode 0700, unless the variable is already set);
 - the worker (tensor-parallel rank 0) writes its per-rule totals there after every verification step
-  (:class:`CounterFile`: ``counters-<pid>.json``, replaced atomically; tens of microseconds a step);
+  (:class:`CounterFile`: ``counters-<pid>.json``, replaced atomically; ~30 microseconds a step in
+  ``/dev/shm``, where the directory goes when the system has it);
 - the API server reads the files when Prometheus scrapes (:func:`read_counter_files`, summed over the
   engines' workers): :class:`~.stat_logger.MarspecStatLogger`, a vLLM stat logger plugin (entry point
   group ``vllm.stat_logger_plugins``), registers a collector for them.
@@ -39,7 +40,10 @@ def prepare_metrics_dir() -> Path:
     named = os.environ.get(METRICS_DIR_VARIABLE)
     if named:
         return Path(named)
-    created = tempfile.mkdtemp(prefix="marspec-vllm-metrics-")
+    # In memory where the system has it: a disk-backed write took ~0.2 ms (p90 ~4 ms on a busy disk),
+    # one in /dev/shm ~0.03 ms, and the worker writes after every step.
+    memory = Path("/dev/shm")
+    created = tempfile.mkdtemp(prefix="marspec-vllm-metrics-", dir=memory if memory.is_dir() else None)
     atexit.register(shutil.rmtree, created, ignore_errors=True)
     os.environ[METRICS_DIR_VARIABLE] = created
     return Path(created)
