@@ -35,33 +35,54 @@ PER_REQUEST = [
 ]
 
 
-@pytest.fixture(scope="module")
-def runs(target_dir: str, draft_dir: str | None, free_ram: None) -> dict[str, EngineRun]:
-    def spec(**kwargs: object) -> EngineSpec:
+class EngineRuns(dict[str, EngineRun]):
+    """Each configuration's engine, started the first time a test asks for it (``-k`` runs fewer)."""
+
+    def __init__(self, target_dir: str, draft_dir: str | None) -> None:
+        super().__init__()
+        self.target_dir, self.draft_dir = target_dir, draft_dir
+
+    def __missing__(self, config: str) -> EngineRun:
+        marspec, batches = CONFIGS[config]
         # Eager: compiling the graphs costs minutes per engine here and does not touch the rule under test.
-        return EngineSpec(target_dir, draft_dir, k=4, kv_cache_gib=KV_CACHE_GIB, eager=True, **kwargs)  # type: ignore[arg-type]
+        spec = EngineSpec(
+            self.target_dir,
+            self.draft_dir,
+            k=4,
+            kv_cache_gib=KV_CACHE_GIB,
+            eager=True,
+            marspec=marspec,
+            load_plugin=config != "shipped",
+        )
+        self[config] = run_engine(spec, batches)
+        return self[config]
 
-    return {
-        "shipped": run_engine(spec(load_plugin=False), [GREEDY]),
-        "inert": run_engine(spec(), [GREEDY]),
-        "theta=1.0": run_engine(spec(marspec={"theta": 1.0}), [GREEDY, MIXED]),
-        "theta=0.9": run_engine(
-            spec(marspec={"theta": 0.9, "margin": "logit_ratio"}),
-            [GREEDY, MIXED, PER_REQUEST, *([r] for r in PER_REQUEST)],
-        ),
-        "fly-no-relax": run_engine(spec(marspec={"rule": "fly", "theta": 2.0}), [GREEDY]),
-    }
+
+# configuration -> (additional_config["marspec"], the batches its engine runs)
+CONFIGS: dict[str, tuple[dict[str, object] | None, list[list[Request]]]] = {
+    "shipped": (None, [GREEDY]),  # the plugin not even loaded
+    "inert": (None, [GREEDY]),
+    "theta=1.0": ({"theta": 1.0}, [GREEDY, MIXED]),
+    "theta=0.9": (
+        {"theta": 0.9, "margin": "logit_ratio"},
+        [GREEDY, MIXED, PER_REQUEST, *([r] for r in PER_REQUEST)],
+    ),
+    "fly-no-relax": ({"rule": "fly", "theta": 2.0}, [GREEDY]),
+}
 
 
-def test_the_unconfigured_plugin_leaves_vllm_unchanged(runs: dict[str, EngineRun]) -> None:
+@pytest.fixture(scope="module")
+def runs(target_dir: str, draft_dir: str | None, free_ram: None) -> EngineRuns:
+    return EngineRuns(target_dir, draft_dir)
+
+
+def test_the_unconfigured_plugin_leaves_vllm_unchanged(runs: EngineRuns) -> None:
     assert runs["inert"].batches[0].counters is None
     assert runs["inert"].batches[0].tokens == runs["shipped"].batches[0].tokens
 
 
 @pytest.mark.parametrize("config", ["theta=1.0", "fly-no-relax"])
-def test_no_relax_settings_give_vllm_strict_output_token_for_token(
-    runs: dict[str, EngineRun], config: str
-) -> None:
+def test_no_relax_settings_give_vllm_strict_output_token_for_token(runs: EngineRuns, config: str) -> None:
     strict = runs[config].batches[0]
     assert strict.tokens == runs["shipped"].batches[0].tokens
     assert strict.counters is not None
@@ -69,7 +90,7 @@ def test_no_relax_settings_give_vllm_strict_output_token_for_token(
     assert strict.counters["accepted_relaxed"] == 0
 
 
-def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: dict[str, EngineRun]) -> None:
+def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: EngineRuns) -> None:
     strict, mars = runs["theta=1.0"].batches[0].counters, runs["theta=0.9"].batches[0].counters
     assert strict is not None and mars is not None
     assert mars["accepted_relaxed"] > 0
@@ -77,7 +98,7 @@ def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: dict[str,
 
 
 def test_each_request_of_a_mixed_rule_batch_gets_the_tokens_its_own_rule_gives_alone(
-    runs: dict[str, EngineRun],
+    runs: EngineRuns,
 ) -> None:
     greedy, _, mixed, *alone = runs["theta=0.9"].batches
     for i, request in enumerate(PER_REQUEST):
@@ -93,9 +114,7 @@ def test_each_request_of_a_mixed_rule_batch_gets_the_tokens_its_own_rule_gives_a
 
 
 @pytest.mark.parametrize("config", ["theta=1.0", "theta=0.9"])
-def test_greedy_rows_of_a_mixed_batch_equal_an_all_greedy_batch(
-    runs: dict[str, EngineRun], config: str
-) -> None:
+def test_greedy_rows_of_a_mixed_batch_equal_an_all_greedy_batch(runs: EngineRuns, config: str) -> None:
     greedy, mixed = runs[config].batches[:2]
     for i, request in enumerate(MIXED):
         if request.temperature == 0.0:
