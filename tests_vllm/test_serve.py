@@ -24,8 +24,12 @@ from engine_ram import KV_CACHE_GIB, SMALL_ENGINE_GIB, require_free_ram
 
 pytest.importorskip("vllm")
 
-from marspec.integrations.vllm.compare import DEFAULT_PROMPTS
-
+# Prompts a model continues by repeating them, so that n-gram drafting proposes tokens.
+REPEATING = (
+    "Copy the line below five times.\nThe quick brown fox jumps over the lazy dog.\n"
+    "The quick brown fox jumps over the lazy dog.\n",
+    "def add(a, b):\n    return a + b\n\n\ndef add3(a, b, c):\n    return a + b + c\n\n\ndef add4(",
+)
 STARTUP_SECONDS = 600  # loading, profiling and warming up on a busy 2-core machine
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 DEPLOYMENT = {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}
@@ -104,7 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def complete(base: str, prompt: str, xargs: dict[str, object] | None = None) -> tuple[int, dict]:
-    body: dict[str, object] = {"model": "small", "prompt": prompt, "max_tokens": 32, "temperature": 0}
+    body: dict[str, object] = {"model": "small", "prompt": prompt, "max_tokens": 48, "temperature": 0}
     if xargs is not None:
         body["vllm_xargs"] = xargs
     request = urllib.request.Request(
@@ -134,12 +138,12 @@ def total(found: dict[str, float], name: str) -> float:
 
 
 def test_serve_takes_per_request_rules_and_exports_the_counters(server: str) -> None:
-    status, default = complete(server, DEFAULT_PROMPTS[0])
+    status, default = complete(server, REPEATING[0])
     assert status == 200, default
-    status, strict = complete(server, DEFAULT_PROMPTS[2], {"marspec": json.dumps({"rule": "strict"})})
+    status, strict = complete(server, REPEATING[1], {"marspec": json.dumps({"rule": "strict"})})
     assert status == 200, strict
 
-    status, refused = complete(server, DEFAULT_PROMPTS[0], {"marspec": json.dumps({"theta": 1.5})})
+    status, refused = complete(server, REPEATING[0], {"marspec": json.dumps({"theta": 1.5})})
     assert status == 400, refused
     message = refused["error"]["message"]
     assert "theta=1.5" in message and 'extra_args["marspec"]' in message and "\n" not in message
