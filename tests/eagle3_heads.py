@@ -89,7 +89,8 @@ def write_head(
     }
     tensors = {name: t.to(dtype).contiguous() for name, t in tensors.items()}
     tensors["d2t"] = drafted - torch.arange(len(sources))  # target id = draft id + d2t[draft id]
-    tensors["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, drafted, True)
+    # (A map into another vocabulary, made to be refused, marks only the ids this one has.)
+    tensors["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, drafted[drafted < vocab], True)
     for name in drop:
         del tensors[name]
     folder.mkdir(parents=True, exist_ok=True)
