@@ -41,10 +41,21 @@ def bigram_proposals(sequences: list[list[int]], followers: list[list[int]]) -> 
     return proposals
 
 
+def target_tensors(folder: Path, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A target folder's final norm weight and its output rows ``rows`` (``lm_head``, or the token
+    embedding when the two are tied), read row by row without loading the rest."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        output = f.get_slice("lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight")
+        return f.get_tensor("model.norm.weight"), torch.cat([output[r : r + 1] for r in rows])
+
+
 def write_head(
     folder: Path,
     target_config: dict,
-    target_weights: dict[str, torch.Tensor],
+    target_dir: Path,
     proposals: dict[int, int],
     seed: int = 0,
     layers: list[int] | None = None,
@@ -52,8 +63,8 @@ def write_head(
     config_changes: dict | None = None,
     drop: tuple[str, ...] = (),
 ) -> Path:
-    """Write a head for the target (its config.json as a dict; its ``lm_head.weight`` and
-    ``model.norm.weight``) into ``folder``. ``layers`` goes to ``eagle_config`` (None: the config names
+    """Write a head for the target in ``target_dir`` (its config.json as ``target_config``) into
+    ``folder``. ``layers`` goes to ``eagle_config`` (None: the config names
     none, and EAGLE-3's default applies; then ``fc`` reads the late layer instead of layer L).
     ``config_changes`` and ``drop`` (tensor names left out) make misfit heads."""
     hidden = target_config["hidden_size"]
@@ -68,6 +79,7 @@ def write_head(
     def noise(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * NOISE
 
+    final_norm, output = target_tensors(target_dir, sources)
     fc = torch.zeros(hidden, 3 * hidden)  # passes on the last of the three feature layers
     fc[:, 2 * hidden :] = torch.eye(hidden)
     drafted = torch.tensor([proposals[a] for a in sources])
@@ -84,8 +96,8 @@ def write_head(
         "midlayer.mlp.up_proj.weight": noise(INTERMEDIATE, hidden),
         "midlayer.mlp.down_proj.weight": noise(hidden, INTERMEDIATE),
         "fc.weight": fc,
-        "norm.weight": target_weights["model.norm.weight"].float().clone(),
-        "lm_head.weight": target_weights["lm_head.weight"][sources].float().clone(),
+        "norm.weight": final_norm.float(),
+        "lm_head.weight": output.float(),
     }
     tensors = {name: t.to(dtype).contiguous() for name, t in tensors.items()}
     tensors["d2t"] = drafted - torch.arange(len(sources))  # target id = draft id + d2t[draft id]

@@ -22,7 +22,6 @@ import huggingface_hub.constants
 import pytest
 import torch
 from eagle3_heads import bigram_proposals, last_layer_ids, write_head
-from safetensors.torch import load_file
 from test_hub import add_to_hub_cache, snapshot_of
 
 import marspec.api
@@ -73,20 +72,17 @@ def plain_runs(plain, target_dir) -> list[tuple[list[int], torch.Tensor]]:
     return runs
 
 
-def target_files(target_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    return json.loads((target_dir / "config.json").read_text()), load_file(
-        str(target_dir / "model.safetensors")
-    )
+def target_config(target_dir: Path) -> dict:
+    return json.loads((target_dir / "config.json").read_text())
 
 
 def make_head(target_dir: Path, plain_runs, folder: Path, rank: int = 0, **kwargs) -> Path:
     """A head proposing, after each token, the target's choice of that rank (0: its top choice, 1: its
     runner-up) at the next position of the plain runs."""
-    config, weights = target_files(target_dir)
     followers = [top2[:, rank].tolist() for _, top2 in plain_runs]
     proposals = bigram_proposals([tokens for tokens, _ in plain_runs], followers)
     kwargs.setdefault("layers", last_layer_ids(LAYERS))
-    return write_head(folder, config, weights, proposals, **kwargs)
+    return write_head(folder, target_config(target_dir), target_dir, proposals, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -118,37 +114,32 @@ def test_the_target_keeps_the_hidden_states_a_plain_forward_computes(plain):
     target = plain.target
     layers = (0, 2, LAYERS)
     target.capture_hidden_states(layers)
-    try:
-        ids = torch.tensor([5, 17, 42, 8, 63, 5, 17, 42, 9, 11])
-        with torch.inference_mode():
-            reference = target.model(ids[None], output_hidden_states=True).hidden_states
-        last = reference[LAYERS]
-        # transformers' last entry is after the final norm: undo nothing, compute the pre-norm output.
-        with torch.inference_mode():
-            pre_norm = {}
-            hook = target.model.model.layers[-1].register_forward_hook(
-                lambda m, a, out: pre_norm.setdefault("x", out[0] if isinstance(out, tuple) else out)
-            )
-            target.model(ids[None])
-            hook.remove()
-        del last
-        expected = torch.cat([reference[0][0], reference[2][0], pre_norm["x"][0]], dim=-1)
-        target.reset()
-        target.forward(ids[:6], last_only=True)
-        target.forward(ids[6:8])
-        torch.testing.assert_close(target.hidden_states(0, 8), expected[:8], rtol=1e-4, atol=1e-5)
-        # A tree over positions 8 and 9 whose kept path is a sibling: its row moves to position 8.
-        draft = Draft(tokens=torch.tensor([3]), alternatives=torch.tensor([[9]]))
-        tree = build_tree(draft, (2,))
-        target.forward_tree(tree, ids[7:8] * 0 + ids[7])  # root: the token at position 7 again
-        target.rollback(7)
-        target.forward_tree(tree, ids[7:8])  # root at 7, nodes at 8: [3 (chain), 9 (sibling)]
-        target.keep_path(7, (2,))
-        assert target.cached_len == 9
-        torch.testing.assert_close(target.hidden_states(0, 9), expected[:9], rtol=1e-4, atol=1e-5)
-    finally:
-        target.capture_hidden_states(())
-        target.reset()
+    ids = torch.tensor([5, 17, 42, 8, 63, 5, 17, 42, 9, 11])
+    with torch.inference_mode():
+        reference = target.model(ids[None], output_hidden_states=True).hidden_states
+        # transformers' last entry is after the final norm; layer L is the last layer's output before it.
+        pre_norm = {}
+        hook = target.model.model.layers[-1].register_forward_hook(
+            lambda m, a, out: pre_norm.setdefault("x", out[0] if isinstance(out, tuple) else out)
+        )
+        target.model(ids[None])
+        hook.remove()
+    expected = torch.cat([reference[0][0], reference[2][0], pre_norm["x"][0]], dim=-1)  # [10, 3 H]
+    target.reset()
+    target.forward(ids[:6], last_only=True)
+    target.forward(ids[6:8])
+    close = {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(target.hidden_states(0, 8, layers), expected[:8], **close)
+    hidden = target.hidden_size
+    torch.testing.assert_close(target.hidden_states(2, 5, (LAYERS,)), expected[2:5, 2 * hidden :], **close)
+    # A tree at position 8 whose kept path is the sibling (the token at 8): its row moves into place.
+    target.rollback(7)
+    tree = build_tree(Draft(tokens=torch.tensor([3]), alternatives=ids[8:9].unsqueeze(0)), (2,))
+    target.forward_tree(tree, ids[7:8])  # root at 7; nodes at 8: 3 (the chain), then the sibling
+    target.keep_path(7, (2,))
+    assert target.cached_len == 9
+    torch.testing.assert_close(target.hidden_states(0, 9, layers), expected[:9], **close)
+    target.reset()
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -193,6 +184,23 @@ def test_mars_relaxes_the_heads_runner_up_drafts(target_dir, runner_up_head_dir,
     assert relaxed > 0, "MARS relaxed none of the head's runner-up drafts"
 
 
+def test_heads_take_turns_on_one_loaded_target(target_dir, head_dir, plain_runs, tmp_path):
+    """A target passed in loaded is shared: a second head with other feature layers adds them to the
+    target's kept states, and each head drafts from its own layers (the same accepts as alone)."""
+    alone = Decoder(str(target_dir), str(head_dir), device="cpu", draft_confidence=0.0)
+    accepts = [alone.generate(p, **options(rule="strict", k=3)).stats.accepted_exact for p in PROMPTS]
+    shared = Decoder(str(target_dir), None, device="cpu").target
+    unnamed = make_head(target_dir, plain_runs, tmp_path / "default-layers", layers=None)
+    other = Decoder(shared, str(unnamed), draft_confidence=0.0)
+    first = Decoder(shared, str(head_dir), draft_confidence=0.0)
+    for decoder in (other, first, other, first):
+        for prompt, (tokens, _), accepted in zip(PROMPTS, plain_runs, accepts, strict=True):
+            result = decoder.generate(prompt, **options(rule="strict", k=3))
+            assert result.token_ids == tokens
+            if decoder is first:
+                assert result.stats.accepted_exact == accepted
+
+
 def test_fly_and_rivals_verify_the_heads_drafts_at_their_no_relax_settings(eagle, plain_runs):
     tokens = plain_runs[0][0]
     for rule, theta in (("fly", 0.0), ("topk", 1)):
@@ -211,11 +219,8 @@ def test_sampling_with_the_head_is_lossless(tmp_path):
 
     target = small_lm(0, spread=1.0)
     config = target.model.config.to_dict()
-    weights = {name: t for name, t in target.model.state_dict().items()}
-    weights["lm_head.weight"] = torch.randn(
-        4, config["hidden_size"], generator=torch.Generator().manual_seed(5)
-    )
-    folder = write_head(tmp_path / "head", config, weights, {0: 3, 1: 0, 2: 1}, layers=[0, 1, 1])
+    target.model.save_pretrained(tmp_path / "target")
+    folder = write_head(tmp_path / "head", config, tmp_path / "target", {0: 3, 1: 0, 2: 1}, layers=[0, 1, 1])
     spec = find_head(str(folder))
     layers = check_fits(spec, TargetShape.of_config("small", config))
     head = load_head(spec, len(layers), target.model.get_input_embeddings(), torch.float32, target.device)
@@ -226,8 +231,7 @@ def test_sampling_with_the_head_is_lossless(tmp_path):
 
 
 def test_feature_layers_come_from_the_config_else_eagle3s_default(target_dir, plain_runs, tmp_path):
-    config, _ = target_files(target_dir)
-    shape = TargetShape.of_config("t", config)
+    shape = TargetShape.of_config("t", target_config(target_dir))
     named = make_head(target_dir, plain_runs, tmp_path / "named")
     assert check_fits(find_head(str(named)), shape) == tuple(last_layer_ids(LAYERS))
     unnamed = make_head(target_dir, plain_runs, tmp_path / "unnamed", layers=None)
@@ -266,13 +270,9 @@ def test_a_head_by_hub_id_offline_drafts_as_its_folder_does(target_dir, offline_
 
 def misfits(target_dir: Path, plain_runs, root: Path) -> dict[str, tuple[Path, str]]:
     """Heads that do not fit the target, each with a phrase its refusal must hold."""
-    config, weights = target_files(target_dir)
+    config = target_config(target_dir)
     hidden, vocab = config["hidden_size"], config["vocab_size"]
-    wide = {**config, "hidden_size": 2 * hidden, "head_dim": None}
-    wide_weights = {
-        "model.norm.weight": torch.ones(2 * hidden),
-        "lm_head.weight": torch.randn(vocab, 2 * hidden),
-    }
+    wide_dir = save_tiny_model(root / "wide-target", tiny_model(seed=0, layers=LAYERS, hidden=2 * hidden))
     proposals = bigram_proposals([t for t, _ in plain_runs], [t2[:, 0].tolist() for _, t2 in plain_runs])
     big = {a: b + 200 for a, b in proposals.items()}
 
@@ -280,14 +280,14 @@ def misfits(target_dir: Path, plain_runs, root: Path) -> dict[str, tuple[Path, s
         kwargs.setdefault("layers", last_layer_ids(LAYERS))
         return write_head(
             root / name,
-            kwargs.pop("cfg", config),
-            kwargs.pop("w", weights),
+            target_config(kwargs.get("of", target_dir)),
+            kwargs.pop("of", target_dir),
             kwargs.pop("p", proposals),
             **kwargs,
         )
 
     return {
-        "width": (head("width", cfg=wide, w=wide_weights), f"hidden states {2 * hidden} wide"),
+        "width": (head("width", of=wide_dir), f"hidden states {2 * hidden} wide"),
         "vocabulary": (head("vocab", config_changes={"vocab_size": vocab + 4}), f"vocabulary of {vocab + 4}"),
         "d2t": (head("d2t", p=big), "outside target"),
         "layers": (head("layers", layers=[2, 3, LAYERS + 5]), f"has {LAYERS}"),

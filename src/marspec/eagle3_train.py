@@ -112,7 +112,7 @@ def chunks_of(tokenizer, docs, start: int, count: int, chunk: int, per_doc: int)
     return out, i
 
 
-def collect_shard(target, chunks: list[list[int]], top: int, path: Path) -> None:
+def collect_shard(target, layers: tuple[int, ...], chunks: list[list[int]], top: int, path: Path) -> None:
     """Score each chunk with the target and save tokens, feature states and top log-probabilities."""
     from safetensors.torch import save_file
 
@@ -124,7 +124,7 @@ def collect_shard(target, chunks: list[list[int]], top: int, path: Path) -> None
         lp = torch.log_softmax(logits, dim=-1)
         values, indices = lp.topk(top, dim=-1)
         tokens.append(t.int())
-        states.append(target.hidden_states(0, len(ids)).to(torch.bfloat16))
+        states.append(target.hidden_states(0, len(ids), layers).to(torch.bfloat16))
         top_ids.append(indices.int())
         top_lp.append(values.half())
     tmp = path.with_suffix(".tmp")
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
             if not chunks:
                 sys.exit("the corpus is used up")
             with torch.inference_mode():
-                collect_shard(target, chunks, args.top, path)
+                collect_shard(target, layers, chunks, args.top, path)
             state["next_doc"] = nxt
             state_path.write_text(json.dumps(state))
             took = time.perf_counter() - t0

@@ -230,12 +230,15 @@ class HiddenStates(Protocol):
     num_layers: int  # decoder layers
 
     def capture_hidden_states(self, layers: tuple[int, ...]) -> None:
-        """From the next forward on, keep the hidden states of ``layers`` (each in ``[0, num_layers]``)."""
+        """From the next forward on, also keep the hidden states of ``layers`` (each in ``[0,
+        num_layers]``); layers asked for before stay kept (drafters sharing one target each read theirs).
+        Asking for a layer not kept yet drops the cache, whose positions have no states of it."""
         ...
 
-    def hidden_states(self, start: int, end: int) -> torch.Tensor:
-        """The kept states of cached positions ``start .. end - 1``: ``[end - start, len(layers) *
-        hidden_size]``, the layers side by side in the order given, in the model's dtype and device."""
+    def hidden_states(self, start: int, end: int, layers: tuple[int, ...]) -> torch.Tensor:
+        """The kept states of ``layers`` at cached positions ``start .. end - 1``: ``[end - start,
+        len(layers) * hidden_size]``, the layers side by side in the order given, in the model's dtype
+        and device."""
         ...
 
 

@@ -188,21 +188,26 @@ class HFCausalLM:
         self.rollback(base + 1 + len(path))
 
     def capture_hidden_states(self, layers: tuple[int, ...]) -> None:
-        """From the next forward on, keep the hidden states of ``layers`` at every scored position (see
-        :class:`marspec.interfaces.HiddenStates`); ``()`` stops capturing."""
+        """From the next forward on, also keep the hidden states of ``layers`` at every scored position
+        (see :class:`marspec.interfaces.HiddenStates`). Layers asked for earlier stay kept, so drafters
+        sharing this model each read theirs; asking for a new layer drops the cache (its positions have
+        no states of that layer), asking again for kept ones changes nothing."""
         bad = [layer for layer in layers if not 0 <= layer <= self.num_layers]
         if bad:
             raise MarspecError(
                 f"{self.name!r} has {self.num_layers} layers: hidden states can be read at layers 0 to "
                 f"{self.num_layers}, not {', '.join(map(str, bad))}"
             )
-        self._states.capture(tuple(layers))
+        if not set(layers) <= set(self._states.layers):
+            self.reset()
+            self._states.capture(tuple(sorted(set(layers) | set(self._states.layers))))
 
-    def hidden_states(self, start: int, end: int) -> torch.Tensor:
-        """The kept hidden states of cached positions ``start .. end - 1``: [end - start, layers x H]."""
+    def hidden_states(self, start: int, end: int, layers: tuple[int, ...]) -> torch.Tensor:
+        """The kept hidden states of ``layers`` at cached positions ``start .. end - 1``, side by side:
+        [end - start, len(layers) x H]."""
         if not 0 <= start <= end <= self._cached:
             raise ValueError(f"positions {start}..{end} are not all cached ({self._cached} are)")
-        return self._states.rows(start, end)
+        return self._states.rows(start, end, layers)
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions."""
@@ -215,14 +220,14 @@ class HFCausalLM:
 
 
 class _HiddenStateRecorder:
-    """Hidden states of chosen layers, kept by position in one buffer ([capacity, layers x H], grown by
+    """Hidden states of chosen layers, kept by position in one buffer ([capacity, layers, H], grown by
     doubling like the position cache). Forward hooks note each forward's states; :meth:`store` writes them
     at the forward's positions. Nothing is hooked until :meth:`capture` names layers, so a model whose
     states nobody reads pays nothing."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self._model = model
-        self.layers: tuple[int, ...] = ()
+        self.layers: tuple[int, ...] = ()  # sorted
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._seen: dict[int, torch.Tensor] = {}  # layer -> [n, H] of the latest forward
         self._buf: torch.Tensor | None = None
@@ -233,7 +238,7 @@ class _HiddenStateRecorder:
         self._hooks, self._seen, self._buf = [], {}, None
         self.layers = layers
         decoder_layers = self._model.get_decoder().layers
-        for layer in sorted(set(layers)):
+        for layer in layers:
             # Layer i's input is layer i - 1's output; layer 0's is the embeddings' output.
             module = self._model.get_input_embeddings() if layer == 0 else decoder_layers[layer - 1]
             self._hooks.append(module.register_forward_hook(self._noter(layer)))
@@ -249,12 +254,13 @@ class _HiddenStateRecorder:
         """Write the latest forward's states at positions ``start ...`` (nothing when not capturing)."""
         if not self.layers:
             return
-        rows = torch.cat([self._seen[layer] for layer in self.layers], dim=-1)  # [n, layers x H]
+        rows = torch.stack([self._seen[layer] for layer in self.layers], dim=1)  # [n, layers, H]
         self._seen = {}
         end = start + rows.shape[0]
         buf = self._buf
         if buf is None or end > buf.shape[0] or buf.dtype != rows.dtype or buf.device != rows.device:
-            grown = rows.new_empty(max(end, 256, 2 * (0 if buf is None else buf.shape[0])), rows.shape[1])
+            capacity = max(end, 256, 2 * (0 if buf is None else buf.shape[0]))
+            grown = rows.new_empty(capacity, *rows.shape[1:])
             if buf is not None and buf.dtype == rows.dtype and buf.device == rows.device:
                 grown[: min(start, buf.shape[0])] = buf[: min(start, buf.shape[0])]
             buf = self._buf = grown
@@ -264,10 +270,15 @@ class _HiddenStateRecorder:
         if self._buf is not None:
             self._buf[dst] = self._buf[src]
 
-    def rows(self, start: int, end: int) -> torch.Tensor:
-        if not self.layers or self._buf is None:
-            raise MarspecError("no hidden states are kept: call capture_hidden_states(layers) first")
-        return self._buf[start:end]
+    def rows(self, start: int, end: int, layers: tuple[int, ...]) -> torch.Tensor:
+        missing = [layer for layer in layers if layer not in self.layers]
+        if missing or self._buf is None:
+            raise MarspecError(
+                f"hidden states of layers {missing or list(layers)} are not kept: call "
+                "capture_hidden_states(layers) first"
+            )
+        index = [self.layers.index(layer) for layer in layers]
+        return self._buf[start:end, index].reshape(end - start, -1)  # [n, len(layers) x H]
 
 
 # Grouped key/value heads under a mask. A verification forward scores several tokens, so transformers

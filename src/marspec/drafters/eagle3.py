@@ -125,7 +125,7 @@ class Eagle3Drafter:
         # Draft steps of the last proposal go; a position whose target state is gone goes too. One
         # position is always run again, so its logits are at hand even when nothing new was scored.
         model.keep(min(model.cached_len, known - 1))
-        logits, stream = model.catch_up(context, target.hidden_states(model.cached_len, known))
+        logits, stream = model.catch_up(context, target.hidden_states(model.cached_len, known, self.layers))
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
         probs = torch.zeros(k, target.vocab_size, device=device) if temperature > 0 else None
