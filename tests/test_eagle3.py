@@ -360,3 +360,11 @@ def test_the_server_refuses_to_start_with_a_misfit_head(target_dir, misfit_heads
     bad = cli("serve", "--target", str(target_dir), "--draft", str(folder), "--port", "0")
     assert bad.returncode == 2
     assert phrase in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_forward_cost_profile_refuses_a_head_in_one_line(eagle):
+    from marspec.profile import profile_pair
+
+    with pytest.raises(MarspecError, match="EAGLE-3 head") as caught:
+        profile_pair(eagle.target, eagle.drafter.draft_model, max_tokens=2, context=8, repeats=1)
+    assert "\n" not in str(caught.value)
