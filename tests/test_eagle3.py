@@ -322,8 +322,12 @@ def test_misfit_heads_are_refused_in_one_line_before_any_weights_load(target_dir
         assert "EAGLE-3 head" in message, kind
 
 
-def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 240, hub_cache: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a process of its own, offline (a closed local port as the Hub: nothing is reached)."""
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"
+    if hub_cache is not None:
+        env["HF_HUB_CACHE"] = str(hub_cache)
     code = "import sys; from marspec.cli import app; sys.argv[0] = 'marspec'; app()"
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout
@@ -368,3 +372,23 @@ def test_the_forward_cost_profile_refuses_a_head_in_one_line(eagle):
     with pytest.raises(MarspecError, match="EAGLE-3 head") as caught:
         profile_pair(eagle.target, eagle.drafter.draft_model, max_tokens=2, context=8, repeats=1)
     assert "\n" not in str(caught.value)
+
+
+def test_the_cli_generates_with_a_head_by_hub_id_offline(target_dir, head_dir, plain_runs, tmp_path):
+    """``marspec generate --draft ORG/HEAD`` with the head in an offline Hugging Face cache: recognised as
+    a head by its config (no tokenizer looked for), and it drafts."""
+    add_to_hub_cache(tmp_path / "hub", HUB_HEAD, head_dir)
+    args = [
+        "--target",
+        str(target_dir),
+        "--draft",
+        HUB_HEAD,
+        "--rule",
+        "strict",
+        "--max-new-tokens",
+        str(NEW),
+    ]
+    ok = cli("generate", *args, "--json", PROMPTS[2], hub_cache=tmp_path / "hub")
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert result["token_ids"] == plain_runs[2][0] and result["stats"]["accepted_exact"] > 0
