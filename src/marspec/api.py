@@ -40,8 +40,11 @@ from marspec.defaults import (
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from marspec.drafters.eagle3 import Eagle3Drafter
+from marspec.drafters.eagle3_head import load_head
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
+from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
 from marspec.prompting import Prompt, encode_prompt
 from marspec.rules import AUTO, Rule, RuleName, filled_setting, rule_name
 from marspec.stats import GenerationStats
@@ -144,6 +147,21 @@ def _check_target_quant(
     return target_quant
 
 
+def _target_shape(target: str | HFCausalLM) -> TargetShape:
+    if isinstance(target, HFCausalLM):
+        return TargetShape.of_config(target.name, target.model.config.to_dict())
+    return target_shape(target)
+
+
+def _eagle3_drafter(
+    head: HeadSpec, layers: tuple[int, ...], target: HFCausalLM, dtype: torch.dtype, confidence: float
+) -> Eagle3Drafter:
+    """An EAGLE-3 head (checked to fit already) loaded to draft for ``target``, in its dtype and device."""
+    embedding = target.model.get_input_embeddings()
+    module = load_head(head, len(layers), embedding, dtype, target.device)
+    return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence)
+
+
 def check_same_tokenizer(target: HFCausalLM, draft: HFCausalLM) -> None:
     """A draft model is only usable if its token ids mean what the target's mean."""
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
@@ -160,14 +178,17 @@ class Decoder:
     Args:
         target: a known model name (see ``marspec models``), a local HF model folder, a .gguf file or a
             Hugging Face Hub id ``ORG/NAME`` (from the HF cache, downloaded when online; docs/models.md).
-        draft: a draft model (same forms; must share the target's tokenizer), ``"ngram"`` for prompt
-            lookup, or ``None`` for plain decoding only.
+        draft: a draft model (same forms; must share the target's tokenizer), an EAGLE-3 head for the
+            target (a folder or Hub id of a head in the published format, recognised by its config's
+            ``LlamaForCausalLMEagle3``: it drafts from the target's hidden states; docs/models.md),
+            ``"ngram"`` for prompt lookup, or ``None`` for plain decoding only.
         dtype: ``"fp32"`` (default: exact, and on CPUs without fast bf16 kernels as fast) or ``"bf16"``.
         threads: torch intra-op threads (default: torch's choice). This is ``torch.set_num_threads``,
             which is process-wide: it also changes the thread count of every other torch user in the
             process (and of Decoders created earlier), and stays set after this Decoder is gone.
         draft_quant: ``"int8"`` quantises the linear layers of a draft loaded by name (about 3x cheaper
             draft forwards on CPU; it does not touch the target, so exactness is unaffected) or ``"none"``.
+            An EAGLE-3 head runs in the target's dtype whatever this says.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
             (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
@@ -216,6 +237,9 @@ class Decoder:
         torch_dtype = parse_dtype(dtype)
         self.target_quant = _check_target_quant(target_quant, target, torch_dtype, self.device)
         quantize_target = self.target_quant == "int8"
+        # An EAGLE-3 head is checked against the target's config before any weights load.
+        head = find_head(draft) if isinstance(draft, str) else None
+        head_layers = check_fits(head, _target_shape(target)) if head is not None else ()
         self.target, self.chat_default = load_lm(
             target, torch_dtype, prepack and not quantize_target, self.device
         )
@@ -230,6 +254,10 @@ class Decoder:
         elif draft == "ngram":
             self.drafter = NgramDrafter()
             self.draft_name = "ngram"
+        elif head is not None:
+            self.draft_name = head.name
+            head_drafter = _eagle3_drafter(head, head_layers, self.target, torch_dtype, draft_confidence)
+            self.drafter = HybridDrafter(head_drafter) if lookup else head_drafter
         else:
             # int8 (fbgemm) is a CPU kernel: elsewhere the draft runs in the target's dtype.
             quantize = on_cpu and draft_quant == "int8" and not isinstance(draft, HFCausalLM)

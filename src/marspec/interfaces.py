@@ -1,5 +1,5 @@
 """The types the decode loop, the backends and the drafters share: a draft, a token tree, a forward
-clock, and the two protocols (a causal LM with a KV cache; a drafter).
+clock, and the protocols (a causal LM with a KV cache; one that also keeps hidden states; a drafter).
 
 They live in one module that imports nothing else of marspec, so every part can depend on it and it on
 none of them (the backend protocol, token trees and the drafter protocol used to import one another's
@@ -209,11 +209,47 @@ class CausalLM(Protocol):
 
 
 @runtime_checkable
+class HiddenStates(Protocol):
+    """A :class:`CausalLM` that also keeps, for every cached position, the hidden states of chosen layers:
+    what a drafter coupled to the target (an EAGLE-3 head) drafts from. Opt-in and separate from
+    ``CausalLM`` so a backend without it stays a complete backend; a backend that has it captures nothing
+    until :meth:`capture_hidden_states` is called.
+
+    The states are kept like the KV cache, by position: :meth:`CausalLM.forward` and
+    :meth:`CausalLM.forward_tree` write the rows of the positions they score (a tree's nodes in node
+    order), :meth:`CausalLM.keep_path` moves the kept path's rows as it moves keys and values, and a
+    rollback leaves the rows of the positions it keeps untouched. So after a verification forward the
+    rows of every kept position are there, from that same forward: no second forward.
+
+    Layer ``i`` names the residual stream entering decoder layer ``i`` (0: the token embeddings; the
+    model's layer count: the last layer's output, before the final norm), the numbering EAGLE-3 heads'
+    configs and vLLM use.
+    """
+
+    hidden_size: int  # width of one layer's hidden state
+    num_layers: int  # decoder layers
+
+    def capture_hidden_states(self, layers: tuple[int, ...]) -> None:
+        """From the next forward on, also keep the hidden states of ``layers`` (each in ``[0,
+        num_layers]``); layers asked for before stay kept (drafters sharing one target each read theirs).
+        Asking for a layer not kept yet drops the cache, whose positions have no states of it."""
+        ...
+
+    def hidden_states(self, start: int, end: int, layers: tuple[int, ...]) -> torch.Tensor:
+        """The kept states of ``layers`` at cached positions ``start .. end - 1``: ``[end - start,
+        len(layers) * hidden_size]``, the layers side by side in the order given, in the model's dtype
+        and device."""
+        ...
+
+
+@runtime_checkable
 class Drafter(Protocol):
     """Anything that can propose draft tokens after a context."""
 
     name: str
     # The model whose forwards drafting runs (its clock is drafting's cost); None for a lookup drafter.
+    # The loop uses its ``clock``, ``keep_prefix`` and ``rollback`` only: an EAGLE-3 head, which cannot
+    # forward without the target's hidden states, has those and is no CausalLM otherwise.
     draft_model: CausalLM | None
 
     def propose(

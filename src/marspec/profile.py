@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from marspec.devices import synchronize
+from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM
 
 
@@ -95,6 +96,12 @@ def profile_pair(
     costs = ForwardCosts(context)
     costs.target = measure(target, range(1, max_tokens + 1), context, repeats)
     if draft is not None:
+        if not isinstance(draft, CausalLM):  # an EAGLE-3 head cannot forward without the target's states
+            raise MarspecError(
+                f"the forward-cost profile measures draft models, and {draft.name!r} is an EAGLE-3 head, "
+                "which it does not measure yet: profile with a draft model, or read the head's cost from "
+                "the run's draft seconds (stats.draft_forward_s)"
+            )
         costs.draft = measure(draft, (1, 2), context, repeats)
     return costs
 

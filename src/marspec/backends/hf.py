@@ -16,11 +16,13 @@ from transformers.cache_utils import DynamicLayer
 
 from marspec.backends.kv_cache import PositionLayer, position_cache
 from marspec.backends.timing import ForwardTimer
+from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree, ForwardClock
 
 
 class HFCausalLM:
-    """A transformers causal LM with a KV cache that is rolled back in place (a :class:`CausalLM`).
+    """A transformers causal LM with a KV cache that is rolled back in place (a :class:`CausalLM`), which
+    keeps chosen layers' hidden states on request (a :class:`HiddenStates`).
 
     The cache is written by position (:mod:`marspec.backends.kv_cache`): appends write in place and a
     rollback only sets a length. ``position_cache=False`` keeps transformers' ``DynamicCache``, which
@@ -55,6 +57,9 @@ class HFCausalLM:
         # Sliding-window layers drop old positions, so they cannot be rolled back to an arbitrary prefix.
         layer_types = (PositionLayer,) if position_cache else (DynamicLayer,)
         self._rolls_back_anywhere = all(type(layer) in layer_types for layer in self._cache.layers)
+        self.hidden_size: int = int(model.config.hidden_size)
+        self.num_layers: int = int(model.config.num_hidden_layers)
+        self._states = _HiddenStateRecorder(model)
 
     @property
     def cached_len(self) -> int:
@@ -132,6 +137,7 @@ class HFCausalLM:
             logits_to_keep=1 if last_only else 0,
         )
         self._record_ids(tokens)
+        self._states.store(self._cached)
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [n or 1, V]
         self._timer.stop(start)
@@ -157,6 +163,7 @@ class HFCausalLM:
             use_cache=True,
         )
         self._record_ids(tokens)
+        self._states.store(self._cached)
         self._cached += int(tokens.shape[0])
         logits = out.logits[0].float()  # [N+1, V]
         self._timer.stop(start)
@@ -177,7 +184,30 @@ class HFCausalLM:
                     layer.keys[..., dst, :] = layer.keys[..., src, :]
                     layer.values[..., dst, :] = layer.values[..., src, :]
                 self._ids[dst] = self._ids[src]
+                self._states.move(src, dst)
         self.rollback(base + 1 + len(path))
+
+    def capture_hidden_states(self, layers: tuple[int, ...]) -> None:
+        """From the next forward on, also keep the hidden states of ``layers`` at every scored position
+        (see :class:`marspec.interfaces.HiddenStates`). Layers asked for earlier stay kept, so drafters
+        sharing this model each read theirs; asking for a new layer drops the cache (its positions have
+        no states of that layer), asking again for kept ones changes nothing."""
+        bad = [layer for layer in layers if not 0 <= layer <= self.num_layers]
+        if bad:
+            raise MarspecError(
+                f"{self.name!r} has {self.num_layers} layers: hidden states can be read at layers 0 to "
+                f"{self.num_layers}, not {', '.join(map(str, bad))}"
+            )
+        if not set(layers) <= set(self._states.layers):
+            self.reset()
+            self._states.capture(tuple(sorted(set(layers) | set(self._states.layers))))
+
+    def hidden_states(self, start: int, end: int, layers: tuple[int, ...]) -> torch.Tensor:
+        """The kept hidden states of ``layers`` at cached positions ``start .. end - 1``, side by side:
+        [end - start, len(layers) x H]."""
+        if not 0 <= start <= end <= self._cached:
+            raise ValueError(f"positions {start}..{end} are not all cached ({self._cached} are)")
+        return self._states.rows(start, end, layers)
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions."""
@@ -187,6 +217,68 @@ class HFCausalLM:
         if drop:
             self._cache.crop(-drop)
             self._cached = length
+
+
+class _HiddenStateRecorder:
+    """Hidden states of chosen layers, kept by position in one buffer ([capacity, layers, H], grown by
+    doubling like the position cache). Forward hooks note each forward's states; :meth:`store` writes them
+    at the forward's positions. Nothing is hooked until :meth:`capture` names layers, so a model whose
+    states nobody reads pays nothing."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self._model = model
+        self.layers: tuple[int, ...] = ()  # sorted
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._seen: dict[int, torch.Tensor] = {}  # layer -> [n, H] of the latest forward
+        self._buf: torch.Tensor | None = None
+
+    def capture(self, layers: tuple[int, ...]) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._seen, self._buf = [], {}, None
+        self.layers = layers
+        decoder_layers = self._model.get_decoder().layers
+        for layer in layers:
+            # Layer i's input is layer i - 1's output; layer 0's is the embeddings' output.
+            module = self._model.get_input_embeddings() if layer == 0 else decoder_layers[layer - 1]
+            self._hooks.append(module.register_forward_hook(self._noter(layer)))
+
+    def _noter(self, layer: int):
+        def note(module: torch.nn.Module, args: object, output: torch.Tensor | tuple) -> None:
+            states = output[0] if isinstance(output, tuple) else output  # [1, n, H]
+            self._seen[layer] = states[0]
+
+        return note
+
+    def store(self, start: int) -> None:
+        """Write the latest forward's states at positions ``start ...`` (nothing when not capturing)."""
+        if not self.layers:
+            return
+        rows = torch.stack([self._seen[layer] for layer in self.layers], dim=1)  # [n, layers, H]
+        self._seen = {}
+        end = start + rows.shape[0]
+        buf = self._buf
+        if buf is None or end > buf.shape[0] or buf.dtype != rows.dtype or buf.device != rows.device:
+            capacity = max(end, 256, 2 * (0 if buf is None else buf.shape[0]))
+            grown = rows.new_empty(capacity, *rows.shape[1:])
+            if buf is not None and buf.dtype == rows.dtype and buf.device == rows.device:
+                grown[: min(start, buf.shape[0])] = buf[: min(start, buf.shape[0])]
+            buf = self._buf = grown
+        buf[start:end] = rows
+
+    def move(self, src: int, dst: int) -> None:
+        if self._buf is not None:
+            self._buf[dst] = self._buf[src]
+
+    def rows(self, start: int, end: int, layers: tuple[int, ...]) -> torch.Tensor:
+        missing = [layer for layer in layers if layer not in self.layers]
+        if missing or self._buf is None:
+            raise MarspecError(
+                f"hidden states of layers {missing or list(layers)} are not kept: call "
+                "capture_hidden_states(layers) first"
+            )
+        index = [self.layers.index(layer) for layer in layers]
+        return self._buf[start:end, index].reshape(end - start, -1)  # [n, len(layers) x H]
 
 
 # Grouped key/value heads under a mask. A verification forward scores several tokens, so transformers

@@ -14,7 +14,12 @@ TargetOpt = Annotated[
     typer.Option("--target", help="Target model: a known name, HF folder, .gguf file or Hub id ORG/NAME."),
 ]
 DraftOpt = Annotated[
-    str, typer.Option("--draft", help="Draft model name/path/Hub id, 'ngram' for prompt lookup, or 'none'.")
+    str,
+    typer.Option(
+        "--draft",
+        help="Draft model name/path/Hub id, an EAGLE-3 head for the target (path/Hub id), 'ngram' for "
+        "prompt lookup, or 'none'.",
+    ),
 ]
 DtypeOpt = Annotated[
     str,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from marspec.drafters.model import ModelDrafter
 from marspec.drafters.ngram import NgramDrafter
-from marspec.interfaces import Draft
+from marspec.interfaces import Draft, Drafter
 
 
 class HybridDrafter:
-    """Copies from the context when its tail recurs there (free), asks the draft model when it does not.
+    """Copies from the context when its tail recurs there (free), asks the draft model (or an EAGLE-3
+    head) when it does not.
 
     Code and quoted text often repeat what came before (a signature, a variable, a line being edited);
     there a lookup costs nothing while the model pays a forward per token. The lookup only wins if its
@@ -19,7 +19,7 @@ class HybridDrafter:
     the lookup drafts; its next proposal catches up in one forward.
     """
 
-    def __init__(self, model: ModelDrafter, lookup: NgramDrafter | None = None) -> None:
+    def __init__(self, model: Drafter, lookup: NgramDrafter | None = None) -> None:
         self.model = model
         self.lookup = lookup if lookup is not None else NgramDrafter(max_ngram=4, min_ngram=3)
         self.draft_model = model.draft_model
