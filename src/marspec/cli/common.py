@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from marspec.errors import MarspecError
 from marspec.eval.harness import LoadSettings, SamplingSettings, new_decoder
@@ -23,7 +24,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+# Messages name paths, models and install commands (`pip install 'marspec[serve]'`): text in square
+# brackets is theirs, not rich markup, so this console prints every string as it is. Styles are given as
+# rich Text or style= arguments.
+err = Console(stderr=True, markup=False)
 
 
 @contextmanager
@@ -32,7 +36,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except MarspecError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err.print("interrupted")
