@@ -42,6 +42,7 @@ from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
+from marspec.models.tokenizers import check_draft_tokenizer
 from marspec.prompting import Prompt, encode_prompt
 from marspec.rules import AUTO, Rule, RuleName, filled_setting, rule_name
 from marspec.stats import GenerationStats
@@ -144,14 +145,15 @@ def _check_target_quant(
     return target_quant
 
 
-def check_same_tokenizer(target: HFCausalLM, draft: HFCausalLM) -> None:
-    """A draft model is only usable if its token ids mean what the target's mean."""
-    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise MarspecError(
-            f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}: "
-            "their token ids mean different things; pick a draft from the target's family or use "
-            "draft='ngram'"
-        )
+def check_same_tokenizer(target: str | HFCausalLM, draft: str | HFCausalLM) -> None:
+    """A draft model is only usable if its token ids mean what the target's mean; checked on the
+    tokenizers alone, before any weights load (a model passed in loaded brings its own)."""
+
+    def source(model: str | HFCausalLM) -> tuple[Any, str]:
+        return (model.tokenizer, model.name) if isinstance(model, HFCausalLM) else (model, str(model))
+
+    (target_tokenizer, target_name), (draft_tokenizer, draft_name) = source(target), source(draft)
+    check_draft_tokenizer(target_tokenizer, draft_tokenizer, target_name, draft_name)
 
 
 class Decoder:
@@ -215,6 +217,8 @@ class Decoder:
             raise MarspecError(f"prepack must be true or false, got {prepack!r}")
         torch_dtype = parse_dtype(dtype)
         self.target_quant = _check_target_quant(target_quant, target, torch_dtype, self.device)
+        if draft is not None and draft not in ("none", "ngram"):
+            check_same_tokenizer(target, draft)
         quantize_target = self.target_quant == "int8"
         self.target, self.chat_default = load_lm(
             target, torch_dtype, prepack and not quantize_target, self.device
@@ -236,7 +240,6 @@ class Decoder:
             # int8 kernels take fp32 activations; the draft's dtype does not bear on exactness anyway.
             draft_dtype = torch.float32 if quantize else torch_dtype
             draft_lm, _ = load_lm(draft, draft_dtype, prepack and not quantize, self.device)
-            check_same_tokenizer(self.target, draft_lm)
             if quantize:
                 quantize_int8(draft_lm.model)
             self.draft_name = draft_lm.name

@@ -53,12 +53,17 @@ def load_decoder(
     key = (target, draft, dtype, threads, settings)
     if key not in _loaded:
         _loaded.clear()  # hold one pair of models at a time
+        from marspec.api import check_same_tokenizer
         from marspec.models import resolve_model_dir
         from marspec.models.hub import names_hub_model
 
-        for name in (target, draft):  # a download's progress bars show before the spinner, not under it
-            if name and names_hub_model(name):
-                resolve_model_dir(name)
+        hub = [name for name in (target, draft) if name and names_hub_model(name)]
+        if hub and draft not in (None, "none", "ngram"):
+            check_same_tokenizer(
+                target, draft
+            )  # before downloading gigabytes of weights (Decoder checks too)
+        for name in hub:  # a download's progress bars show before the spinner, not under it
+            resolve_model_dir(name)
         with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
             _loaded[key] = new_decoder(target, draft, dtype, threads, settings)
     return _loaded[key]
