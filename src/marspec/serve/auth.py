@@ -13,7 +13,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from marspec.serve.refusal import drain, send_error
+from marspec.serve.refusal import drain_unless_waiting, send_error
 
 OPEN_PATHS = frozenset({"/health"})
 
@@ -44,7 +44,7 @@ class ApiKeyAuth:
             )
         else:
             message, code = "the API key is not this server's: check the key you send", "invalid_api_key"
-        await drain(receive)
+        await drain_unless_waiting(scope, receive)
         await send_error(send, 401, message, code, headers={"WWW-Authenticate": "Bearer"})
 
 

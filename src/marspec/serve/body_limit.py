@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marspec.serve.refusal import drain, send_error
+from marspec.serve.refusal import drain, drain_unless_waiting, send_error
 
 
 class BodySizeLimit:
@@ -28,10 +28,7 @@ class BodySizeLimit:
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            # A client that waits for "100 Continue" has sent no body yet: answer at once (reading
-            # would invite the body). Any other client is already sending it.
-            if headers.get(b"expect", b"").lower() != b"100-continue":
-                await drain(receive)
+            await drain_unless_waiting(scope, receive)
             await self._refuse(send, int(declared))
             return
         messages: list[Message] = []

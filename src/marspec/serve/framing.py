@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from marspec.serve.refusal import drain, send_error
+from marspec.serve.refusal import drain_unless_waiting, send_error
 
 
 class RefuseAmbiguousFraming:
@@ -24,7 +24,8 @@ class RefuseAmbiguousFraming:
         if scope["type"] == "http":
             names = {name for name, _ in scope["headers"]}
             if b"content-length" in names and b"transfer-encoding" in names:
-                await drain(receive)  # read by Transfer-Encoding, as the HTTP layer frames it
+                # The body as the HTTP layer framed it (by Transfer-Encoding), read so the answer arrives.
+                await drain_unless_waiting(scope, receive)
                 message = (
                     "the request has both Content-Length and Transfer-Encoding, which RFC 9112 treats as "
                     "a possible request-smuggling attempt: send one of them; the connection is closed"

@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import json
 
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from marspec.serve.errors import error_body
 
 DRAIN_MAX_BYTES = 64 * 2**20
 DRAIN_SECONDS = 10.0
+
+
+async def drain_unless_waiting(scope: Scope, receive: Receive) -> None:
+    """:func:`drain`, except for a client that waits for "100 Continue" before it sends its body: it has
+    sent none, and reading would invite it."""
+    if dict(scope["headers"]).get(b"expect", b"").lower() != b"100-continue":
+        await drain(receive)
 
 
 async def drain(receive: Receive) -> None:
