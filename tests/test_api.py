@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from marspec import Decoder, GenerationOptions, MarspecError
-from marspec.defaults import default_setting
+from marspec.defaults import MAX_K, default_setting
 
 SMALL = "smollm2-135m-instruct"
 PROMPT = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta, alpha beta gamma delta."
@@ -57,6 +59,8 @@ def test_sampling_without_a_seed_leaves_torch_global_rng_alone(decoder):
         ({"rule": "greedy"}, "unknown rule"),
         ({"rule": "mars", "theta": 1.01}, "theta"),
         ({"k": 0}, "k (draft length)"),
+        ({"k": MAX_K + 1}, f"k (draft length) must be an integer in [1, {MAX_K}], got {MAX_K + 1}"),
+        ({"k": 2**63 - 1}, f"in [1, {MAX_K}]"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": "hot"}, "temperature must be a finite number"),
         ({"rule": "mars", "margin": "kl"}, "unknown margin"),
@@ -70,7 +74,7 @@ def test_sampling_without_a_seed_leaves_torch_global_rng_alone(decoder):
     ],
 )
 def test_bad_options(decoder, kwargs, needle):
-    with pytest.raises(MarspecError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(MarspecError, match=re.escape(needle)):
         decoder.generate(PROMPT, **kwargs)
 
 
@@ -82,10 +86,13 @@ def test_bad_options(decoder, kwargs, needle):
         ([{"role": "user"}], "content"),
         ([{"content": "x"}], "role"),
         (42, "string or a list"),
+        # A lone UTF-16 surrogate is not text a tokenizer can read: refused, naming where it is.
+        ("ab\ud800", "the prompt contains a lone UTF-16 surrogate (U+D800 at character 2)"),
+        ([{"role": "user", "content": "\udfff"}], "chat message 0's content contains a lone UTF-16"),
     ],
 )
 def test_bad_prompts(decoder, prompt, needle):
-    with pytest.raises(MarspecError, match=needle):
+    with pytest.raises(MarspecError, match=re.escape(needle)):
         decoder.generate(prompt, rule="plain", max_new_tokens=2)
 
 

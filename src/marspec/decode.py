@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from marspec.defaults import MAX_K
 from marspec.drafters.tree import build_tree, parse_tree_shape
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft, Drafter
@@ -53,8 +54,8 @@ class DecodeConfig:
     relaxable: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise MarspecError(f"k (draft length) must be an integer >= 1, got {self.k!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise MarspecError(f"k (draft length) must be an integer in [1, {MAX_K}], got {self.k!r}")
         if not isinstance(self.adaptive_k, bool):
             raise MarspecError(f"adaptive_k must be true or false, got {self.adaptive_k!r}")
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):

@@ -17,6 +17,11 @@ DEFAULT_RULE = "strict"
 # Most draft tokens per step; confidence-stopped drafts are usually shorter. With prepacked kernels a
 # 13-token verification costs about one step: k = 12 measured 3.52x against 3.13x for k = 8.
 DEFAULT_K = 12
+# The most draft tokens a step may propose. Each step verifies k + 1 positions in one target forward and
+# reserves k + 1 slots of its buffers, so k bounds the work and memory one request can ask for (an
+# unbounded k let a server request reserve gigabytes). The measured optimum is 12 and a longer draft is
+# almost never accepted whole (docs/results.md); 64 leaves room for lookup drafters copying long spans.
+MAX_K = 64
 DEFAULT_DRAFT_QUANT = "int8"
 DEFAULT_DRAFT_CONFIDENCE = 0.4
 DEFAULT_LOOKUP = False  # measured: 3-gram lookups drafted worse than the model (tau 7.2-8.0 vs 8.7-9.0)

@@ -20,6 +20,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 _DONE_BEFORE = " (done before)"
 
@@ -34,7 +35,8 @@ class Advance(Protocol):
 def progress(console: Console, title: str, total: int, *, eta: bool = False) -> Iterator[Advance]:
     """Yield an :class:`Advance`, to be called once per item of ``total``."""
     if console.is_terminal:
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        description = TextColumn("{task.description}", markup=False)  # item names are text, not markup
+        columns = [description, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         if eta:
             columns += [TextColumn("ETA"), TimeRemainingColumn()]
         with Progress(*columns, console=console) as bar:
@@ -75,7 +77,7 @@ def status(console: Console, message: str) -> Iterator[None]:
     """A spinner in a terminal; in a log, one line with the step's duration once it succeeded (a failed
     step leaves only its error, which stays a single line)."""
     if console.is_terminal:
-        with console.status(message):
+        with console.status(Text(message)):  # a path's "[...]" is text, not rich markup
             yield
         return
     start = time.monotonic()

@@ -14,6 +14,20 @@ from marspec.errors import ChatTemplateError, MarspecError
 Prompt = str | Sequence[dict[str, Any]]
 
 
+def check_text(text: str, what: str) -> None:
+    """Refuse text that is not Unicode a tokenizer can read: a lone UTF-16 surrogate (U+D800-U+DFFF),
+    which JSON's ``"\\ud800"`` escape or the bytes ED A0 80 produce, has no UTF-8 form, so tokenizing or
+    measuring it fails deep inside a library. ``what`` names the text in the message (e.g. ``prompt``)."""
+    try:
+        text.encode("utf-8")  # in C: fast on megabytes; surrogates are the only text it cannot encode
+    except UnicodeEncodeError as exc:
+        raise MarspecError(
+            f"{what} contains a lone UTF-16 surrogate (U+{ord(text[exc.start]):04X} at character "
+            f"{exc.start}), which is not Unicode text: send valid UTF-8 (in JSON, a character beyond "
+            "U+FFFF is a surrogate pair such as \\ud83d\\ude00)"
+        ) from None
+
+
 def validate_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
     """Check chat messages are ``[{"role": str, "content": str}, ...]`` with some non-blank content."""
     if not messages:
@@ -27,6 +41,7 @@ def validate_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
             )
         if not isinstance(msg.get("content"), str):
             raise MarspecError(f"chat message {i} has no 'content' string")
+        check_text(msg["content"], f"chat message {i}'s content")
         checked.append({"role": msg["role"], "content": msg["content"]})
     if not any(m["content"].strip() for m in checked):
         raise MarspecError("empty prompt: every chat message's content is blank")
@@ -44,6 +59,7 @@ def render_prompt(
     if isinstance(prompt, str):
         if not prompt.strip():
             raise MarspecError("empty prompt: give some text to continue")
+        check_text(prompt, "the prompt")
         if not chat:
             return prompt, True
         messages = [{"role": "user", "content": prompt}]

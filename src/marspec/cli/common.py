@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from marspec.errors import MarspecError
 from marspec.eval.harness import LoadSettings, SamplingSettings, new_decoder
@@ -23,7 +24,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+# Messages name paths, models and install commands (`pip install 'marspec[serve]'`): text in square
+# brackets is theirs, not rich markup, so this console prints every string as it is. Styles are given as
+# rich Text or style= arguments.
+err = Console(stderr=True, markup=False)
 
 
 @contextmanager
@@ -32,7 +36,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except MarspecError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -49,12 +53,17 @@ def load_decoder(
     key = (target, draft, dtype, threads, settings)
     if key not in _loaded:
         _loaded.clear()  # hold one pair of models at a time
+        from marspec.api import check_same_tokenizer
         from marspec.models import resolve_model_dir
         from marspec.models.hub import names_hub_model
 
-        for name in (target, draft):  # a download's progress bars show before the spinner, not under it
-            if name and names_hub_model(name):
-                resolve_model_dir(name)
+        hub = [name for name in (target, draft) if name and names_hub_model(name)]
+        if hub and draft not in (None, "none", "ngram"):
+            check_same_tokenizer(
+                target, draft
+            )  # before downloading gigabytes of weights (Decoder checks too)
+        for name in hub:  # a download's progress bars show before the spinner, not under it
+            resolve_model_dir(name)
         with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
             _loaded[key] = new_decoder(target, draft, dtype, threads, settings)
     return _loaded[key]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA, SAMPLING_MARGIN, SAMPLING_THETA
+from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA, MAX_K, SAMPLING_MARGIN, SAMPLING_THETA
 
 TargetOpt = Annotated[
     str,
@@ -59,7 +59,8 @@ MarginOpt = Annotated[
     ),
 ]
 KOpt = Annotated[
-    int, typer.Option("--k", help="Most draft tokens per step (>= 1); drafts end early when unsure.")
+    int,
+    typer.Option("--k", help=f"Most draft tokens per step (1 to {MAX_K}); drafts end early when unsure."),
 ]
 TreeOpt = Annotated[
     str | None,

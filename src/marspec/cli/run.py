@@ -116,9 +116,10 @@ def generate(
         sys.stdout.write("\n")
         s = result.stats
         err.print(
-            f"[dim]{s.new_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_s:.2f} tok/s), tau {s.tau:.2f}, "
+            f"{s.new_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_s:.2f} tok/s), tau {s.tau:.2f}, "
             f"accepted {s.accepted_exact} exact + {s.accepted_relaxed} relaxed, {s.rejected} rejections, "
-            f"overhead {s.overhead_s * 1000:.0f} ms, finish: {result.finish_reason}[/]"
+            f"overhead {s.overhead_s * 1000:.0f} ms, finish: {result.finish_reason}",
+            style="dim",
         )
 
 

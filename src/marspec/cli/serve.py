@@ -35,6 +35,8 @@ from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.rules import RuleName, parse_theta
 
+API_KEY_ENV = "MARSPEC_API_KEY"
+
 
 @app.command()
 def serve(
@@ -87,6 +89,17 @@ def serve(
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="The `model` clients send (default: --target).")
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar=API_KEY_ENV,
+            help="Require Authorization: Bearer KEY (the OpenAI client's api_key) on every request but "
+            "/health; others get 401. The flag wins over the environment variable, which keeps the key out "
+            "of the process list.",
+            show_default=False,
+        ),
+    ] = None,
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
@@ -119,6 +132,7 @@ def serve(
             request_timeout=request_timeout or None,
             shutdown_grace=shutdown_grace,
             max_request_bytes=round(max_request_mb * 2**20) if math.isfinite(max_request_mb) else 0,
+            api_key=api_key,
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
@@ -127,7 +141,12 @@ def serve(
             decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
             url = f"http://{where}:{sock.getsockname()[1]}"
-            err.print(f"marspec serve: {settings.model_name} on {url}", highlight=False, soft_wrap=True)
+            access = (
+                "API key required" if api_key is not None else "no API key: open to anyone who can connect"
+            )
+            err.print(
+                f"marspec serve: {settings.model_name} on {url} ({access})", highlight=False, soft_wrap=True
+            )
             run_server(decoder, settings, sock, log_level)
         finally:
             sock.close()

@@ -25,12 +25,13 @@ _HUB_ID = re.compile(r"[^/\s]+/[^/\s]+")
 # at the top of the repository. Repositories often also hold the same weights as GGUF, ONNX or PyTorch
 # pickles, in sub-folders ("original/", "onnx/") or as Mistral's "consolidated" copy: gigabytes marspec
 # would never read.
-_ALLOW = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+_ALLOW_SMALL = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]  # configurations and tokenizers
+_ALLOW = [*_ALLOW_SMALL, "*.safetensors"]
 _IGNORE = ["*/*", "consolidated*"]
 
-# Snapshot folders resolved in this process, by (repo id, cache folder): a second load of the same id
-# (the CLI fetches before its spinner, then loads) does not ask the Hub again.
-_resolved: dict[tuple[str, str], Path] = {}
+# Snapshot folders resolved in this process, by (repo id, cache folder, with weights): a second load of
+# the same id (the CLI fetches before its spinner, then loads) does not ask the Hub again.
+_resolved: dict[tuple[str, str, bool], Path] = {}
 
 
 def is_hub_id(text: str) -> bool:
@@ -49,9 +50,11 @@ def names_hub_model(name: str | os.PathLike[str]) -> bool:
     return isinstance(name, str) and is_hub_id(name) and not Path(name).expanduser().exists()
 
 
-def hub_snapshot(repo_id: str) -> Path:
+def hub_snapshot(repo_id: str, weights: bool = True) -> Path:
     """The local snapshot folder of Hub model ``repo_id`` (``ORG/NAME``), downloading what is missing
-    unless ``HF_HUB_OFFLINE`` is set; any failure is a one-line :class:`MarspecError` saying what to do."""
+    unless ``HF_HUB_OFFLINE`` is set; any failure is a one-line :class:`MarspecError` saying what to do.
+    ``weights=False`` fetches only its configuration and tokenizer files (to check a pair before
+    downloading gigabytes)."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -64,7 +67,7 @@ def hub_snapshot(repo_id: str) -> Path:
     from marspec.version import __version__
 
     cache = constants.HF_HUB_CACHE
-    key = (repo_id, os.fspath(cache))
+    key = (repo_id, os.fspath(cache), weights)
     if key in _resolved:
         return _resolved[key]
     page = f"{constants.ENDPOINT}/{repo_id}"
@@ -73,7 +76,7 @@ def hub_snapshot(repo_id: str) -> Path:
         folder = Path(
             snapshot_download(
                 repo_id,
-                allow_patterns=_ALLOW,
+                allow_patterns=_ALLOW if weights else _ALLOW_SMALL,
                 ignore_patterns=_IGNORE,
                 library_name="marspec",
                 library_version=__version__,
@@ -120,7 +123,7 @@ def hub_snapshot(repo_id: str) -> Path:
         raise MarspecError(
             f"Hub model {repo_id!r} has no config.json ({folder}): it is not a transformers model"
         )
-    if not any(folder.glob("*.safetensors")):
+    if weights and not any(folder.glob("*.safetensors")):
         raise MarspecError(
             f"Hub model {repo_id!r} has no safetensors weights ({folder}): marspec loads safetensors "
             "checkpoints; pick a repository that has them, or convert it and pass the local folder"

@@ -23,12 +23,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
 from marspec.api import Decoder, GenerationOptions
-from marspec.errors import MarspecError
+from marspec.errors import MarspecError, one_line
 from marspec.prompting import Prompt, fewest_tokens, longest_token_bytes, render_prompt
 from marspec.rules import LOSSLESS_RULES
+from marspec.serve.auth import ApiKeyAuth
 from marspec.serve.body_limit import BodySizeLimit
 from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job, context_length_error
-from marspec.serve.errors import ApiError, error_body
+from marspec.serve.errors import ApiError, ErrorResponse, error_body
+from marspec.serve.framing import RefuseAmbiguousFraming
 from marspec.serve.metrics import CONTENT_TYPE, ServerMetrics
 from marspec.serve.responses import Responder, sse
 from marspec.serve.schemas import ChatCompletionRequest, CompletionRequest, parse_request
@@ -64,8 +66,13 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="marspec", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
+    # Starlette runs the middleware added last first: metrics count every answer; a request with two
+    # body lengths is refused before anything else, one without the key before its body is read.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
-    app.add_middleware(RequestMetrics, metrics=metrics)  # added last: outermost, so it counts 413s too
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=settings.api_key)
+    app.add_middleware(RefuseAmbiguousFraming)
+    app.add_middleware(RequestMetrics, metrics=metrics)
     _install_error_handlers(app)
 
     async def wait_for_event(request: Request, job: Job, first: bool) -> Event:
@@ -268,6 +275,14 @@ def _validation_error(errors: list[dict[str, Any]]) -> ApiError:
         return ApiError(
             400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}", code="invalid_json"
         )
+    if kind == "string_unicode":  # pydantic's refusal of a lone surrogate where it checks a string
+        where = f"{param!r} holds" if param else "a field name holds"
+        return ApiError(
+            400,
+            f"{where} a lone UTF-16 surrogate, which is not Unicode text: send valid UTF-8",
+            param=param,
+            code="invalid_unicode",
+        )
     if param is None:
         return ApiError(
             400,
@@ -286,9 +301,25 @@ def _validation_error(errors: list[dict[str, Any]]) -> ApiError:
     return ApiError(400, f"invalid {param!r}: {first['msg']}", param=param, code="invalid_type")
 
 
+def _unreadable_json(exc: StarletteHTTPException) -> ApiError | None:
+    """The server's ``invalid_json`` error for a body FastAPI could not parse for a reason other than a
+    JSON syntax error (those arrive as validation errors): bytes that are not UTF-8, or nesting deeper
+    than Python's parser recurses. FastAPI answers them with a generic 400 caused by the parser's error."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or not isinstance(cause, (ValueError, RecursionError)):
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        why = f"it is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start})"
+    elif isinstance(cause, RecursionError):
+        why = "its arrays and objects are nested too deeply to parse"
+    else:
+        why = one_line(cause)
+    return ApiError(400, f"the body is not valid JSON: {why}", code="invalid_json")
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     def answer(exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return ErrorResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -303,11 +334,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        unreadable = _unreadable_json(exc)
+        if unreadable is not None:
+            return answer(unreadable)
         return answer(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
         # Starlette re-raises the exception after this answer, so uvicorn logs its traceback.
-        return JSONResponse(_error_payload(exc), status_code=500)
+        return ErrorResponse(_error_payload(exc), status_code=500)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(MarspecError, user_error)

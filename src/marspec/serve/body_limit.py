@@ -7,19 +7,9 @@ up to the limit costs no extra copy of an accepted body and bounds the memory of
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marspec.serve.errors import error_body
-
-# How much of a refused body is read and thrown away before answering. Closing a connection whose
-# receive buffer still holds unread bytes makes the kernel reset it, and a reset can destroy the 413
-# before the client has read it (seen in CI: headers arrived, the body did not). Past these bounds the
-# client is not a well-behaved one and the connection is closed anyway.
-DRAIN_MAX_BYTES = 64 * 2**20
-DRAIN_SECONDS = 10.0
+from marspec.serve.refusal import drain, drain_unless_waiting, send_error
 
 
 class BodySizeLimit:
@@ -38,10 +28,7 @@ class BodySizeLimit:
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            # A client that waits for "100 Continue" has sent no body yet: answer at once (reading
-            # would invite the body). Any other client is already sending it.
-            if headers.get(b"expect", b"").lower() != b"100-continue":
-                await _drain(receive)
+            await drain_unless_waiting(scope, receive)
             await self._refuse(send, int(declared))
             return
         messages: list[Message] = []
@@ -54,7 +41,7 @@ class BodySizeLimit:
             received += len(message.get("body", b""))
             if received > self.max_bytes:
                 if message.get("more_body", False):
-                    await _drain(receive)
+                    await drain(receive)
                 await self._refuse(send, None)
                 return
             if not message.get("more_body", False):
@@ -69,31 +56,9 @@ class BodySizeLimit:
     async def _refuse(self, send: Send, declared: int | None) -> None:
         size = f"{declared:,} bytes" if declared is not None else "more than that"
         limit_mb = self.max_bytes / 2**20
-        body = error_body(
-            413,
+        message = (
             f"the request body is {size} but this server accepts at most {self.max_bytes:,} bytes "
-            f"({limit_mb:g} MB, marspec serve --max-request-mb): send a shorter prompt",
-            code="request_too_large",
+            f"({limit_mb:g} MB, marspec serve --max-request-mb): send a shorter prompt"
         )
-        payload = json.dumps(body).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         # The rest of the body is never read, so the connection cannot be reused.
-        headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
-
-
-async def _drain(receive: Receive) -> None:
-    """Read and discard the rest of a request body, within DRAIN_MAX_BYTES and DRAIN_SECONDS."""
-    discarded = 0
-    try:
-        async with asyncio.timeout(DRAIN_SECONDS):
-            while discarded < DRAIN_MAX_BYTES:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return
-                discarded += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return
-    except TimeoutError:
-        return
+        await send_error(send, 413, message, "request_too_large", close=True)

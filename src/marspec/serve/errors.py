@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 # OpenAI's `type` for each status the server answers with.
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -46,3 +50,11 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
+
+
+class ErrorResponse(JSONResponse):
+    """An error body as ASCII JSON: an error may quote what the client sent, and a lone UTF-16 surrogate
+    in it has no UTF-8 form (Starlette's JSONResponse would fail to encode it: a 500 instead of the 4xx)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()

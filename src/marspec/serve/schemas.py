@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,12 +19,13 @@ from pydantic import BaseModel, ConfigDict
 
 from marspec.api import GenerationOptions
 from marspec.errors import MarspecError
-from marspec.prompting import Prompt
+from marspec.prompting import Prompt, check_text
 from marspec.rules import LOSSLESS_RULES
 from marspec.serve.errors import ApiError
 from marspec.serve.settings import ServerSettings
 
 INT64 = (-(2**63), 2**63 - 1)  # OpenAI's seed range; torch would fail on larger seeds with a 500
+SHOWN_CHARS = 80  # the most of a client's value an error message quotes
 MAX_TEMPERATURE = 2.0  # OpenAI's upper bound (the library itself accepts any temperature >= 0)
 
 
@@ -159,6 +161,7 @@ def parse_request(
         prompt = _single_prompt(body.prompt)
         chat = False  # a completion continues the raw text
         max_tokens, max_param = body.max_tokens, "max_tokens"
+    _check_unicode(prompt)
     _check_api_ranges(body, max_tokens, max_param, context_length)
 
     extra = body.marspec or MarspecParams()
@@ -190,6 +193,21 @@ def parse_request(
     return GenerationRequest(prompt, options, body.stream, include_usage, _timeout(extra, settings))
 
 
+def _check_unicode(prompt: Prompt) -> None:
+    """A named 400 (code ``invalid_unicode``) for a prompt holding a lone UTF-16 surrogate, which JSON
+    lets through (``"\\ud800"``, or the bytes ED A0 80) and no tokenizer can read. Refused, not replaced:
+    the client's text is not silently changed."""
+    if isinstance(prompt, str):
+        texts = [("prompt", prompt)]
+    else:
+        texts = [(f"messages.{i}.content", m["content"]) for i, m in enumerate(prompt)]
+    for param, text in texts:
+        try:
+            check_text(text, param)
+        except MarspecError as exc:
+            raise ApiError(400, str(exc), param=param, code="invalid_unicode") from None
+
+
 def _timeout(extra: MarspecParams, settings: ServerSettings) -> float | None:
     limit = settings.request_timeout
     if extra.timeout is None:
@@ -210,7 +228,7 @@ def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         if value is not None and not _is_neutral(value, neutral):
             raise ApiError(
                 400,
-                f"{name}={value!r} is not supported: marspec serve {why}; leave it out",
+                f"{name}={_shown(value)} is not supported: marspec serve {why}; leave it out",
                 param=name,
                 code="unsupported_parameter",
             )
@@ -239,6 +257,17 @@ def _check_api_ranges(
         )
     if body.seed is not None and not INT64[0] <= body.seed <= INT64[1]:
         raise ApiError(400, f"seed must be a 64-bit signed integer, got {body.seed}", param="seed")
+
+
+def _shown(value: Any) -> str:
+    """A client's value as an error message quotes it: its repr, cut to SHOWN_CHARS (a body may be
+    megabytes)."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+_SHORT_REPR = reprlib.Repr()  # no deeper than 6 levels, no more than 6 items each
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = SHOWN_CHARS
 
 
 def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:

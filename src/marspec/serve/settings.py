@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from marspec.api import GenerationOptions
@@ -25,6 +26,8 @@ class ServerSettings:
             cancelled.
         max_request_bytes: the largest request body accepted; a larger one is answered 413 before it
             is parsed.
+        api_key: when set, every request but ``GET /health`` must carry ``Authorization: Bearer
+            <api_key>`` or is answered 401 (:mod:`marspec.serve.auth`); ``None`` serves anyone.
     """
 
     model_name: str
@@ -33,6 +36,7 @@ class ServerSettings:
     request_timeout: float | None = 300.0
     shutdown_grace: float = 20.0
     max_request_bytes: int = 4 * 2**20
+    api_key: str | None = field(default=None, repr=False)  # never in a log line
 
     def __post_init__(self) -> None:
         if not self.model_name.strip():
@@ -52,6 +56,14 @@ class ServerSettings:
         ):
             raise MarspecError(
                 f"--max-request-mb must be at least 0.001 (1 KB), got {self.max_request_bytes / 2**20:g}"
+            )
+        # A bearer key travels in an HTTP header: printable ASCII without spaces (RFC 6750's token68).
+        if self.api_key is not None and not (
+            isinstance(self.api_key, str) and re.fullmatch(r"[!-~]+", self.api_key)
+        ):
+            raise MarspecError(
+                "--api-key (or MARSPEC_API_KEY) must be a non-empty string of printable ASCII without "
+                "spaces, e.g. the output of: python -c 'import secrets; print(secrets.token_urlsafe())'"
             )
 
 
