@@ -122,8 +122,9 @@ def find_head(name: str | os.PathLike[str]) -> HeadSpec | None:
     text = os.fspath(name)
     if text in MODELS or text in ("none", "ngram"):
         return None
-    if names_hub_model(name):
-        folder = hub_snapshot(text)
+    hub = names_hub_model(name)
+    if hub:  # its configuration first: a draft model's weights are not needed to tell it is no head
+        folder = hub_snapshot(text, weights=False)
     else:
         folder = Path(text).expanduser()
         if not folder.is_dir():
@@ -134,7 +135,7 @@ def find_head(name: str | os.PathLike[str]) -> HeadSpec | None:
         return None
     if not isinstance(config, dict) or not is_head_config(config):
         return None
-    return _read_head(text, folder, config)
+    return _read_head(text, hub_snapshot(text) if hub else folder, config)
 
 
 def _read_head(name: str, folder: Path, config: dict) -> HeadSpec:
