@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from marspec.backends.fixed import fixed_shape_lm, graphs_plan
 from marspec.backends.hf import HFCausalLM, use_grouped_attention
 from marspec.backends.prepack import prepack_linears
 from marspec.backends.quantize import (
@@ -40,6 +41,7 @@ from marspec.defaults import (
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from marspec.drafters.model import GRAPHS_STOP_CHUNK
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.prompting import Prompt, encode_prompt
@@ -184,6 +186,13 @@ class Decoder:
             token (oneDNN, CPU only, fp32 target loaded by name): a smaller, faster target that is a
             different model from the fp32 one (its answers can differ), while strict verification still
             equals plain decoding of that int8 target. ``"none"`` (default) keeps the target as loaded.
+        graphs: ``"auto"`` (default), ``"on"`` or ``"off"``: the fixed-shape path
+            (:mod:`marspec.backends.fixed`: a KV cache of fixed capacity, forwards padded to a few sizes,
+            masks built on the device), whose forwards a CUDA device captures once per shape as CUDA
+            graphs and replays. ``"on"`` takes it on every device (on a CPU or MPS uncaptured, the same
+            tokens); ``"off"`` is the eager path; ``"auto"`` captures on CUDA and is eager elsewhere
+            (on the CPU the fixed-shape path is slower: docs/results.md, "Fixed shapes on the CPU").
+            Greedy output is the same token for token either way (tested).
     """
 
     def __init__(
@@ -199,8 +208,11 @@ class Decoder:
         prepack: bool = DEFAULT_PREPACK,
         device: str | torch.device = "auto",
         target_quant: str = "none",
+        graphs: str = "auto",
     ) -> None:
         self.device = resolve_device(device)
+        # (the fixed-shape path, captured as CUDA graphs), checked before any weight is loaded.
+        self.fixed_shape, self.captured = graphs_plan(graphs, self.device)
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
@@ -221,6 +233,8 @@ class Decoder:
         )
         if quantize_target:
             quantize_target_int8(self.target.model)
+        if self.fixed_shape:
+            self.target = fixed_shape_lm(self.target, self.captured)
         on_cpu = self.device.type == "cpu"
         self.drafter: Drafter | None = None
         # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
@@ -240,7 +254,14 @@ class Decoder:
             if quantize:
                 quantize_int8(draft_lm.model)
             self.draft_name = draft_lm.name
-            model_drafter = ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=draft_confidence)
+            if self.fixed_shape:
+                draft_lm = fixed_shape_lm(draft_lm, self.captured)
+            model_drafter = ModelDrafter(
+                draft_lm,
+                self.target.vocab_size,
+                min_confidence=draft_confidence,
+                stop_chunk=GRAPHS_STOP_CHUNK if self.captured else 1,
+            )
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = self.target.eos_token_ids
 
