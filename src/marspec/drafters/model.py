@@ -62,6 +62,7 @@ class ModelDrafter:
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
         lm = self.draft_model
         logits = lm.forward(context[lm.cached_len :], last_only=True)[-1]  # [V_draft]
+        base = lm.cached_len
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
         probs = torch.empty(k, self.target_vocab_size, device=device) if temperature > 0 else None
@@ -99,6 +100,9 @@ class ModelDrafter:
         if sure is not None and n == k and read < k - 1:
             stopped = _first_unsure(sure, read, k - 1)
             n = n if stopped is None else stopped + 1
+        # Forwards past the stop are forgotten: the cache holds the draft but its last token, as when
+        # the stop is read after every token (so the next catch-up forward has the same shape).
+        lm.rollback(min(lm.cached_len, base + n - 1))
         return Draft(
             tokens=tokens[:n],
             probs=None if probs is None else probs[:n],
