@@ -245,3 +245,19 @@ def test_capture_is_refused_off_cuda_and_sizes_are_padded():
     fixed = FixedShapeLM(lm.model, None, "x")
     assert [fixed._padded(n) for n in (1, 2, 3, 9, 13, 33)] == [1, 2, 4, 16, 16, 33]
     assert QUERY_SIZES[-1] == 32
+
+
+def test_transformers_sdpa_path_reads_nothing_inside_the_captured_forwards():
+    """The attention a CUDA device runs (transformers' sdpa, key/value heads expanded or packed), chains,
+    a token tree and last-row forwards: no host read of anything computed from the inputs."""
+    lm = tiny_lm(5)
+    assert lm.model.config._attn_implementation == "sdpa"
+    fixed = FixedShapeLM(lm.model, None, "fixed")
+    draft = Draft(tokens=torch.tensor([3, 4, 5]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12]]))
+    with _captured_regions_counted(fixed) as inside:
+        fixed.forward(torch.arange(10, 20), last_only=True)
+        fixed.forward(torch.tensor([1]))
+        fixed.forward(torch.arange(1, 14))
+        fixed.forward(torch.arange(1, 4), last_only=True)
+        fixed.forward_tree(build_tree(draft, (3, 2)), torch.tensor([2]))
+    assert inside == [0, 0, 0, 0, 0]
