@@ -29,7 +29,7 @@ PROMPTS = (
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts (default 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="passes over the prompts (default 1)")
     parser.add_argument("--plain-tokens", type=int, default=32)
     parser.add_argument("--strict-tokens", type=int, default=96)
     parser.add_argument("--json", type=Path, default=Path("fixed_shape_cpu.json"))

@@ -191,7 +191,7 @@ class Decoder:
             masks built on the device), whose forwards a CUDA device captures once per shape as CUDA
             graphs and replays. ``"on"`` takes it on every device (on a CPU or MPS uncaptured, the same
             tokens); ``"off"`` is the eager path; ``"auto"`` captures on CUDA and is eager elsewhere
-            (on the CPU the fixed-shape path is slower: docs/results.md, "Fixed shapes on the CPU").
+            (uncaptured, the fixed-shape path only adds work: docs/results.md, "Fixed shapes on the CPU").
             Greedy output is the same token for token either way (tested).
     """
 

@@ -320,7 +320,8 @@ GRAPHS = ("auto", "on", "off")
 def graphs_plan(graphs: str, device: torch.device) -> tuple[bool, bool]:
     """What ``graphs`` (one of :data:`GRAPHS`) means on ``device``: (take the fixed-shape path, capture
     its forwards as CUDA graphs). ``auto`` captures on CUDA and stays eager elsewhere: on the CPU the
-    fixed-shape path was measured slower than eager (docs/results.md, "Fixed shapes on the CPU")."""
+    uncaptured fixed-shape path removes no launch cost worth having and adds work (attention over the
+    whole buffer under a mask, padded rows): docs/results.md, "Fixed shapes on the CPU"."""
     if graphs not in GRAPHS:
         raise MarspecError(f"unknown graphs {graphs!r}: choose one of {', '.join(GRAPHS)}")
     cuda = device.type == "cuda"
