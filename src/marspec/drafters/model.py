@@ -72,7 +72,7 @@ class ModelDrafter:
             ranked = torch.empty(k, 1 + alternatives, dtype=torch.long, device=device)  # [k, 1 + A]
         # The stop: each token's confidence, on the device, read once per chunk (see the class).
         stop = self.min_confidence > 0.0
-        sure = torch.empty(k, dtype=torch.bool, device=device) if stop else None
+        sure = logits.new_empty(k, dtype=torch.bool) if stop else None  # on the logits' device
         n = read = 0  # tokens drafted; tokens whose confidence was read
         while n < k:
             if ranked is not None:
