@@ -28,9 +28,20 @@ they draft the same tokens as with it, so the difference between ``strict/copy``
 ``strict/copy/conf0`` is the stop's cost (one host read per drafted token); for the small draft, k
 drafts per step, all rejected.
 
+    python benchmarks/device_loop_cost.py --small --device cpu --dtype fp32   # minutes on a CPU
+
+Each case runs on the eager path and on the fixed-shape path (``graphs="on"``: on CUDA its forwards are
+captured as CUDA graphs and replayed, :mod:`marspec.backends.fixed`), interleaved; ``--graphs off`` or
+``--graphs on`` runs one of them. Per-forward costs are taken on both paths (the target at 1 and k + 1
+tokens, the draft at 1 token and a chunk of one-token forwards as the drafter queues them between reads
+of its confidence stop), and ``prediction`` gives the speed-up over plain that the default pair's tau,
+measured on a CPU (HumanEval, strict, docs/results.md "Speed"), predicts from each path's costs: a step
+scores k + 1 tokens after about tau draft forwards and yields tau tokens, where plain pays a 1-token
+forward per token. The JSON file is written after each part, so a run cut short keeps what it measured.
+The lent-GPU command (one command, a few minutes on an H200):
+
     python benchmarks/device_loop_cost.py --device cuda --dtype bf16 \
         --tokenizer ~/.cache/marspec/models/qwen2.5-coder-1.5b-instruct --json out.json
-    python benchmarks/device_loop_cost.py --small --device cpu --dtype fp32   # minutes on a CPU
 
 ``--small`` builds tiny models of the same shape family (and uses a byte-level tokenizer built in memory
 unless ``--tokenizer`` is given), to check the script end to end without a GPU.
@@ -56,6 +67,7 @@ import marspec
 from marspec.api import Decoder, GenerationOptions
 from marspec.decode import decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
+from marspec.drafters.model import GRAPHS_STOP_CHUNK
 from marspec.models.convert import quiet_transformers
 from marspec.profile import ForwardCosts
 from marspec.stats import GenerationStats
@@ -78,8 +90,10 @@ FULL = {"target": shape(1536, 28, 12, 8960, tied=False), "draft": shape(896, 24,
 FULL_VOCAB = 151936
 # Small shapes of the same family (grouped key/value heads, untied target, tied draft) for --small.
 SMALL = {"target": shape(64, 2, 4, 128, tied=False), "draft": shape(32, 2, 4, 64, tied=True)}
-TARGET_SIZES = (1, 2, 4, 8, 13)
 DRAFT_SIZES = (1, 2)
+# The default pair's strict tau on HumanEval, measured on a CPU (docs/results.md, "Speed": 512 tokens,
+# k = 12, 30 questions): the prediction's tokens per step, and about its draft forwards per step.
+CPU_TAU = 10.75
 # The decisive target's logits: standard deviation 16, so its top choice has most of the probability.
 LOGIT_STD = 16.0
 PROMPT = (
@@ -168,6 +182,42 @@ def forward_costs(lm, sizes, context: int, repeats: int, device: torch.device) -
     return out
 
 
+@torch.inference_mode()
+def chunk_cost(lm, chunk: int, context: int, repeats: int, device: torch.device) -> float:
+    """Median wall seconds of ``chunk`` one-token forwards queued back to back as the drafter queues them
+    between two reads of its confidence stop (each token the argmax of the previous forward, on the
+    device), synchronised only before and after."""
+    gen = torch.Generator().manual_seed(1)
+    lm.reset()
+    lm.forward(torch.randint(lm.vocab_size, (context,), generator=gen).to(device), last_only=True)
+    samples = []
+    for _ in range(repeats + 1):
+        token = torch.randint(lm.vocab_size, (1,), generator=gen).to(device)
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(chunk):
+            token = lm.forward(token)[-1].argmax().view(1)
+        sync(device)
+        samples.append(time.perf_counter() - start)
+        lm.rollback(context)
+    lm.reset()
+    return statistics.median(samples[1:])
+
+
+def predict(target_ms: dict[int, float], draft_ms: float, k: int, tau: float) -> dict:
+    """Speed-up over plain that ``tau`` tokens per step predicts from per-forward costs: a step is one
+    verification of k + 1 tokens and about ``tau`` one-token draft forwards (the drafts accepted and the
+    one rejected, or the confidence stop's last); plain pays one 1-token target forward per token."""
+    step_ms = target_ms[k + 1] + tau * draft_ms
+    return {
+        "tau": tau,
+        "step_ms": step_ms,
+        "ms_per_token": step_ms / tau,
+        "plain_ms_per_token": target_ms[1],
+        "speedup_vs_plain": tau * target_ms[1] / step_ms,
+    }
+
+
 def run_once(decoder: Decoder, rule: str, prompt_ids: torch.Tensor, new_tokens: int, k: int):
     """One decode through marspec's loop, as Decoder.generate runs it; the wall time of each step is
     taken when the loop yields it (each step has read its verdict to the host by then, so the device's
@@ -246,6 +296,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cost-repeats", type=int, default=10, help="timed forwards per size (default 10)")
     parser.add_argument("--k", type=int, default=DEFAULT_K, help=f"draft length (default {DEFAULT_K})")
     parser.add_argument(
+        "--graphs",
+        default="both",
+        choices=("both", "off", "on"),
+        help="the paths to run: eager (off), fixed-shape (on: CUDA graphs on CUDA), or both (default)",
+    )
+    parser.add_argument("--tau", type=float, default=CPU_TAU, help=f"tau to predict from (default {CPU_TAU})")
+    parser.add_argument(
         "--draft-confidence",
         type=float,
         default=DEFAULT_DRAFT_CONFIDENCE,
@@ -261,76 +318,8 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = len(tokenizer) if args.small else FULL_VOCAB
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     device = torch.device(args.device)
-
-    with tempfile.TemporaryDirectory(prefix="marspec-loop-cost-") as tmp:
-        # Built on the device (random init of 1.5B weights is seconds there, minutes on a CPU), saved in
-        # the run's dtype, loaded back by path through Decoder.
-        target = build_model(shapes["target"], vocab, 0, True, tokenizer, device)
-        target_dir = save(target, tokenizer, Path(tmp) / "target", dtype)
-        del target
-        draft = build_model(shapes["draft"], vocab, 1, False, tokenizer, device)
-        draft_dir = save(draft, tokenizer, Path(tmp) / "draft", dtype)
-        del draft
-        # No prompt lookup (random text repeats, and lookup would draft instead of the model), no int8
-        # draft (the copy must be the target exactly); the draft's confidence stop as given.
-        common = dict(
-            dtype=args.dtype,
-            device=args.device,
-            lookup=False,
-            draft_quant="none",
-            draft_confidence=args.draft_confidence,
-        )
-        small = Decoder(str(target_dir), str(draft_dir), **common)
-        copy = Decoder(small.target, str(target_dir), **common)  # the same target, a copy as its draft
-        built_s = time.perf_counter() - begun
-
-    ids = small.tokenizer(PROMPT)["input_ids"]
-    prompt_ids = torch.tensor(ids, dtype=torch.long, device=small.target.device)
-    context = len(ids) + args.new_tokens // 2
-    costs = ForwardCosts(context)
-    costs.target = forward_costs(small.target, TARGET_SIZES, context, args.cost_repeats, device)
-    costs.draft = forward_costs(small.drafter.draft_model, DRAFT_SIZES, context, args.cost_repeats, device)
-
-    # (name, decoder, rule, the drafter's confidence stop, tokens per decode). A step of the small draft
-    # yields about one token, so half the tokens give it as many steps as plain's and keep the GPU run
-    # short; the copy's steps yield up to k + 1 tokens, so it gets the full count.
-    whole, half = args.new_tokens, max(2, args.new_tokens // 2)
-    conf = args.draft_confidence
-    cases = [
-        ("plain", small, "plain", conf, whole),
-        ("strict/copy", copy, "strict", conf, whole),
-        ("mars/copy", copy, "mars", conf, whole),
-        ("strict/small", small, "strict", conf, half),
-        ("mars/small", small, "mars", conf, half),
-    ]
-    if conf > 0:
-        cases += [
-            ("strict/copy/conf0", copy, "strict", 0.0, whole),
-            ("strict/small/conf0", small, "strict", 0.0, half),
-        ]
-
-    def run(case, new_tokens):
-        _, decoder, rule, confidence, _ = case
-        if decoder.drafter is not None:
-            decoder.drafter.min_confidence = confidence  # the same drafter, its stop set per case
-        return run_once(decoder, rule, prompt_ids, new_tokens, args.k)
-
-    for case in cases:  # warm-up: kernels, allocator, caches grown to the decode's length
-        run(case, min(16, case[4]))
-    runs: dict[str, list] = {case[0]: [] for case in cases}
-    for _ in range(args.repeats):  # interleaved, so drift on a shared machine hits every case alike
-        for case in cases:
-            runs[case[0]].append(run(case, case[4]))
-
-    plain_tokens = runs["plain"][-1][3]
-    results = {}
-    for name, *_ in cases:
-        results[name] = summarise(runs[name], costs)
-        results[name]["new_tokens"] = runs[name][-1][2].new_tokens
-        if name.startswith("strict"):  # plain decoded the whole count: compare its start
-            tokens = runs[name][-1][3]
-            results[name]["same_tokens_as_plain"] = tokens == plain_tokens[: len(tokens)]
-    report = {
+    modes = ("off", "on") if args.graphs == "both" else (args.graphs,)
+    report: dict = {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
         "dtype": args.dtype,
@@ -341,11 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "draft_confidence": args.draft_confidence,
-        "prompt_tokens": len(ids),
-        "cost_context": context,
-        "target_forward_ms": {n: 1000 * s for n, s in costs.target.items()},
-        "draft_forward_ms": {n: 1000 * s for n, s in costs.draft.items()},
-        "cases": results,
+        "graphs": list(modes),
         "versions": {
             "marspec": marspec.__version__,
             "commit": git_commit(),
@@ -354,33 +339,165 @@ def main(argv: list[str] | None = None) -> dict:
             "python": platform.python_version(),
         },
         "threads": torch.get_num_threads(),
-        "build_load_s": built_s,
-        "total_s": time.perf_counter() - begun,
     }
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+    def write(part: str) -> None:
+        report["parts_done"] = [*report.get("parts_done", []), part]
+        report["total_s"] = time.perf_counter() - begun
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"[{report['total_s']:.0f}s] {part} written to {args.json}", file=sys.stderr)
+
+    decoders: dict[str, tuple[Decoder, Decoder]] = {}
+    with tempfile.TemporaryDirectory(prefix="marspec-loop-cost-") as tmp:
+        # Built on the device (random init of 1.5B weights is seconds there, minutes on a CPU), saved in
+        # the run's dtype, loaded back by path through Decoder.
+        target = build_model(shapes["target"], vocab, 0, True, tokenizer, device)
+        target_dir = save(target, tokenizer, Path(tmp) / "target", dtype)
+        del target
+        draft = build_model(shapes["draft"], vocab, 1, False, tokenizer, device)
+        draft_dir = save(draft, tokenizer, Path(tmp) / "draft", dtype)
+        del draft
+        for mode in modes:
+            # No prompt lookup (random text repeats, and lookup would draft instead of the model), no int8
+            # draft (the copy must be the target exactly); the draft's confidence stop as given.
+            common = dict(
+                dtype=args.dtype,
+                device=args.device,
+                lookup=False,
+                draft_quant="none",
+                draft_confidence=args.draft_confidence,
+                graphs=mode,
+            )
+            small = Decoder(str(target_dir), str(draft_dir), **common)
+            copy = Decoder(small.target, str(target_dir), **common)  # the same target, a copy as draft
+            decoders[mode] = (small, copy)
+    report["build_load_s"] = time.perf_counter() - begun
+
+    ids = tokenizer(PROMPT)["input_ids"]
+    prompt_ids = torch.tensor(ids, dtype=torch.long, device=device)
+    context = len(ids) + args.new_tokens // 2
+    report["prompt_tokens"] = len(ids)
+    report["cost_context"] = context
+    chunk = GRAPHS_STOP_CHUNK
+    target_sizes = sorted({1, 2, 4, 8, args.k + 1})
+    costs: dict[str, ForwardCosts] = {}
+    report["forward_ms"] = {}
+    for mode in modes:  # part 1: what one forward costs on each path
+        small, _ = decoders[mode]
+        draft_lm = small.drafter.draft_model
+        cost = costs[mode] = ForwardCosts(context)
+        cost.target = forward_costs(small.target, target_sizes, context, args.cost_repeats, device)
+        cost.draft = forward_costs(draft_lm, DRAFT_SIZES, context, args.cost_repeats, device)
+        report["forward_ms"][mode] = {
+            "target": {n: 1000 * t for n, t in cost.target.items()},
+            "draft": {n: 1000 * t for n, t in cost.draft.items()},
+            f"draft_chunk_{chunk}": 1000 * chunk_cost(draft_lm, chunk, context, args.cost_repeats, device),
+            "captures": _captures(small),
+        }
+        report["prediction"] = {
+            m: predict(
+                report["forward_ms"][m]["target"], report["forward_ms"][m]["draft"][1], args.k, args.tau
+            )
+            for m in report["forward_ms"]
+        }
+        write(f"forwards ({mode})")
+
+    # (name, decoder pair index, rule, the drafter's confidence stop, tokens per decode). A step of the
+    # small draft yields about one token, so half the tokens give it as many steps as plain's and keep
+    # the GPU run short; the copy's steps yield up to k + 1 tokens, so it gets the full count.
+    whole, half = args.new_tokens, max(2, args.new_tokens // 2)
+    conf = args.draft_confidence
+    kinds = [
+        ("plain", 0, "plain", conf, whole),
+        ("strict/copy", 1, "strict", conf, whole),
+        ("mars/copy", 1, "mars", conf, whole),
+        ("strict/small", 0, "strict", conf, half),
+        ("mars/small", 0, "mars", conf, half),
+    ]
+    if conf > 0:
+        kinds += [
+            ("strict/copy/conf0", 1, "strict", 0.0, whole),
+            ("strict/small/conf0", 0, "strict", 0.0, half),
+        ]
+    cases = [
+        (f"{name}@{mode}", decoders[mode][which], rule, c, n, mode)
+        for mode in modes
+        for name, which, rule, c, n in kinds
+    ]
+
+    def run(case, new_tokens):
+        _, decoder, rule, confidence, _, _ = case
+        if decoder.drafter is not None:
+            decoder.drafter.min_confidence = confidence  # the same drafter, its stop set per case
+        return run_once(decoder, rule, prompt_ids, new_tokens, args.k)
+
+    for case in cases:  # warm-up: kernels, captures, allocator, caches grown to the decode's length
+        run(case, min(16, case[4]))
+    report["cases"] = {}
+    runs: dict[str, list] = {case[0]: [] for case in cases}
+    for repeat in range(args.repeats):  # interleaved, so drift on a shared machine hits every case alike
+        for case in cases:
+            runs[case[0]].append(run(case, case[4]))
+        for name, _, _, _, _, mode in cases:  # part 2, after each round: the decodes so far
+            result = summarise(runs[name], costs[mode])
+            result["new_tokens"] = runs[name][-1][2].new_tokens
+            tokens, plain_tokens = runs[name][-1][3], runs[f"plain@{mode}"][-1][3]
+            if name.startswith("strict"):  # plain decoded the whole count: compare its start
+                result["same_tokens_as_plain"] = tokens == plain_tokens[: len(tokens)]
+            if mode == "on" and "off" in modes:
+                result["same_tokens_as_eager"] = tokens == runs[name.replace("@on", "@off")][-1][3]
+            report["cases"][name] = result
+        if len(modes) == 2:
+            report["graphs_speedup"] = {
+                name: report["cases"][f"{name}@off"]["ms_per_token"]
+                / report["cases"][f"{name}@on"]["ms_per_token"]
+                for name, *_ in kinds
+            }
+        write(f"decodes (round {repeat + 1} of {args.repeats})")
+    for mode in modes:
+        report["forward_ms"][mode]["captures"] = _captures(decoders[mode][0])
+    write("done")
     print(render(report))
-    print(f"wrote {args.json}", file=sys.stderr)
     return report
 
 
+def _captures(decoder: Decoder) -> list[dict]:
+    """The CUDA graphs a decoder's models captured: each shape and whether its replay equalled eager."""
+    lms = [decoder.target, decoder.drafter.draft_model]
+    graphs = [lm.graphs for lm in lms if getattr(lm, "graphs", None) is not None]
+    return [
+        {"model": i, "key": list(r.key), "passed": r.passed} for i, g in enumerate(graphs) for r in g.records
+    ]
+
+
 def render(report: dict) -> str:
-    target = ", ".join(f"{n}: {ms:.2f}" for n, ms in report["target_forward_ms"].items())
-    draft = ", ".join(f"{n}: {ms:.2f}" for n, ms in report["draft_forward_ms"].items())
     lines = [
         f"{report['device_name'] or report['device']} {report['dtype']}, k={report['k']}, "
         f"{report['new_tokens']} tokens x {report['repeats']}, commit {report['versions']['commit']}",
-        f"target forward ms by scored tokens: {target}",
-        f"draft forward ms by scored tokens: {draft}",
+    ]
+    for mode, forward in report["forward_ms"].items():
+        target = ", ".join(f"{n}: {ms:.2f}" for n, ms in forward["target"].items())
+        draft = ", ".join(f"{n}: {ms:.2f}" for n, ms in forward["draft"].items())
+        chunk = next(v for key, v in forward.items() if key.startswith("draft_chunk"))
+        predicted = report["prediction"][mode]
+        lines += [
+            f"graphs={mode}: target forward ms by scored tokens: {target}; draft: {draft}; "
+            f"draft chunk of {GRAPHS_STOP_CHUNK}: {chunk:.2f} ms",
+            f"graphs={mode}: tau {predicted['tau']} predicts {predicted['speedup_vs_plain']:.2f}x plain",
+        ]
+    lines += [
         "",
         "| case | ms/step | forwards ms/step | overhead ms/step | clock overhead ms/step | tokens/step "
-        "| ms/token | strict == plain |",
-        "|---|---|---|---|---|---|---|---|",
+        "| ms/token | strict == plain | == eager |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["cases"].items():
         same = r.get("same_tokens_as_plain", "")
+        eager = r.get("same_tokens_as_eager", "")
         lines.append(
             f"| {name} | {r['step_ms']:.2f} | {r['forwards_ms']:.2f} | {r['overhead_ms']:.2f} | "
-            f"{r['clock_overhead_ms']:.2f} | {r['tokens_per_step']:.2f} | {r['ms_per_token']:.2f} | {same} |"
+            f"{r['clock_overhead_ms']:.2f} | {r['tokens_per_step']:.2f} | {r['ms_per_token']:.2f} | {same} "
+            f"| {eager} |"
         )
     return "\n".join(lines)
 

@@ -20,23 +20,26 @@ def test_small_run_end_to_end(tmp_path):
     out = tmp_path / "cost.json"
     args = ["--small", "--device", "cpu", "--dtype", "fp32", "--new-tokens", "12", "--k", "4"]
     report = _script().main([*args, "--repeats", "1", "--cost-repeats", "1", "--json", str(out)])
-    assert json.loads(out.read_text())["cases"].keys() == report["cases"].keys()
-    assert set(report["target_forward_ms"]) == {1, 2, 4, 8, 13}
+    written = json.loads(out.read_text())
+    assert written["cases"].keys() == report["cases"].keys()
+    assert written["parts_done"][-1] == "done"
+    for mode in ("off", "on"):
+        forward = report["forward_ms"][mode]
+        assert set(forward["target"]) == {1, 2, 4, 8, 5} and set(forward["draft"]) == {1, 2}
+        assert forward["draft_chunk_4"] > 0 and forward["captures"] == []  # no capture on a CPU
+        assert report["prediction"][mode]["speedup_vs_plain"] > 0
     cases = report["cases"]
-    assert set(cases) == {
-        "plain",
-        "strict/copy",
-        "mars/copy",
-        "strict/small",
-        "mars/small",
-        "strict/copy/conf0",
-        "strict/small/conf0",
-    }
-    # The copy drafts the target's own tokens: with the confidence stop off it drafts k and all pass.
-    copy = cases["strict/copy/conf0"]
-    assert copy["drafted"] == copy["accepted"] > 0
-    assert copy["steps"] < cases["plain"]["steps"]
-    assert cases["plain"]["drafted"] == 0 and cases["plain"]["steps"] == 12
+    kinds = ["plain", "strict/copy", "mars/copy", "strict/small", "mars/small"]
+    kinds += ["strict/copy/conf0", "strict/small/conf0"]
+    assert set(cases) == {f"{kind}@{mode}" for kind in kinds for mode in ("off", "on")}
+    assert set(report["graphs_speedup"]) == set(kinds)
+    for mode in ("off", "on"):
+        # The copy drafts the target's own tokens: with the confidence stop off it drafts k and all pass.
+        copy = cases[f"strict/copy/conf0@{mode}"]
+        assert copy["drafted"] == copy["accepted"] > 0
+        assert copy["steps"] < cases[f"plain@{mode}"]["steps"]
+        assert cases[f"plain@{mode}"]["drafted"] == 0 and cases[f"plain@{mode}"]["steps"] == 12
     for name, case in cases.items():
         assert case.get("same_tokens_as_plain", True), name
-        assert case["new_tokens"] == (12 if "copy" in name or name == "plain" else 6)
+        assert case.get("same_tokens_as_eager", True), name
+        assert case["new_tokens"] == (12 if "copy" in name or "plain" in name else 6)

@@ -322,6 +322,21 @@ def test_misfit_heads_are_refused_in_one_line_before_any_weights_load(target_dir
         assert "EAGLE-3 head" in message, kind
 
 
+def test_a_head_refuses_the_fixed_shape_path_before_loading_and_auto_stays_eager(
+    target_dir, head_dir, monkeypatch
+):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("weights were loaded before graphs was checked against the head")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(marspec.api, "load_lm", no_loading)
+        with pytest.raises(MarspecError, match="graphs='off'") as caught:
+            Decoder(str(target_dir), str(head_dir), device="cpu", graphs="on")
+        assert "\n" not in str(caught.value)
+    decoder = Decoder(str(target_dir), str(head_dir), device="cpu", graphs="auto")
+    assert not decoder.fixed_shape
+
+
 def cli(*args: str, timeout: float = 240, hub_cache: Path | None = None) -> subprocess.CompletedProcess:
     """The CLI in a process of its own, offline (a closed local port as the Hub: nothing is reached)."""
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -57,6 +57,7 @@ def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
         "rules that cannot relax == strict",
         "speculative sampling is lossless",
         "one device read per step",
+        "fixed shapes == eager",
     ]
     for key in ("python", "torch", "transformers", "device", "attention (SDPA)", "CPU kernels"):
         assert report.environment[key] and not report.environment[key].startswith("unknown"), key

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from marspec.backends.fixed import fixed_shape_lm, graphs_plan
 from marspec.backends.hf import HFCausalLM, use_grouped_attention
 from marspec.backends.prepack import prepack_linears
 from marspec.backends.quantize import (
@@ -42,6 +43,7 @@ from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.eagle3 import Eagle3Drafter
 from marspec.drafters.eagle3_head import load_head
+from marspec.drafters.model import GRAPHS_STOP_CHUNK
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
@@ -210,6 +212,13 @@ class Decoder:
             token (oneDNN, CPU only, fp32 target loaded by name): a smaller, faster target that is a
             different model from the fp32 one (its answers can differ), while strict verification still
             equals plain decoding of that int8 target. ``"none"`` (default) keeps the target as loaded.
+        graphs: ``"auto"`` (default), ``"on"`` or ``"off"``: the fixed-shape path
+            (:mod:`marspec.backends.fixed`: a KV cache of fixed capacity, forwards padded to a few sizes,
+            masks built on the device), whose forwards a CUDA device captures once per shape as CUDA
+            graphs and replays. ``"on"`` takes it on every device (on a CPU or MPS uncaptured, the same
+            tokens); ``"off"`` is the eager path; ``"auto"`` captures on CUDA and is eager elsewhere
+            (uncaptured, the fixed-shape path only adds work: docs/results.md, "Fixed shapes on the CPU").
+            Greedy output is the same token for token either way (tested).
     """
 
     def __init__(
@@ -225,8 +234,11 @@ class Decoder:
         prepack: bool = DEFAULT_PREPACK,
         device: str | torch.device = "auto",
         target_quant: str = "none",
+        graphs: str = "auto",
     ) -> None:
         self.device = resolve_device(device)
+        # (the fixed-shape path, captured as CUDA graphs), checked before any weight is loaded.
+        self.fixed_shape, self.captured = graphs_plan(graphs, self.device)
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
@@ -248,11 +260,21 @@ class Decoder:
         head_layers = check_fits(head, _target_shape(target)) if head is not None else ()
         if head is None and draft is not None and draft not in ("none", "ngram"):
             check_same_tokenizer(target, draft)
+        if head is not None and self.fixed_shape:
+            # The head reads hidden states that the eager backend keeps by position; the fixed-shape
+            # backend does not keep them yet.
+            if graphs == "on":
+                raise MarspecError(
+                    "an EAGLE-3 head drafts on the eager path only for now: use graphs='off' (or 'auto')"
+                )
+            self.fixed_shape = self.captured = False
         self.target, self.chat_default = load_lm(
             target, torch_dtype, prepack and not quantize_target, self.device
         )
         if quantize_target:
             quantize_target_int8(self.target.model)
+        if self.fixed_shape:
+            self.target = fixed_shape_lm(self.target, self.captured)
         on_cpu = self.device.type == "cpu"
         self.drafter: Drafter | None = None
         # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
@@ -275,7 +297,14 @@ class Decoder:
             if quantize:
                 quantize_int8(draft_lm.model)
             self.draft_name = draft_lm.name
-            model_drafter = ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=draft_confidence)
+            if self.fixed_shape:
+                draft_lm = fixed_shape_lm(draft_lm, self.captured)
+            model_drafter = ModelDrafter(
+                draft_lm,
+                self.target.vocab_size,
+                min_confidence=draft_confidence,
+                stop_chunk=GRAPHS_STOP_CHUNK if self.captured else 1,
+            )
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = self.target.eos_token_ids
 

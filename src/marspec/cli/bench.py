@@ -25,6 +25,7 @@ from marspec.cli.options import (
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
+    GraphsOpt,
     KOpt,
     LimitOpt,
     LookupOpt,
@@ -86,6 +87,7 @@ def bench(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    graphs: GraphsOpt = "auto",
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
@@ -131,7 +133,9 @@ def bench(
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant)
+        load_settings = LoadSettings(
+            draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs
+        )
         bench_task(
             task=task,
             limit=limit,
@@ -174,6 +178,7 @@ def sweep(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    graphs: GraphsOpt = "auto",
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
@@ -199,7 +204,9 @@ def sweep(
         if reference not in ("plain", "strict"):
             raise MarspecError(f"--reference must be plain or strict, got {reference!r}")
         spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
-        load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant)
+        load_settings = LoadSettings(
+            draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs
+        )
         bench_task(
             task=task,
             limit=limit,
@@ -297,6 +304,7 @@ def profile(
     target_quant: TargetQuantOpt = "none",
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    graphs: GraphsOpt = "auto",
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Profile target forwards scoring 1..N tokens.")
     ] = DEFAULT_K + 1,
@@ -319,7 +327,7 @@ def profile(
             dtype,
             threads,
             LoadSettings(
-                draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack, device, target_quant
+                draft_quant, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKUP, prepack, device, target_quant, graphs
             ),
         )
         draft_lm = decoder.drafter.draft_model if decoder.drafter else None

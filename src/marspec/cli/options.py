@@ -88,6 +88,15 @@ DraftConfidenceOpt = Annotated[
 LookupOpt = Annotated[
     bool, typer.Option("--lookup/--no-lookup", help="Try prompt lookup before the draft model.")
 ]
+GraphsOpt = Annotated[
+    str,
+    typer.Option(
+        "--graphs",
+        help="auto | on | off: the fixed-shape path (a fixed-capacity KV cache, forwards padded to a few "
+        "sizes), captured as CUDA graphs on a CUDA device. auto: captured on CUDA, eager elsewhere; on: "
+        "that path on every device (uncaptured off CUDA, the same tokens); off: eager.",
+    ),
+]
 PrepackOpt = Annotated[
     bool,
     typer.Option(

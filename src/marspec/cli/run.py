@@ -19,6 +19,7 @@ from marspec.cli.options import (
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
+    GraphsOpt,
     KOpt,
     LookupOpt,
     MarginOpt,
@@ -57,6 +58,7 @@ def generate(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    graphs: GraphsOpt = "auto",
     rule: Annotated[
         str | None,
         typer.Option(
@@ -105,7 +107,7 @@ def generate(
             None if options.rule == "plain" else draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),
         )
         opts = asdict(options)
         if as_json:
@@ -133,6 +135,7 @@ def demo(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    graphs: GraphsOpt = "auto",
     theta: ThetaOpt = str(DEFAULT_THETA),
     k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
@@ -157,7 +160,7 @@ def demo(
             draft,
             dtype,
             threads,
-            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
+            LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),
         )
         decoder.resolve_theta(GenerationOptions(rule="mars", theta=theta_value))  # auto: calibrated?
         total = len(DEMO_PROMPTS) * len(METHODS)

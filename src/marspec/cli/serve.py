@@ -14,6 +14,7 @@ from marspec.cli.options import (
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
+    GraphsOpt,
     KOpt,
     LookupOpt,
     MarginOpt,
@@ -48,6 +49,7 @@ def serve(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    graphs: GraphsOpt = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
     rule: Annotated[
@@ -136,7 +138,9 @@ def serve(
         )
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
-            load_settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant)
+            load_settings = LoadSettings(
+                draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs
+            )
             decoder = load_decoder(target, draft, dtype, threads, load_settings)
             decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL

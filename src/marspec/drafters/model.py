@@ -8,6 +8,11 @@ from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft
 from marspec.verify import sample_token
 
+# Drafted tokens between reads of the confidence stop when the draft model's forwards are replayed CUDA
+# graphs: the host queues up to four replays without waiting, and at most three forwards are spent past
+# an unsure token (each costs about a replayed forward, ~0.5 ms for the default draft's size on a GPU).
+GRAPHS_STOP_CHUNK = 4
+
 
 class ModelDrafter:
     """Drafts autoregressively with a smaller causal LM, one cheap forward per drafted token.
@@ -19,15 +24,31 @@ class ModelDrafter:
     (at temperature 1) is below it ends the draft. That token is still proposed (verifying one more
     position costs a fraction of a draft forward), but no forward is spent guessing past it, since the
     positions after an unsure guess are rarely accepted. 0 always drafts ``k`` tokens.
+
+    ``stop_chunk`` is how many tokens are drafted between two reads of the stop: each read is one host
+    read of the chunk's confidences, computed on the device. 1 reads after every token (no forward is
+    spent past an unsure token; on a CPU a read waits for nothing). More lets a GPU queue a chunk's
+    forwards without waiting for each (replayed CUDA graphs: :data:`GRAPHS_STOP_CHUNK`), at the price of
+    up to ``stop_chunk - 1`` forwards past an unsure token. The draft is the same either way: it ends
+    at the first unsure token.
     """
 
-    def __init__(self, lm: CausalLM, target_vocab_size: int, min_confidence: float = 0.0) -> None:
+    def __init__(
+        self,
+        lm: CausalLM,
+        target_vocab_size: int,
+        min_confidence: float = 0.0,
+        stop_chunk: int = 1,
+    ) -> None:
         if not 0.0 <= min_confidence <= 1.0:
             raise MarspecError(f"draft min_confidence must be in [0, 1], got {min_confidence!r}")
+        if isinstance(stop_chunk, bool) or not isinstance(stop_chunk, int) or stop_chunk < 1:
+            raise MarspecError(f"draft stop_chunk must be an integer >= 1, got {stop_chunk!r}")
         self.draft_model: CausalLM = lm
         self.name = lm.name
         self.target_vocab_size = target_vocab_size
         self.min_confidence = min_confidence
+        self.stop_chunk = stop_chunk
 
     def propose(
         self,
@@ -41,6 +62,7 @@ class ModelDrafter:
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
         lm = self.draft_model
         logits = lm.forward(context[lm.cached_len :], last_only=True)[-1]  # [V_draft]
+        base = lm.cached_len
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
         probs = torch.empty(k, self.target_vocab_size, device=device) if temperature > 0 else None
@@ -48,7 +70,10 @@ class ModelDrafter:
         ranked = None
         if alternatives and probs is None:
             ranked = torch.empty(k, 1 + alternatives, dtype=torch.long, device=device)  # [k, 1 + A]
-        n = 0
+        # The stop: each token's confidence, on the device, read once per chunk (see the class).
+        stop = self.min_confidence > 0.0
+        sure = logits.new_empty(k, dtype=torch.bool) if stop else None  # on the logits' device
+        n = read = 0  # tokens drafted; tokens whose confidence was read
         while n < k:
             if ranked is not None:
                 ranked[n] = torch.topk(logits, 1 + alternatives).indices
@@ -59,27 +84,30 @@ class ModelDrafter:
                 q = self._to_target_vocab(torch.softmax(logits / temperature, dim=-1))
                 probs[n] = q
                 tokens[n] = sample_token(q, generator)[0]
+            if sure is not None:
+                sure[n] = torch.softmax(logits, dim=-1).max() >= self.min_confidence
             n += 1
-            if n == k or self._unsure(logits):
+            if n == k:
                 break
+            if sure is not None and n - read >= self.stop_chunk:
+                stopped = _first_unsure(sure, read, n)
+                if stopped is not None:
+                    n = stopped + 1
+                    break
+                read = n
             logits = lm.forward(tokens[n - 1 : n])[-1]
+        # The last token's confidence never matters (no token follows it); the others' must be read.
+        if sure is not None and n == k and read < k - 1:
+            stopped = _first_unsure(sure, read, k - 1)
+            n = n if stopped is None else stopped + 1
+        # Forwards past the stop are forgotten: the cache holds the draft but its last token, as when
+        # the stop is read after every token (so the next catch-up forward has the same shape).
+        lm.rollback(min(lm.cached_len, base + n - 1))
         return Draft(
             tokens=tokens[:n],
             probs=None if probs is None else probs[:n],
             alternatives=None if ranked is None else ranked[:n, 1:],
         )
-
-    def _unsure(self, logits: torch.Tensor) -> bool:
-        """Whether the draft's top probability here is below ``min_confidence``: one host read per
-        drafted token while the stop is on, and it has to be. The stop decides whether the next draft
-        forward runs at all, so the host needs the value before it would queue that forward. Reading it
-        after queuing the next forward anyway would pay that forward's launch on every stopped draft (on a
-        GPU at batch size one a forward's time is mostly the host launching its kernels), and reading a
-        few tokens' values at once would run the very forwards the stop exists to save. On the CPU the
-        read waits for nothing: the value is computed when the call returns."""
-        if self.min_confidence <= 0.0:
-            return False  # no softmax, no host sync
-        return float(torch.softmax(logits, dim=-1).max()) < self.min_confidence
 
     def _to_target_vocab(self, q: torch.Tensor) -> torch.Tensor:
         """Pad or cut q to the target's logit width (same tokenizer, but embeddings may be padded)."""
@@ -96,3 +124,11 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.draft_model.reset()
+
+
+def _first_unsure(sure: torch.Tensor, start: int, end: int) -> int | None:
+    """The first index in ``start .. end - 1`` whose token was unsure (``sure``: bool[k] on the device),
+    or None: one host read, of that chunk. It has to be a read: the stop decides whether the next draft
+    forward is queued at all."""
+    flags = sure[start:end].tolist()
+    return next((start + i for i, ok in enumerate(flags) if not ok), None)

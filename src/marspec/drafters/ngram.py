@@ -36,13 +36,22 @@ class NgramDrafter:
     ) -> Draft:
         # A copied continuation has no runner-up tokens: ``alternatives`` is ignored.
         length = int(context.shape[0])
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+        sizes = range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1)
+        if not sizes:
+            return Draft(tokens=context.new_empty(0))
+        # For every n-gram size at once, on the device: 1 + the start of the tail's latest earlier
+        # occurrence (0 when none). One host read then picks the longest size that occurred.
+        latest = []
+        for n in sizes:
             tail = context[length - n :]
             # windows[i] = context[i : i + n] for every earlier start i (the tail itself is excluded)
             windows = context[: length - 1].unfold(0, n, 1)  # [length - n, n]
-            hits = torch.nonzero((windows == tail).all(dim=1)).flatten()
-            if hits.numel():
-                start = int(hits[-1]) + n
+            hits = (windows == tail).all(dim=1)  # bool[length - n]
+            starts = torch.arange(1, length - n + 1, device=context.device)
+            latest.append((hits * starts).max())
+        for n, found in zip(sizes, torch.stack(latest).tolist(), strict=True):
+            if found:
+                start = found - 1 + n
                 return Draft(tokens=context[start : start + k].clone())
         return Draft(tokens=context.new_empty(0))
 

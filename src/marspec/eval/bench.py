@@ -57,6 +57,7 @@ class BenchConfig:
     # and method is always scored from scratch, so no method inherits another's prefill).
     prefix_reuse: bool = False
     target_quant: str = "none"  # "int8": the target's linear layers in int8 (runs before it had none)
+    graphs: str = "off"  # "on": the fixed-shape path (captured on CUDA); runs before it existed were eager
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:

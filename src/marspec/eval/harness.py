@@ -50,6 +50,7 @@ class LoadSettings:
     prepack: bool = DEFAULT_PREPACK
     device: str = "auto"
     target_quant: str = "none"
+    graphs: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def run_task(
     import torch
 
     from marspec.api import GenerationOptions
+    from marspec.backends.fixed import graphs_plan
     from marspec.calibration import AUTO, load_choice, parse_theta
     from marspec.devices import resolve_device
     from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS, BenchConfig, planned_runs
@@ -174,6 +176,7 @@ def run_task(
         prepack=load_settings.prepack,
         target_quant=load_settings.target_quant,
         device=str(resolve_device(load_settings.device)),
+        graphs="on" if graphs_plan(load_settings.graphs, resolve_device(load_settings.device))[0] else "off",
         temperature=sampling.temperature,
         samples=sampling.samples,
         plain_limit=sampling.plain_limit,

@@ -11,6 +11,9 @@ marspec), on the chosen device:
 - **speculative sampling is lossless**: a chi-square test of the joint distribution of the first tokens
   that strict speculative sampling emits (draft model sampling, verification, residual and bonus draws,
   the caches), against the target's exact distribution computed from its own forwards;
+- **fixed shapes == eager**: the fixed-shape path (``graphs="on"``) decodes the eager path's tokens
+  (plain, strict chain and tree, a relaxing MARS); on CUDA its forwards are captured as CUDA graphs, and
+  every capture's replay must equal its uncaptured forward bit for bit;
 - **one device read per step**: every host read of a device tensor (``.cpu()``, ``.item()``,
   ``.tolist()``, ``int()``, ``bool()``, data-dependent shapes such as ``nonzero``) is counted while the
   loop runs; each verification step must make exactly one (its read-back), whichever rule (MARS,
@@ -21,7 +24,8 @@ marspec), on the chosen device:
 It needs only marspec, torch and transformers. :func:`run_selftest` returns a :class:`SelftestReport`;
 the CLI (``marspec selftest``) prints it and exits non-zero when a check fails. The parts:
 :mod:`~marspec.selftest.tiny` (the models), :mod:`~marspec.selftest.equality`,
-:mod:`~marspec.selftest.sampling` and :mod:`~marspec.selftest.reads` (the checks),
+:mod:`~marspec.selftest.sampling`, :mod:`~marspec.selftest.reads` and :mod:`~marspec.selftest.fixed`
+(the checks),
 :mod:`~marspec.selftest.environment`, :mod:`~marspec.selftest.report` (the results).
 """
 
@@ -43,6 +47,7 @@ from marspec.selftest.equality import (
     no_relax_equals_strict,
     strict_equals_plain,
 )
+from marspec.selftest.fixed import fixed_equals_eager
 from marspec.selftest.reads import HostReads, one_read_per_step, reads_per_step
 from marspec.selftest.report import Check, SelftestReport
 from marspec.selftest.sampling import chi_square, sampled_counts, sampling_is_lossless, target_joint
@@ -56,6 +61,7 @@ __all__ = [
     "compare_runs",
     "environment",
     "first_difference",
+    "fixed_equals_eager",
     "no_relax_equals_strict",
     "one_read_per_step",
     "reads_per_step",
@@ -86,6 +92,7 @@ def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -
             no_relax_equals_strict(decoder),
             sampling_is_lossless(where),
             one_read_per_step(decoder),
+            fixed_equals_eager(decoder, tiny_decoder(Path(tmp), where, graphs="on")),
         )
     env = environment(where)
     if on_cpu:

@@ -43,7 +43,7 @@ def strict_equals_plain(decoder: Decoder) -> Check:
     runs = []
     drafted = accepted = rejected = 0
     for i, prompt in enumerate(PROMPTS):
-        plain = _generate(decoder, prompt, rule="plain")
+        plain = generate_greedy(decoder, prompt, rule="plain")
         for tree in (None, TREE):
             out = decoder.generate(prompt, rule="strict", tree=tree, **_greedy())
             label = f"prompt {i + 1}, strict {'tree ' + tree if tree else 'chain'}"
@@ -77,9 +77,9 @@ def no_relax_equals_strict(decoder: Decoder) -> Check:
     strict's tokens."""
     runs = []
     for i, prompt in enumerate(PROMPTS):
-        strict = _generate(decoder, prompt, rule="strict")
+        strict = generate_greedy(decoder, prompt, rule="strict")
         for label, options in NO_RELAX:
-            runs.append((f"prompt {i + 1}, {label}", strict, _generate(decoder, prompt, **options)))
+            runs.append((f"prompt {i + 1}, {label}", strict, generate_greedy(decoder, prompt, **options)))
     return compare_runs(NO_RELAX_CHECK, runs)
 
 
@@ -87,5 +87,6 @@ def _greedy() -> dict[str, Any]:
     return {"k": K, "max_new_tokens": NEW_TOKENS, "chat": False, "temperature": 0.0}
 
 
-def _generate(decoder: Decoder, prompt: str, **options: Any) -> list[int]:
+def generate_greedy(decoder: Decoder, prompt: str, **options: Any) -> list[int]:
+    """The token ids of a greedy decode of ``prompt`` at the self-test's length and draft length."""
     return decoder.generate(prompt, **_greedy(), **options).token_ids

@@ -98,15 +98,17 @@ def save_tiny_model(folder: Path, model: PreTrainedModel) -> Path:
     return folder
 
 
-def tiny_decoder(folder: Path, device: torch.device) -> Decoder:
-    """A Decoder for a tiny target and its noisy draft, saved under ``folder`` and loaded by path the way
-    a user's models are (dtype fp32, the device's default kernels). The draft's confidence stop and
-    prompt lookup are off: both add host reads by design (one per drafted token, one per lookup)."""
+def tiny_decoder(folder: Path, device: torch.device, graphs: str = "off") -> Decoder:
+    """A Decoder for a tiny target and its noisy draft, saved under ``folder`` (once) and loaded by path
+    the way a user's models are (dtype fp32, the device's default kernels, ``graphs`` as given: eager by
+    default). The draft's confidence stop and prompt lookup are off: both add host reads by design (one
+    per draft chunk, one per lookup)."""
     from marspec.api import Decoder
 
-    target = tiny_model(seed=0)
-    save_tiny_model(folder / "target", target)
-    save_tiny_model(folder / "draft", noisy_copy(target, seed=1))
+    if not (folder / "target").exists():
+        target = tiny_model(seed=0)
+        save_tiny_model(folder / "target", target)
+        save_tiny_model(folder / "draft", noisy_copy(target, seed=1))
     return Decoder(
         str(folder / "target"),
         str(folder / "draft"),
@@ -114,4 +116,5 @@ def tiny_decoder(folder: Path, device: torch.device) -> Decoder:
         device=device,
         draft_confidence=0.0,
         lookup=False,
+        graphs=graphs,
     )

@@ -1,0 +1,264 @@
+"""The fixed-shape path (marspec.backends.fixed, ``graphs="on"``) on tiny random models, on the CPU: padded
+rows are computed bit for bit as without padding, decoding gives eager's tokens, speculative sampling
+stays lossless, and the forwards a GPU captures never read the host."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_lm
+
+from marspec.api import Decoder
+from marspec.backends.fixed import QUERY_SIZES, FixedShapeLM, fixed_shape_lm, graphs_plan
+from marspec.backends.hf import HFCausalLM
+from marspec.backends.prepack import prepack_available, prepack_linears
+from marspec.drafters.model import ModelDrafter
+from marspec.drafters.tree import build_tree
+from marspec.errors import MarspecError
+from marspec.interfaces import Draft
+from marspec.rules import Rule
+from marspec.selftest import HostReads, reads_per_step
+from marspec.selftest.reads import _StandIn
+from marspec.selftest.sampling import CHI2_999_15, chi_square, sampled_counts, small_model, target_joint
+from marspec.selftest.tiny import noisy_copy, save_tiny_model, tiny_model
+from marspec.stats import GenerationStats
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("fixed")
+    target = tiny_model(seed=0)
+    return save_tiny_model(tmp / "target", target), save_tiny_model(tmp / "draft", noisy_copy(target, 1))
+
+
+def _decoder(folders, graphs: str, **settings) -> Decoder:
+    target, draft = folders
+    settings = {"draft_confidence": 0.0, "lookup": False, **settings}
+    return Decoder(str(target), str(draft), device="cpu", graphs=graphs, **settings)
+
+
+@pytest.fixture(scope="module")
+def eager(folders) -> Decoder:
+    return _decoder(folders, "off")
+
+
+@pytest.fixture(scope="module")
+def fixed(folders) -> Decoder:
+    return _decoder(folders, "on")
+
+
+def test_graphs_option_is_checked_before_loading_and_plans_per_device(tmp_path):
+    with pytest.raises(MarspecError, match="unknown graphs 'yes': choose one of auto, on, off"):
+        Decoder(str(tmp_path / "missing"), None, graphs="yes")
+    assert graphs_plan("auto", CPU) == (False, False)
+    assert graphs_plan("on", CPU) == (True, False)
+    assert graphs_plan("off", torch.device("cuda")) == (False, False)
+    assert graphs_plan("auto", torch.device("cuda")) == (True, True)
+
+
+def test_on_takes_the_fixed_path_for_both_models(fixed, eager):
+    assert isinstance(fixed.target, FixedShapeLM) and fixed.target.graphs is None
+    assert isinstance(fixed.drafter.draft_model, FixedShapeLM)
+    assert type(eager.target) is HFCausalLM
+    with pytest.raises(MarspecError, match="CUDA graphs need a CUDA device"):
+        fixed_shape_lm(eager.target, graphs=True)
+
+
+@pytest.mark.skipif(not prepack_available(), reason="oneDNN prepacking is unavailable here")
+@pytest.mark.parametrize("n", [2, 3, 5, 7, 13])
+def test_padded_rows_equal_an_unpadded_forward_bit_for_bit(n):
+    """oneDNN's prepacked linears (the CPU default) compute each row alone; the rows never see a padded
+    row. (MKL's plain linears pick kernels by the row count: their rows differ by rounding.)"""
+    lm = tiny_lm(0)
+    prepack_linears(lm.model)
+    fixed = FixedShapeLM(lm.model, None, "fixed")
+    gen = torch.Generator().manual_seed(n)
+    fixed.forward(torch.randint(97, (20,), generator=gen))
+    tokens = torch.randint(97, (n,), generator=gen)
+    padded = fixed.forward(tokens)
+    last = fixed.forward(tokens[:1])  # what the padded forward cached is what later rows see
+    fixed.rollback(20)
+    fixed.pads = False
+    assert torch.equal(fixed.forward(tokens), padded)
+    assert torch.equal(fixed.forward(tokens[:1]), last)
+    fixed.rollback(20)
+    fixed.pads = True
+    assert torch.equal(fixed.forward(tokens, last_only=True), padded[-1:])
+
+
+@pytest.mark.skipif(not prepack_available(), reason="oneDNN prepacking is unavailable here")
+def test_padded_tree_rows_equal_an_unpadded_forward_bit_for_bit():
+    lm = tiny_lm(1)
+    prepack_linears(lm.model)
+    fixed = FixedShapeLM(lm.model, None, "fixed")
+    fixed.forward(torch.arange(10, 30))
+    draft = Draft(
+        tokens=torch.tensor([3, 4, 5, 6]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12], [1, 2]])
+    )
+    tree = build_tree(draft, (3, 2))  # 4 chain nodes and 3 siblings: 8 rows, 8 padded... to 8
+    root = torch.tensor([2])
+    padded = fixed.forward_tree(tree, root)
+    fixed.rollback(20)
+    fixed.pads = False
+    assert torch.equal(fixed.forward_tree(tree, root), padded)
+    # The same tree with one sibling fewer: 7 rows run padded to 8.
+    small = build_tree(draft, (2, 2))
+    fixed.rollback(20)
+    unpadded = fixed.forward_tree(small, root)
+    fixed.rollback(20)
+    fixed.pads = True
+    assert torch.equal(fixed.forward_tree(small, root), unpadded)
+
+
+def test_tree_and_chain_rows_agree_with_the_eager_backend():
+    """The mask built on the device gives each row what the eager backend's forward gives it."""
+    eager = tiny_lm(2)
+    fixed = FixedShapeLM(eager.model, None, "fixed")
+    prompt = torch.arange(5, 45)
+    for lm in (eager, fixed):
+        lm.forward(prompt)
+    draft = Draft(tokens=torch.tensor([3, 4, 5]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12]]))
+    tree = build_tree(draft, (3, 2))
+    a, b = eager.forward_tree(tree, torch.tensor([2])), fixed.forward_tree(tree, torch.tensor([2]))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    eager.keep_path(40, (1, 5)), fixed.keep_path(40, (1, 5))  # a sibling moves into the chain
+    assert eager.cached_len == fixed.cached_len == 43
+    tokens = torch.tensor([17, 18])
+    torch.testing.assert_close(eager.forward(tokens), fixed.forward(tokens), rtol=0, atol=1e-4)
+
+
+def test_the_cache_grows_past_its_first_capacity_and_keeps_its_positions():
+    eager = tiny_lm(3)
+    fixed = FixedShapeLM(eager.model, None, "fixed")
+    prompt = torch.randint(97, (250,), generator=torch.Generator().manual_seed(0))
+    for lm in (eager, fixed):
+        lm.forward(prompt)
+    tokens = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9])  # 250 + 16 padded rows > 256: the buffers double
+    torch.testing.assert_close(eager.forward(tokens), fixed.forward(tokens), rtol=0, atol=1e-4)
+    assert fixed._capacity == 512
+
+
+SETTINGS = {
+    "plain": {"rule": "plain"},
+    "strict": {"rule": "strict"},
+    "strict_tree": {"rule": "strict", "tree": "3,2"},
+    "mars1": {"rule": "mars", "theta": 1.0},
+    "mars1_tree": {"rule": "mars", "theta": 1.0, "tree": "3,2"},
+    "mars": {"rule": "mars", "theta": 0.3},
+    "sampling": {"rule": "strict", "temperature": 1.0, "seed": 7},
+}
+PROMPTS = ("def add(a, b): return a + b", "1 + 1 = 2, 2 + 2 =")
+
+
+def _tokens(decoder: Decoder, prompt: str, **options) -> list[int]:
+    return decoder.generate(prompt, k=4, max_new_tokens=40, chat=False, **options).token_ids
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_on_gives_eager_tokens_and_strict_equals_plain(eager, fixed, prompt):
+    runs = {name: _tokens(fixed, prompt, **options) for name, options in SETTINGS.items()}
+    for name, options in SETTINGS.items():
+        assert runs[name] == _tokens(eager, prompt, **options), name
+    for name in ("strict", "strict_tree", "mars1", "mars1_tree"):
+        assert runs[name] == runs["plain"], name
+
+
+def test_the_confidence_stop_read_per_chunk_drafts_what_a_read_per_token_drafts(folders):
+    """Chunks change how often the stop is read and how many forwards run past it, never the draft."""
+    per_token = _decoder(folders, "on", draft_confidence=0.6)
+    chunked = _decoder(folders, "on", draft_confidence=0.6)
+    chunked.drafter.stop_chunk = 3
+    for prompt in PROMPTS:
+        a = per_token.generate(prompt, rule="mars", theta=0.3, k=6, max_new_tokens=40, chat=False)
+        b = chunked.generate(prompt, rule="mars", theta=0.3, k=6, max_new_tokens=40, chat=False)
+        assert a.token_ids == b.token_ids
+        assert [s.drafted for s in a.stats.steps] == [s.drafted for s in b.stats.steps]
+        assert 0 < a.stats.drafted < 6 * len(a.stats.steps)  # the stop really ended drafts
+        assert b.stats.draft_forwards >= a.stats.draft_forwards
+
+
+def test_speculative_sampling_stays_lossless_on_the_fixed_path():
+    """The selftest's chi-square, through FixedShapeLM models, the confidence stop on and read per chunk
+    (its forwards past an unsure token draw from the generator too)."""
+    target = FixedShapeLM(small_model(seed=0, sharpen=1.0), None, "small-target")
+    draft = FixedShapeLM(small_model(seed=1, sharpen=3.0), None, "small-draft")
+    prompt = torch.tensor([1, 3, 0, 2])
+    drafter = ModelDrafter(draft, 4, min_confidence=0.5, stop_chunk=2)
+    stat = chi_square(sampled_counts(target, drafter, prompt, 800), target_joint(target, prompt))
+    assert stat < CHI2_999_15
+
+
+@contextlib.contextmanager
+def _captured_regions_counted(*lms: FixedShapeLM):
+    """Run every forward a GPU captures with stand-ins for device inputs, counting the host reads of
+    anything computed from them (a CUDA graph cannot hold one)."""
+    counts: list[int] = []
+    originals = [lm._forward_on_device for lm in lms]
+
+    def counted(original):
+        def run(**inputs):
+            stand_ins = {name: value.as_subclass(_StandIn) for name, value in inputs.items()}
+            with HostReads(lambda t: isinstance(t, _StandIn)) as reads:
+                out = original(**stand_ins)
+            counts.append(len(reads.reads))
+            return out.as_subclass(torch.Tensor)
+
+        return run
+
+    for lm, original in zip(lms, originals, strict=True):
+        lm._forward_on_device = counted(original)
+    try:
+        yield counts
+    finally:
+        for lm in lms:
+            del lm._forward_on_device
+
+
+def test_captured_regions_read_nothing_and_a_step_reads_once_per_draft_chunk(folders):
+    """Zero host reads inside the forwards a GPU replays; outside them one read per step for the
+    verdict, plus one per draft chunk while the confidence stop is on."""
+    decoder = _decoder(folders, "on", draft_confidence=0.6)
+    decoder.drafter.stop_chunk = 4
+    target, draft = decoder.target, decoder.drafter.draft_model
+    prompt = decoder.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"][0]
+    for config in ({"rule": Rule(name="strict")}, {"rule": Rule(name="strict"), "tree": "3,2"}):
+        with _captured_regions_counted(target, draft) as inside:
+            stats = GenerationStats()
+            per_step = reads_per_step(
+                decoder, prompt, stats, k=8, max_new_tokens=40, reuse_prefix=False, **config
+            )
+        assert len(inside) > len(per_step) and set(inside) == {0}
+        assert max(per_step) > 1  # the stop's chunk reads are counted too
+        for count, step in zip(per_step, stats.steps, strict=True):
+            chunks = -(-(step.drafted - 1) // 4) if step.drafted > 1 else 0
+            assert count <= 1 + max(chunks, 1 if step.drafted else 0), (count, step)
+
+
+def test_capture_is_refused_off_cuda_and_sizes_are_padded():
+    lm = tiny_lm(4)
+    with pytest.raises(MarspecError, match="CUDA graphs need a CUDA device"):
+        FixedShapeLM(lm.model, None, "x", graphs=True)
+    fixed = FixedShapeLM(lm.model, None, "x")
+    assert [fixed._padded(n) for n in (1, 2, 3, 9, 13, 33)] == [1, 2, 4, 16, 16, 33]
+    assert QUERY_SIZES[-1] == 32
+
+
+def test_transformers_sdpa_path_reads_nothing_inside_the_captured_forwards():
+    """The attention a CUDA device runs (transformers' sdpa, key/value heads expanded or packed), chains,
+    a token tree and last-row forwards: no host read of anything computed from the inputs."""
+    lm = tiny_lm(5)
+    assert lm.model.config._attn_implementation == "sdpa"
+    fixed = FixedShapeLM(lm.model, None, "fixed")
+    draft = Draft(tokens=torch.tensor([3, 4, 5]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12]]))
+    with _captured_regions_counted(fixed) as inside:
+        fixed.forward(torch.arange(10, 20), last_only=True)
+        fixed.forward(torch.tensor([1]))
+        fixed.forward(torch.arange(1, 14))
+        fixed.forward(torch.arange(1, 4), last_only=True)
+        fixed.forward_tree(build_tree(draft, (3, 2)), torch.tensor([2]))
+    assert inside == [0, 0, 0, 0, 0]
