@@ -12,10 +12,11 @@ from typing import Any
 
 from marspec.errors import MarspecError
 from marspec.rules import Rule
+from marspec.settings import settle_rule
 
 CONFIG_KEY = "marspec"
-# config key -> Rule field ("window": FLy's deferral window; Rule refuses it for the other rules)
-_RULE_FIELDS = (("rule", "name"), ("theta", "theta"), ("margin", "margin"), ("window", "window"))
+# config key -> settle_rule argument ("window": FLy's deferral window; refused for the other rules)
+_RULE_FIELDS = (("rule", "rule"), ("theta", "theta"), ("margin", "margin"), ("window", "window"))
 _KEYS = (*(key for key, _ in _RULE_FIELDS), "log_every")
 DEFAULT_LOG_EVERY = 500  # verification steps between two counter log lines in the engine process
 
@@ -36,8 +37,9 @@ def parse_plugin_config(additional_config: Any) -> PluginConfig | None:
     """The plugin's settings from a vLLM ``additional_config``, or None when marspec is not configured.
 
     ``{"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio", "log_every": 500}}`` (FLy:
-    ``{"rule": "fly", "theta": 0.3, "window": 6}``); every key is optional (an empty object means MARS
-    with its defaults). Raises
+    ``{"rule": "fly", "theta": 0.3, "window": 6}``); every key is optional and settles as a library
+    option does (no rule named is strict, as everywhere; ``{"rule": "mars"}`` is MARS with its
+    defaults). Raises
     :class:`VllmPluginConfigError` naming the bad value and what to use instead.
     """
     if not isinstance(additional_config, Mapping) or CONFIG_KEY not in additional_config:
@@ -54,12 +56,12 @@ def parse_plugin_config(additional_config: Any) -> PluginConfig | None:
             f'unknown key(s) {", ".join(map(repr, unknown))} in additional_config["{CONFIG_KEY}"]; '
             f"use: {', '.join(_KEYS)}"
         )
-    # Rule validates rule, theta and margin itself; absent keys take Rule's defaults (a margin named
-    # without a theta, its own usual threshold). One rule serves greedy and sampled requests alike, so
-    # it is the greedy default.
+    # Settled as the library's options are (marspec.settings.settle_rule: absent keys take the same
+    # defaults, a margin named without a theta its own usual threshold). One rule serves greedy and
+    # sampled requests alike, so it is the greedy setting.
     rule_args = {field: settings[key] for key, field in _RULE_FIELDS if key in settings}
     try:
-        rule = Rule(**rule_args)
+        rule = settle_rule(**rule_args)
     except MarspecError as exc:
         raise VllmPluginConfigError(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
     log_every = settings.get("log_every", DEFAULT_LOG_EVERY)
