@@ -5,6 +5,7 @@ The surface users import (``Decoder``, ``GenerationOptions``, ``GenerationResult
 settling a generation's options in ``settings.py`` (where ``GenerationOptions`` lives), models in
 ``models/`` and ``backends/``.
 """
+
 from __future__ import annotations
 
 import functools
