@@ -223,7 +223,7 @@ def run_once(decoder: Decoder, rule: str, prompt_ids: torch.Tensor, new_tokens: 
     taken when the loop yields it (each step has read its verdict to the host by then, so the device's
     work for it is done). Returns (step seconds, stats, tokens)."""
     opts = GenerationOptions(rule=rule, k=k, max_new_tokens=new_tokens, reuse_prefix=False)
-    config = decoder.resolve_theta(opts).decode_config(decoder.eos_token_ids)
+    config = decoder.settle(opts)
     drafter = None if rule == "plain" else decoder.drafter
     stats = GenerationStats()
     step_s, tokens, clock_s = [], [], []

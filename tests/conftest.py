@@ -14,6 +14,7 @@ from marspec.backends.hf import HFCausalLM
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
 from marspec.eval.bench import BenchConfig
+from marspec.rules import Rule
 from marspec.stats import GenerationStats
 
 TINY_VOCAB = 97
@@ -65,7 +66,8 @@ def decode_tokens(target, drafter, prompt, **config) -> tuple[list[int], Generat
     """Run the decode loop with ``DecodeConfig(**config)``: the tokens it emitted and its statistics."""
     stats = GenerationStats()
     tokens: list[int] = []
-    for step in decode(target, drafter, prompt, DecodeConfig(**config), stats):
+    config = DecodeConfig(**{"rule": Rule(), "k": 1, **config})  # plain decoding reads neither
+    for step in decode(target, drafter, prompt, config, stats):
         tokens += step.tokens
     return tokens, stats
 

@@ -7,8 +7,9 @@ import re
 import pytest
 import torch
 
-from marspec import Decoder, GenerationOptions, MarspecError
-from marspec.defaults import MAX_K, default_setting
+from marspec import Decoder, GenerationOptions, MarspecError, defaults
+from marspec.defaults import MAX_K
+from marspec.settings import settle
 
 SMALL = "smollm2-135m-instruct"
 PROMPT = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta, alpha beta gamma delta."
@@ -114,7 +115,7 @@ def test_no_rule_named_is_strict_and_a_lossy_setting_without_a_rule_is_refused()
 
     assert DEFAULT_RULE == "strict"
     options = GenerationOptions()
-    assert options.rule == "strict" and options.decode_config(frozenset()).rule.name == "strict"
+    assert options.rule == "strict" and settle(options).rule.name == "strict"
     assert GenerationOptions(temperature=1.0).rule == "strict"
     assert GenerationOptions.of({"k": 4}).rule == "strict"
     for lossy in ({"theta": 0.9}, {"margin": "logit_ratio"}, {"theta": "auto"}):
@@ -122,7 +123,7 @@ def test_no_rule_named_is_strict_and_a_lossy_setting_without_a_rule_is_refused()
             GenerationOptions.of(lossy)
         assert GenerationOptions.of({"rule": "mars", **lossy}).rule == "mars"
     # A named lossless rule keeps ignoring a theta (the demo passes one theta to every row).
-    assert GenerationOptions(rule="strict", theta=0.9).decode_config(frozenset()).rule.name == "strict"
+    assert settle(GenerationOptions(rule="strict", theta=0.9)).rule.name == "strict"
 
 
 def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime(monkeypatch):
@@ -130,7 +131,7 @@ def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime
     from marspec.rules import Rule
 
     def rule(**options) -> Rule:
-        return GenerationOptions(rule="mars", **options).decode_config(frozenset()).rule
+        return settle(GenerationOptions(rule="mars", **options)).rule
 
     greedy = Rule("mars", defaults.DEFAULT_THETA, defaults.DEFAULT_MARGIN)
     assert rule() == greedy
@@ -144,9 +145,9 @@ def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime
     monkeypatch.setattr(defaults, "SAMPLING_MARGIN", "logit_ratio")
     monkeypatch.setattr(defaults, "SAMPLING_THETA", 0.95)
     server_defaults = GenerationOptions(rule="mars", k=4)
-    assert server_defaults.decode_config(frozenset()).rule == greedy
+    assert settle(server_defaults).rule == greedy
     sampled = GenerationOptions(**{**server_defaults.__dict__, "temperature": 0.7})
-    assert sampled.decode_config(frozenset()).rule == Rule("mars", 0.95, "logit_ratio")
+    assert settle(sampled).rule == Rule("mars", 0.95, "logit_ratio")
     assert rule(temperature=0.7, margin="logit_ratio") == Rule("mars", 0.95, "logit_ratio")
     assert rule(temperature=0.7, margin="prob_ratio") == Rule("mars", 0.5, "prob_ratio")
     assert rule(temperature=0.7, theta=0.9) == Rule("mars", 0.9, "logit_ratio")
@@ -157,6 +158,6 @@ def test_unset_margin_and_theta_take_the_measured_default_of_the_decoding_regime
 
 def test_the_decoder_echoes_the_setting_it_decodes_with(decoder):
     resolved = decoder.resolve_theta(GenerationOptions(temperature=1.0))
-    assert (resolved.margin, resolved.theta) == default_setting(1.0)
+    assert (resolved.margin, resolved.theta) == (defaults.SAMPLING_MARGIN, defaults.SAMPLING_THETA)
     auto_strict = decoder.resolve_theta(GenerationOptions(rule="strict", theta="auto"))
     assert auto_strict.theta == 1.0 and auto_strict.margin is not None  # nothing left unset

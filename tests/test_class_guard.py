@@ -13,8 +13,9 @@ from marspec.drafters import Draft
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
 from marspec.models import resolve_model_dir
+from marspec.rules import GUARDS, Rule
 from marspec.token_classes import CLASSES, check_classes, class_table, relaxable_table, token_class
-from marspec.verify import GUARDS, Rule, verify_greedy, verify_sampling, verify_tree_greedy
+from marspec.verify import verify_greedy, verify_sampling, verify_tree_greedy
 
 SMALL = "smollm2-135m-instruct"
 
@@ -147,7 +148,9 @@ def test_the_guard_applies_per_node_on_trees() -> None:
     logits = torch.stack([rows(CLOSE)[0], *[rows(BONUS)[0]] * len(tree)])
     assert verify_tree_greedy(logits, tree, GUARDED, relaxable=table(0, 1)).n_relaxed == 1
     assert verify_tree_greedy(logits, tree, GUARDED, relaxable=table(0, 2)).n_accepted == 0
-    DecodeConfig(rule=GUARDED, tree=(2, 2))  # the class guard, unlike "next", takes trees
+    DecodeConfig(
+        rule=GUARDED, k=4, max_new_tokens=8, tree=(2, 2)
+    )  # the class guard, unlike "next", takes trees
 
 
 def test_the_guard_needs_its_table() -> None:

@@ -26,11 +26,11 @@ def reference_greedy(lm, prompt: torch.Tensor, n: int) -> list[int]:
 
 def run(target, drafter, prompt, **kw):
     stats = GenerationStats()
-    config = DecodeConfig(**kw)
+    config = DecodeConfig(**{"rule": Rule(), "k": 1, **kw})  # plain decoding reads neither
     tokens, relaxed = [], []
     for step in decode(target, drafter, prompt, config, stats, torch.Generator().manual_seed(0)):
         tokens += step.tokens
-        relaxed += step.relaxed
+        relaxed += [i in step.relaxed_at for i in range(len(step.tokens))]
     return tokens, relaxed, stats
 
 
@@ -80,7 +80,9 @@ def test_drafts_after_an_accepted_eos_are_not_counted_as_accepted(target, prompt
 def test_mars_theta_one_equals_strict(target, prompt):
     drafter = ModelDrafter(tiny_lm(2, "tiny-draft"), target_vocab_size=target.vocab_size)
     strict, _, _ = run(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=30)
-    mars1, relaxed, _ = run(target, drafter, prompt, rule=Rule("mars", theta=1.0), k=3, max_new_tokens=30)
+    mars1, relaxed, _ = run(
+        target, drafter, prompt, rule=Rule("mars", 1.0, "logit_ratio"), k=3, max_new_tokens=30
+    )
     assert mars1 == strict and not any(relaxed)
 
 
@@ -120,10 +122,10 @@ def test_each_relaxed_token_reports_the_top_choice_it_replaced(target, prompt):
     config = DecodeConfig(rule=rule, k=3, max_new_tokens=25)
     seq = prompt.tolist()
     for step in decode(target, drafter, prompt, config, GenerationStats()):
-        assert len(step.relaxed_top1) == len(step.relaxed_margins) == sum(step.relaxed)
+        assert len(step.relaxed_top1) == len(step.relaxed_margins) == len(step.relaxed_at)
         replaced = iter(zip(step.relaxed_top1, step.relaxed_margins, strict=True))
-        for token, was_relaxed in zip(step.tokens, step.relaxed, strict=True):
-            if was_relaxed:
+        for position, token in enumerate(step.tokens):
+            if position in step.relaxed_at:
                 top1, margin = next(replaced)
                 with torch.no_grad():
                     logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]

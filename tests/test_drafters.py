@@ -131,4 +131,4 @@ def test_adaptive_k_follows_its_schedule_and_keeps_strict_equal_to_plain(target,
 
 def test_adaptive_k_must_be_a_bool():
     with pytest.raises(MarspecError, match="adaptive_k"):
-        DecodeConfig(adaptive_k="yes")
+        DecodeConfig(rule=Rule(), k=4, max_new_tokens=8, adaptive_k="yes")

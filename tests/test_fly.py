@@ -8,12 +8,11 @@ import math
 import pytest
 import torch
 
-from marspec.defaults import FLY_THETA, FLY_WINDOW
+from marspec.defaults import DEFAULT_MARGIN, FLY_THETA, FLY_WINDOW
 from marspec.errors import MarspecError
+from marspec.rules import FLY_MAX_ENTROPY, RULES, Rule
+from marspec.settings import settle_rule
 from marspec.verify import (
-    FLY_MAX_ENTROPY,
-    RULES,
-    Rule,
     fly_defers,
     relaxed_accepts,
     top2,
@@ -185,7 +184,9 @@ def test_greedy_fly_matches_a_position_by_position_reference(rule: Rule) -> None
     assert deferred > 20  # the random cases exercised the deferral, not only exact matches
 
 
-@pytest.mark.parametrize("never", [Rule("fly", 2.0), Rule("fly", 1.1, window=1), Rule("fly", 0.3, window=9)])
+@pytest.mark.parametrize(
+    "never", [Rule("fly", 2.0, window=6), Rule("fly", 1.1, window=1), Rule("fly", 0.3, window=9)]
+)
 def test_fly_that_cannot_defer_equals_strict(never: Rule) -> None:
     gen = torch.Generator().manual_seed(1)
     for _ in range(200):
@@ -216,9 +217,11 @@ def test_sampling_defers_a_failed_draw_when_the_window_passes() -> None:
 
 def test_fly_rule_defaults_names_and_relaxes() -> None:
     assert "fly" in RULES
-    assert Rule("fly") == Rule("fly", FLY_THETA, window=FLY_WINDOW) == Rule("fly", 0.3, window=6)
-    assert Rule("fly", FLY_MAX_ENTROPY).relaxes and not Rule("fly", FLY_MAX_ENTROPY + 1e-9).relaxes
-    assert Rule("fly", 0).relaxes and isinstance(Rule("fly", 1).theta, float)
+    assert settle_rule("fly") == Rule("fly", FLY_THETA, DEFAULT_MARGIN, window=FLY_WINDOW)
+    assert settle_rule("fly") == Rule("fly", 0.3, DEFAULT_MARGIN, window=6)
+    never = Rule("fly", FLY_MAX_ENTROPY + 1e-9, window=6)
+    assert Rule("fly", FLY_MAX_ENTROPY, window=6).relaxes and not never.relaxes
+    assert Rule("fly", 0, window=6).relaxes and isinstance(Rule("fly", 1, window=6).theta, float)
 
 
 @pytest.mark.parametrize("theta", [-0.1, float("nan"), float("inf"), True, "0.3"])
@@ -235,9 +238,9 @@ def test_fly_window_is_validated(window: object) -> None:
 
 def test_only_fly_takes_a_window_and_fly_takes_no_next_guard() -> None:
     with pytest.raises(MarspecError, match="window is FLy's"):
-        Rule("mars", 0.5, window=3)
+        Rule("mars", 0.5, "prob_ratio", window=3)
     with pytest.raises(MarspecError, match="'next' guard is MARS's"):
-        Rule("fly", 0.3, guard="next")
+        Rule("fly", 0.3, guard="next", window=6)
 
 
 def test_fly_is_refused_where_it_cannot_apply() -> None:
@@ -250,7 +253,7 @@ def test_fly_is_refused_where_it_cannot_apply() -> None:
     with pytest.raises(MarspecError, match="fly_defers"):
         relaxed_accepts(logits, values, tokens, tok(1, 2), FLY)  # a row-wise caller (the vLLM plugin)
     with pytest.raises(MarspecError, match="not a token tree"):
-        DecodeConfig(rule=FLY, tree=(2,))
+        DecodeConfig(rule=FLY, k=4, max_new_tokens=8, tree=(2,))
     tree = build_tree(Draft(tokens=tok(1), alternatives=tok(2)[None]), (2,))
     with pytest.raises(MarspecError, match="not a token tree"):
         verify_tree_greedy(torch.zeros(len(tree) + 1, 4), tree, FLY)

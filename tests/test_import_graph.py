@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -109,11 +111,142 @@ def test_relative_and_late_imports_are_edges_too(tmp_path):
     assert find_cycle(graph) == ["pkg.b", "pkg.sub.a", "pkg.b"]
 
 
-def test_the_public_paths_of_the_moved_types_still_work():
+def test_the_shared_types_have_one_public_path_each():
     import marspec
-    from marspec import backends, drafters, interfaces, tree
+    from marspec import backends, drafters, interfaces
 
-    assert marspec.DraftTree is tree.DraftTree is interfaces.DraftTree
+    assert marspec.DraftTree is interfaces.DraftTree
     assert backends.CausalLM is interfaces.CausalLM and backends.ForwardClock is interfaces.ForwardClock
     assert drafters.Draft is interfaces.Draft and drafters.Drafter is interfaces.Drafter
-    assert tree.build_tree is drafters.tree.build_tree
+
+
+# ------------------------------------------------------------------- settling a generation never climbs
+
+
+def layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Module -> its layer: 0 for a module importing nothing of marspec, else one above the highest module
+    it imports (the graph has no circle, so this is well defined)."""
+    rank: dict[str, int] = {}
+
+    def of(module: str) -> int:
+        if module not in rank:
+            rank[module] = 1 + max((of(m) for m in graph.get(module, ())), default=-1)
+        return rank[module]
+
+    for module in graph:
+        of(module)
+    return rank
+
+
+def below(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every module ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = list(graph.get(module, ()))
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+def call_edges(entry: Callable[[], object]) -> list[tuple[str, str]]:
+    """The calls from one marspec module into another while ``entry`` runs, in order (caller, callee)."""
+    edges: list[tuple[str, str]] = []
+
+    def profile(frame, event, arg) -> None:
+        if event != "call" or frame.f_back is None:
+            return
+        callee = frame.f_globals.get("__name__", "")
+        caller = frame.f_back.f_globals.get("__name__", "")
+        if callee != caller and callee.startswith("marspec.") and caller.startswith("marspec."):
+            edges.append((caller, callee))
+
+    sys.setprofile(profile)
+    try:
+        entry()
+    finally:
+        sys.setprofile(None)
+    return edges
+
+
+def climbs(graph: dict[str, set[str]], edges: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The calls that go up: into a module that imports the caller (a callback, or a lower module
+    reaching back into a higher one for part of the work)."""
+    return [(caller, callee) for caller, callee in edges if caller in below(graph, callee)]
+
+
+def settle_entry_points(calibration_dir: Path) -> dict[str, Callable[[], object]]:
+    """Each entry point's settling of a generation, free of models (a Pair can be named before loading):
+    the library (and through it the CLI and the server), the server's request parsing, the bench's
+    methods and run, and the vLLM plugin's configuration. ``theta="auto"`` reads a calibration stored in
+    ``calibration_dir``."""
+    import os
+
+    from marspec.calibration import Choice, save_choice
+    from marspec.eval.methods import parse_methods
+    from marspec.integrations.vllm.config import parse_plugin_config
+    from marspec.serve.schemas import ChatCompletionRequest, parse_request
+    from marspec.serve.settings import ServerSettings
+    from marspec.settings import GenerationOptions, Pair, settle
+
+    os.environ["MARSPEC_CALIBRATION_DIR"] = str(calibration_dir)
+    save_choice("t", "d", Choice("logit_ratio", 0.9, 0.99, True, "", 0.0, {}))
+    pair = Pair("t", "d")
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], marspec={"rule": "mars", "theta": "auto"}
+    )
+    return {
+        "library": lambda: settle(GenerationOptions(rule="mars", theta="auto", tree="2,2"), pair),
+        "library, strict": lambda: settle(GenerationOptions(), pair),
+        "server request": lambda: settle(
+            parse_request(
+                request, ServerSettings(model_name="m"), context_length=0, has_drafter=True
+            ).options,
+            pair,
+        ),
+        "bench methods": lambda: parse_methods("mars,mars-gap@2+class,topk@3,fly-w4@0.3", 0.5),
+        "vllm plugin": lambda: parse_plugin_config({"marspec": {"rule": "fly", "theta": 0.3}}),
+    }
+
+
+def settle_report(calibration_dir: Path) -> tuple[str, int]:
+    """A listing of the calls each entry point's settling makes between modules, with each module's
+    layer, and the number of climbs among them."""
+    graph = import_graph(SRC)
+    rank = layers(graph)
+    lines, total = [], 0
+    for name, entry in settle_entry_points(calibration_dir).items():
+        edges = list(dict.fromkeys(call_edges(entry)))  # distinct, in first-call order
+        up = climbs(graph, edges)
+        total += len(up)
+        modules = sorted({m for edge in edges for m in edge}, key=lambda m: -rank[m])
+        lines.append(f"{name}: {len(modules)} modules, {len(up)} climbs")
+        lines.append("  layers: " + ", ".join(f"{m.removeprefix('marspec.')} {rank[m]}" for m in modules))
+        for caller, callee in edges:
+            mark = "  CLIMB" if (caller, callee) in up else ""
+            lines.append(f"  {caller.removeprefix('marspec.')} -> {callee.removeprefix('marspec.')}{mark}")
+    return "\n".join(lines), total
+
+
+def test_settling_a_generation_never_climbs(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARSPEC_CALIBRATION_DIR", str(tmp_path))  # restored after the test
+    report, total = settle_report(tmp_path)
+    assert total == 0, report
+    assert "settings -> calibration" in report and "settings -> rules" in report  # the paths were traced
+
+
+def test_a_planted_callback_is_a_climb():
+    graph = {"hi": {"lo"}, "lo": set()}
+    assert climbs(graph, [("hi", "lo"), ("lo", "hi")]) == [("lo", "hi")]
+    assert layers(graph) == {"hi": 1, "lo": 0}
+
+
+if __name__ == "__main__":  # python tests/test_import_graph.py: the listing the settle test checks
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        text, count = settle_report(Path(folder))
+    print(text)
+    print(f"climbs in all: {count}")
+    sys.exit(0 if count == 0 else 1)

@@ -107,4 +107,4 @@ def test_an_int8_draft_rereads_the_prompt_while_the_target_keeps_its_cache(targe
 
 def test_bad_reuse_flag_is_refused():
     with pytest.raises(MarspecError, match="reuse_prefix must be true or false"):
-        DecodeConfig(reuse_prefix="yes")  # type: ignore[arg-type]
+        DecodeConfig(rule=Rule(), k=4, max_new_tokens=8, reuse_prefix="yes")  # type: ignore[arg-type]

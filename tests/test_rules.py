@@ -1,10 +1,12 @@
-"""marspec.rules: the rule's names and Rule, the one place settings are checked (issue 36).
+"""marspec.rules and marspec.settings: the rule's names and Rule, the one place settings are checked
+(issue 36), and settle, the one place they are filled (issue 55).
 
-Every layer (library, CLI, server, bench methods, the vLLM plugin's config, calibration files) builds its
-Rule here, so a bad setting gets the same one-line message from each of them."""
+Every layer (library, CLI, server, bench methods, the vLLM plugin's config, calibration files) settles its
+Rule through marspec.settings, so a bad setting gets the same one-line message from each of them."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -12,11 +14,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from marspec.api import GenerationOptions
 from marspec.calibration import Choice, save_choice
+from marspec.cli import app
 from marspec.defaults import DEFAULT_MARGIN, DEFAULT_RULE, SAMPLING_MARGIN, SAMPLING_THETA
 from marspec.errors import MarspecError
+from marspec.eval.harness import run_task
 from marspec.eval.methods import parse_methods
 from marspec.integrations.vllm.config import parse_plugin_config
 from marspec.rules import (
@@ -29,11 +34,11 @@ from marspec.rules import (
     Margin,
     Rule,
     RuleName,
-    rule_name,
 )
 from marspec.serve.errors import ApiError
 from marspec.serve.schemas import ChatCompletionRequest, parse_request
 from marspec.serve.settings import ServerSettings
+from marspec.settings import rule_name, settle_rule
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -74,30 +79,43 @@ def test_an_unknown_name_is_one_line_naming_the_choices_and_its_field(kind, valu
     assert info.value.field == field
 
 
-def test_rule_of_resolves_options_as_the_library_documents() -> None:
+def test_settle_rule_resolves_options_as_the_library_documents() -> None:
     assert rule_name(None) == DEFAULT_RULE
-    assert Rule.of() == Rule("strict")
-    assert Rule.of("plain") == Rule("strict")  # plain never has a draft to verify
-    assert Rule.of("mars") == Rule("mars", 0.5, DEFAULT_MARGIN)
-    assert Rule.of("mars", temperature=1.0) == Rule("mars", SAMPLING_THETA, SAMPLING_MARGIN)
-    assert Rule.of("mars", margin="logit_ratio") == Rule("mars", 0.9, "logit_ratio")  # its own threshold
-    assert Rule.of("mars", AUTO) == Rule.of("mars")  # "auto" is resolved per pair, later: checked as unset
-    assert Rule.of("fly", window=3) == Rule("fly", 0.3, DEFAULT_MARGIN, window=3)
+    assert settle_rule().name == "strict" and Rule().name == "strict"  # unnamed is strict everywhere
+    assert settle_rule("plain").name == "strict"  # plain never has a draft to verify
+    assert settle_rule("mars") == Rule("mars", 0.5, DEFAULT_MARGIN)
+    assert settle_rule("mars", temperature=1.0) == Rule("mars", SAMPLING_THETA, SAMPLING_MARGIN)
+    assert settle_rule("mars", margin="logit_ratio") == Rule("mars", 0.9, "logit_ratio")  # its own threshold
+    assert settle_rule("mars", AUTO) == settle_rule("mars")  # "auto" without a pair: checked as unset
+    assert settle_rule("fly", window=3) == Rule("fly", 0.3, DEFAULT_MARGIN, window=3)
     with pytest.raises(MarspecError, match="no rule is named") as unnamed:
-        Rule.of(theta=0.9)
+        settle_rule(theta=0.9)
     assert unnamed.value.field == "rule"
     with pytest.raises(MarspecError, match="give rule 'topk' its parameter as a number"):
-        Rule.of("topk", AUTO)
+        settle_rule("topk", AUTO)
     with pytest.raises(MarspecError, match="rule 'typical' needs theta"):
-        Rule.of("typical")
+        settle_rule("typical")
+
+
+def test_a_rule_checks_and_never_fills_in() -> None:
+    # What a Rule is not given it does not invent: settling fills it (marspec.settings), nothing else.
+    assert Rule() == Rule("strict", None, None) and Rule().theta is None and not Rule().relaxes
+    with pytest.raises(MarspecError, match="rule 'mars' needs a margin"):
+        Rule("mars", 0.5)
+    with pytest.raises(MarspecError, match=r"theta=None is invalid for margin 'prob_ratio'"):
+        Rule("mars", margin="prob_ratio")
+    with pytest.raises(MarspecError, match="rule 'fly' needs theta"):
+        Rule("fly", window=6)
+    with pytest.raises(MarspecError, match="rule 'fly' needs a window"):
+        Rule("fly", 0.3)
 
 
 def test_an_unset_margin_is_checked_as_the_librarys_default_margin() -> None:
     # Issue 36's bug: an unset margin was checked as logit_ratio in one layer while the library decoded
     # with prob_ratio. Resolving it in one place makes every layer check the same margin.
-    assert Rule.of("mars", 2.0, "logit_gap").theta == 2.0
+    assert settle_rule("mars", 2.0, "logit_gap").theta == 2.0
     for check in (
-        lambda: Rule.of("mars", 2.0),
+        lambda: settle_rule("mars", 2.0),
         lambda: GenerationOptions(rule="mars", theta=2.0),
         lambda: parse_methods("mars@2", 0.5),
     ):
@@ -106,11 +124,11 @@ def test_an_unset_margin_is_checked_as_the_librarys_default_margin() -> None:
 
 
 def test_check_tree_refuses_chain_only_rules() -> None:
-    Rule("mars", 0.5).check_tree()
+    Rule("mars", 0.5, "prob_ratio").check_tree()
     with pytest.raises(MarspecError, match="'next' guard works on draft chains"):
-        Rule("mars", 0.5, guard="next").check_tree()
+        Rule("mars", 0.5, "prob_ratio", guard="next").check_tree()
     with pytest.raises(MarspecError, match="FLy defers along a draft chain"):
-        Rule("fly").check_tree()
+        Rule("fly", 0.3, window=6).check_tree()
 
 
 BAD_SETTINGS = [
@@ -133,15 +151,18 @@ def _message(check) -> str:
 
 
 @pytest.mark.parametrize("settings", BAD_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-def test_every_layer_refuses_a_bad_setting_with_the_one_message(settings: dict) -> None:
-    expected = _message(lambda: Rule.of(**settings))
-    # The plugin's config is a Rule itself (no options to resolve, and no plain: vLLM always drafts).
-    as_rule = {"name" if key == "rule" else key: value for key, value in settings.items()}
-    rule_message = _message(lambda: Rule(**as_rule))
-    assert rule_message == expected.replace("plain, ", "")
+def test_every_layer_refuses_a_bad_setting_with_the_one_message(settings: dict, tmp_path) -> None:
+    expected = _message(lambda: settle_rule(**settings))
+    flags = [arg for key, value in settings.items() for arg in (f"--{key}", str(value))]
+    cli = CliRunner().invoke(app, ["generate", "hi", *flags], env={"COLUMNS": "400"})
+    assert cli.exit_code == 2 and " ".join(cli.output.split()) == f"error: {expected}"  # the CLI
+    if settings["rule"] == "mars":  # the bench's run setting (--theta, --margin), before any model loads
+        theta, margin = str(settings.get("theta", 0.5)), settings.get("margin")
+        run = lambda: run_task(task="gsm8k", method_spec="plain", out=tmp_path, theta=theta, margin=margin)  # noqa: E731
+        assert _message(run) == expected
     assert _message(lambda: GenerationOptions(**settings)) == expected  # library, hence the CLI
     plugin = _message(lambda: parse_plugin_config({"marspec": settings}))  # the vLLM plugin
-    assert plugin == f'additional_config["marspec"]: {rule_message}'
+    assert plugin == f'additional_config["marspec"]: {expected}'
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], marspec=settings)
     with pytest.raises(ApiError) as bad:  # the server: a 400 naming the request's parameter
         parse_request(request, ServerSettings(model_name="m"), context_length=0, has_drafter=True)
@@ -170,3 +191,83 @@ def test_the_rules_module_loads_without_torch() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# The defaults of a rule's settings: filled by marspec.settings and nowhere else.
+FILLED_DEFAULTS = {
+    "DEFAULT_RULE",
+    "DEFAULT_THETA",
+    "DEFAULT_MARGIN",
+    "SAMPLING_THETA",
+    "SAMPLING_MARGIN",
+    "MARGIN_THETA",
+    "FLY_THETA",
+    "FLY_WINDOW",
+}
+# Modules whose --help shows a default (inside an f-string: displayed, never passed on).
+SHOWS_DEFAULTS = {"marspec.cli.options", "marspec.cli.run", "marspec.cli.serve"}
+
+
+def _default_reads(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, name, inside an f-string) for each read of a default's name in ``path``."""
+    tree = ast.parse(path.read_text())
+    in_fstring = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+    reads = []
+    for node in ast.walk(tree):
+        name = (
+            node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        )
+        if name in FILLED_DEFAULTS:
+            reads.append((node.lineno, name, id(node) in in_fstring))
+    return reads
+
+
+def test_no_second_place_fills_a_default() -> None:
+    root = Path(SRC)
+    misplaced = []
+    for path in sorted((root / "marspec").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        if module in ("marspec.defaults", "marspec.settings"):
+            continue
+        for line, name, shown in _default_reads(path):
+            if not (shown and module in SHOWS_DEFAULTS):
+                misplaced.append(f"{module}:{line} reads {name}")
+    assert not misplaced, "a default filled outside marspec.settings: " + "; ".join(misplaced)
+
+
+def test_the_default_check_sees_a_second_filler(tmp_path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from marspec import defaults\ntheta = defaults.DEFAULT_THETA\nshown = f'{DEFAULT_K}'\n"
+    )
+    assert _default_reads(planted) == [(2, "DEFAULT_THETA", False)]
+
+
+def test_every_entry_point_follows_the_one_default(monkeypatch) -> None:
+    # Changing a measured default in marspec.defaults changes what every entry point decodes with.
+    from marspec import defaults
+    from marspec.settings import settle
+
+    monkeypatch.setattr(defaults, "DEFAULT_THETA", 0.7)
+    monkeypatch.setattr(defaults, "FLY_WINDOW", 4)
+    expected = Rule("mars", 0.7, DEFAULT_MARGIN)
+    assert settle(GenerationOptions(rule="mars")).rule == expected  # library, CLI, server
+    plugin = parse_plugin_config({"marspec": {"rule": "mars"}})
+    assert plugin is not None and plugin.rule == expected  # the vLLM plugin
+    assert settle_rule("fly").window == 4 and parse_methods("fly@0.3", 0.7)[0].window is None
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], marspec={})
+    server = ServerSettings(model_name="m", defaults=GenerationOptions(rule="mars"))
+    served = parse_request(request, server, context_length=0, has_drafter=True)
+    assert settle(served.options).rule == expected
+
+
+def test_thetas_meaning_is_stated_once_and_the_docs_show_it() -> None:
+    from marspec.rules import THETA_MEANINGS, theta_table
+
+    docs = (Path(SRC).parent / "docs" / "rules.md").read_text()
+    assert theta_table() in docs
+    assert {m.unit for m in THETA_MEANINGS.values()} == {"ratio", "logits", "probability", "rank", "nats"}
+    for (name, margin), meaning in THETA_MEANINGS.items():  # the table's "never relaxes" is Rule's
+        never = {"theta = 1": 1.0, "theta = 0": 0.0, "theta > ln 3 = 1.0986": 1.1}[meaning.never]
+        window = 6 if name == "fly" else None
+        assert not Rule(name, never, margin or "prob_ratio", window=window).relaxes

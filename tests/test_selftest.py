@@ -14,6 +14,7 @@ import marspec.selftest.sampling as sampling
 from marspec.cli import app
 from marspec.drafters.model import ModelDrafter
 from marspec.errors import MarspecError
+from marspec.rules import Rule
 from marspec.selftest import (
     Check,
     chi_square,
@@ -120,7 +121,7 @@ def test_the_read_check_sees_the_drafts_confidence_stop(decoder, monkeypatch):
     """The draft's confidence stop reads each drafted token's probability: a read per drafted token
     beyond the verification's."""
     prompt = decoder.tokenizer("def f(x):", return_tensors="pt")["input_ids"][0]
-    options = {"k": 3, "max_new_tokens": 12, "reuse_prefix": False}
+    options = {"rule": Rule(), "k": 3, "max_new_tokens": 12, "reuse_prefix": False}
     assert set(reads_per_step(decoder, prompt, **options)) == {1}
     monkeypatch.setattr(decoder.drafter, "min_confidence", 1e-9)  # reads, but never stops a draft
     assert set(reads_per_step(decoder, prompt, **options)) - {1}

@@ -7,12 +7,9 @@ import math
 import pytest
 import torch
 
-from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA
 from marspec.errors import MarspecError
+from marspec.rules import MARGINS, RULES, Rule
 from marspec.verify import (
-    MARGINS,
-    RULES,
-    Rule,
     Verification,
     _sample,
     is_close_call,
@@ -64,7 +61,7 @@ BONUS = [0.0, 1.0, 2.0, 9.0]
 
 
 def test_rule_defaults_and_names() -> None:
-    assert Rule() == Rule("mars", DEFAULT_THETA, DEFAULT_MARGIN) == Rule("mars", 0.5, "prob_ratio")
+    assert Rule() == Rule("strict")  # unnamed is strict, as everywhere; a Rule fills nothing else in
     assert RULES == ("strict", "mars", "typical", "pthresh", "topk", "fly")
     assert MARGINS == ("logit_ratio", "prob_ratio", "logit_gap")
 
@@ -670,11 +667,11 @@ def test_next_guard_under_sampling() -> None:
 
 def test_guard_is_validated_and_refused_on_trees() -> None:
     with pytest.raises(MarspecError, match="unknown guard"):
-        Rule("mars", 0.9, guard="maybe")
+        Rule("mars", 0.9, "logit_ratio", guard="maybe")
     from marspec.decode import DecodeConfig
 
     with pytest.raises(MarspecError, match="chains, not token trees"):
-        DecodeConfig(rule=NEXT, tree=(2, 2))
+        DecodeConfig(rule=NEXT, k=4, max_new_tokens=8, tree=(2, 2))
 
 
 # ------------------------------------------------------------------------------------- Rival rules

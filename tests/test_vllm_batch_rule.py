@@ -22,6 +22,7 @@ from marspec.integrations.vllm import (
 )
 from marspec.integrations.vllm.batch_rule import Decisions, accepted_lengths
 from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
+from marspec.settings import settle_rule
 from marspec.verify import Rule, verify_greedy
 
 
@@ -74,7 +75,7 @@ RULES = [
     # FLy: a close call's top-3 entropy here is ~0.66 nats, a clear one's ~0.04; 2 nats never relaxes.
     Rule("fly", 0.3, window=1),
     Rule("fly", 0.3, window=2),
-    Rule("fly", 2.0),
+    Rule("fly", 2.0, window=6),
 ]
 
 
@@ -184,21 +185,23 @@ def test_config_parsing_accepts_defaults_and_refuses_bad_values() -> None:
     assert parse_plugin_config({}) is None
     assert parse_plugin_config(None) is None
     config = parse_plugin_config({"marspec": {}})
-    assert config is not None and config.rule == Rule()  # the project's default MARS setting
+    assert config is not None and config.rule == settle_rule()  # settled as every entry point: strict
+    mars = parse_plugin_config({"marspec": {"rule": "mars"}})
+    assert mars is not None and mars.rule == Rule("mars", 0.5, "prob_ratio")  # the greedy default
     strict = parse_plugin_config({"marspec": {"rule": "strict", "log_every": 0}})
     assert strict is not None and not strict.rule.relaxes and strict.log_every == 0
     # A margin named alone takes its own usual threshold, not the default margin's.
-    paper = parse_plugin_config({"marspec": {"margin": "logit_ratio"}})
+    paper = parse_plugin_config({"marspec": {"rule": "mars", "margin": "logit_ratio"}})
     assert paper is not None and paper.rule == Rule("mars", 0.9, "logit_ratio")
     fly = parse_plugin_config({"marspec": {"rule": "fly", "theta": 0.2, "window": 3}})
-    assert fly is not None and fly.rule == Rule("fly", 0.2, window=3)
+    assert fly is not None and fly.rule == Rule("fly", 0.2, "prob_ratio", window=3)
     bad = [
-        ({"marspec": {"margin": ["logit_ratio"]}}, "margin"),
+        ({"marspec": {"rule": "mars", "margin": ["logit_ratio"]}}, "margin"),
         ({"marspec": "mars"}, "JSON object"),
         ({"marspec": {"rule": "loose"}}, "rule"),
-        ({"marspec": {"theta": 1.5}}, "theta"),
-        ({"marspec": {"theta": "high"}}, "theta"),
-        ({"marspec": {"margin": "kl"}}, "margin"),
+        ({"marspec": {"rule": "mars", "theta": 1.5}}, "theta"),
+        ({"marspec": {"rule": "mars", "theta": "high"}}, "theta"),
+        ({"marspec": {"rule": "mars", "margin": "kl"}}, "margin"),
         ({"marspec": {"tehta": 0.9}}, "tehta"),
         ({"marspec": {"log_every": -1}}, "log_every"),
         ({"marspec": {"rule": "fly", "window": 0}}, "window"),

@@ -88,7 +88,9 @@ def test_vllm_kernels_with_plugin_equal_each_rival_rule(
 
 @pytest.mark.parametrize("with_draft_probs", [False, True], ids=["ngram", "draft-model"])
 @pytest.mark.parametrize("greedy_share", [0.5, 1.0], ids=["mixed", "all-greedy"])
-@pytest.mark.parametrize("rule", [Rule("fly", 0.3, window=1), Rule("fly", 0.3, window=2), Rule("fly", 2.0)])
+@pytest.mark.parametrize(
+    "rule", [Rule("fly", 0.3, window=1), Rule("fly", 0.3, window=2), Rule("fly", 2.0, window=6)]
+)
 def test_vllm_kernels_with_plugin_equal_fly_for_greedy_and_strict_for_sampled(
     rule: Rule, greedy_share: float, with_draft_probs: bool
 ) -> None:

@@ -29,9 +29,9 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"theta": 1.5}, "theta"),
+        ({"rule": "mars", "theta": 1.5}, "theta"),
         ({"rule": "lenient"}, "rule"),
-        ({"margin": "vibes"}, "margin"),
+        ({"rule": "mars", "margin": "vibes"}, "margin"),
         ({"log_every": -1}, "log_every"),
         ({"thteta": 0.9}, "thteta"),
         ("mars", "JSON object"),
@@ -72,7 +72,7 @@ def test_a_request_is_checked_against_its_deployment(target_dir: str) -> None:
 
 def test_plugin_without_speculative_decoding_is_refused(target_dir: str) -> None:
     with pytest.raises(VllmPluginConfigError, match="speculative"):
-        LLM(model=target_dir, additional_config={"marspec": {"theta": 0.9}})
+        LLM(model=target_dir, additional_config={"marspec": {"rule": "mars", "theta": 0.9}})
 
 
 def earlier_vllm_verifier(

@@ -1,8 +1,8 @@
 """The public API: ``Decoder`` keeps models loaded between calls; ``generate`` is the one-call form.
 
-Longer than marspec's other modules on purpose: it is the surface users import (``Decoder``,
-``GenerationOptions``, ``GenerationResult``, ``GenerationStream``, ``generate``), kept in one place to be
-read as one. The work is elsewhere: the loop in ``decode.py``, settings in ``rules.py``, models in
+The surface users import (``Decoder``, ``GenerationOptions``, ``GenerationResult``, ``GenerationStream``,
+``generate``), kept in one place to be read as one. The work is elsewhere: the loop in ``decode.py``,
+settling a generation's options in ``settings.py`` (where ``GenerationOptions`` lives), models in
 ``models/`` and ``backends/``.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -28,15 +28,12 @@ from marspec.backends.quantize import (
     quantize_target_int8,
     rowwise_int8_available,
 )
-from marspec.calibration import load_choice
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
-    DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
-    GUARD_CLASSES,
 )
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
@@ -49,10 +46,8 @@ from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_mode
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
 from marspec.models.tokenizers import check_draft_tokenizer
 from marspec.prompting import Prompt, encode_prompt
-from marspec.rules import AUTO, Rule, RuleName, filled_setting, rule_name
+from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
-from marspec.token_classes import relaxable_table
-from marspec.tree import parse_tree_shape
 
 CPU = torch.device("cpu")
 FinishReason = Literal["eos", "length", "stop"]
@@ -307,25 +302,30 @@ class Decoder:
             )
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = self.target.eos_token_ids
+        # What settling a generation needs of this pair (marspec.settings.settle).
+        self.pair = Pair(
+            target=self.target.name,
+            draft=self.draft_name,
+            eos_token_ids=self.eos_token_ids,
+            target_quant=self.target_quant,
+            tokenizer=self.tokenizer,
+            vocab_size=self.target.vocab_size,
+            device=self.target.device,
+        )
 
     @property
     def tokenizer(self):
         return self.target.tokenizer
 
+    def settle(self, opts: GenerationOptions) -> DecodeConfig:
+        """What ``opts`` decode with on this pair (:func:`marspec.settings.settle`): ``theta="auto"``
+        read from the pair's calibration, unset settings filled, the class guard's table built."""
+        return settle(opts, self.pair)
+
     def resolve_theta(self, opts: GenerationOptions) -> GenerationOptions:
-        """``opts`` with the margin and theta it will decode with: ``theta="auto"`` replaced by this
-        pair's calibrated setting, an unset one by the measured default (each for the greedy or the
-        sampling regime, by ``opts.temperature``)."""
-        if opts.theta != AUTO:
-            return opts.with_defaults()
-        if opts.rule != "mars" or self.draft_name is None:
-            return replace(opts, theta=1.0).with_defaults()  # plain and strict never relax: no theta
-        if self.target_quant != "none":
-            raise MarspecError(
-                f"theta='auto' reads a calibration of the unquantised target, and this Decoder's target is "
-                f"{self.target_quant}: give theta a number (or use target_quant='none')"
-            )
-        rule = load_choice(self.target.name, self.draft_name, opts.temperature)
+        """``opts`` naming the margin and theta :meth:`settle` decodes them with (``theta="auto"``
+        resolved, unset ones filled), for echoing to a caller; the values are settle's."""
+        rule = self.settle(opts).rule
         return replace(opts, theta=rule.theta, margin=rule.margin)
 
     def generate(
@@ -352,19 +352,9 @@ class Decoder:
     def _generate(
         self, prompt: Prompt, opts: GenerationOptions, stream: bool
     ) -> Generator[str, None, GenerationResult]:
+        config = self.settle(opts)
         drafter = None if opts.rule == "plain" else self.drafter
-        if opts.rule != "plain" and drafter is None:
-            raise MarspecError(
-                f"rule {opts.rule!r} needs a drafter: create the Decoder with draft=NAME or draft='ngram', "
-                "or use rule='plain'"
-            )
-        opts = self.resolve_theta(opts)
-        config = opts.decode_config(self.eos_token_ids)
-        if config.rule.guard == "class":  # the table is computed once per tokenizer, then reused
-            table = relaxable_table(self.tokenizer, self.target.vocab_size, GUARD_CLASSES)
-            # The verifier indexes it with token ids on the target's device (a CUDA target included).
-            config = replace(config, relaxable=table.to(self.target.device))
-        stops = _check_stops(opts.stop)
+        stops = stop_strings(opts.stop)
         chat = self.chat_default if opts.chat is None else opts.chat
         prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
         ctx = self.target.context_length
@@ -388,9 +378,10 @@ class Decoder:
         steps = decode(self.target, drafter, prompt_ids, config, stats, generator)
         try:
             for step in steps:
-                relaxed_positions.extend(len(token_ids) + i for i, r in enumerate(step.relaxed) if r)
-                relaxed_top1.extend(step.relaxed_top1)
-                relaxed_margins.extend(step.relaxed_margins)
+                for i in step.committed_relaxed:
+                    relaxed_positions.append(len(token_ids) + step.relaxed_at[i])
+                    relaxed_top1.append(step.relaxed_top1[i])
+                    relaxed_margins.append(step.relaxed_margins[i])
                 token_ids.extend(step.tokens)
                 if step.finished:
                     finish = "eos"
@@ -414,136 +405,6 @@ class Decoder:
         return GenerationResult(
             text, token_ids, relaxed_positions, finish, stats, relaxed_top1, relaxed_margins
         )
-
-
-@dataclass(frozen=True)
-class GenerationOptions:
-    """How to generate.
-
-    Attributes:
-        rule: ``plain`` (no drafter), ``strict`` (lossless speculative), ``mars`` (relax near-ties), or
-            a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang), ``topk``
-            (TensorRT-LLM) or ``fly`` (FLy, with ``window``), whose parameter is ``theta`` (see
-            :mod:`marspec.verify`, docs/rules.md).
-            Not named (None): ``strict`` (:data:`marspec.defaults.DEFAULT_RULE`), lossless: the output
-            is the target's own decoding, token for token when greedy. A ``theta`` or ``margin`` with
-            no rule named is an error, since they tune a lossy rule. After construction this field
-            holds the rule in use.
-        theta: MARS closeness threshold; for the ratio margins in [0, 1] (1 never relaxes = strict).
-            Unset (None), MARS takes the setting measured on the default pair for the decoding regime
-            (:func:`marspec.defaults.default_setting`): 0.5 on ``prob_ratio`` when greedy
-            (docs/results.md, "MARS quality"); the paper's setting is ``theta=0.9,
-            margin="logit_ratio"``. A rival rule needs its parameter here.
-            ``"auto"`` takes the margin and theta that ``marspec calibrate`` measured for this target and
-            drafter (greedy and sampling are calibrated apart); without a calibration, an error says
-            how to make one.
-        margin: ``prob_ratio`` (p2/p1, the default), ``logit_ratio`` (the paper's z2/z1) or
-            ``logit_gap`` (z1 - z2, then theta is the largest gap in logits that still relaxes).
-            Named without a theta, a margin takes its usual threshold (0.9 on ``logit_ratio``, ln 2
-            on ``logit_gap``), since one number means different closeness on each.
-        k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
-        adaptive_k: grow the draft length by 2 after a fully accepted draft and shrink it by 1 after a
-            rejection, between 1 and ``k`` (transformers' schedule); off drafts up to ``k`` every step.
-        temperature: 0 decodes greedily; above 0 samples (speculative sampling, lossless for strict).
-        seed: makes sampling reproducible.
-        max_new_tokens: upper bound on generated tokens (>= 1).
-        stop: strings that end generation; the text is cut before the stop string.
-        chat: apply the chat template to a string prompt (default: yes for instruct models).
-        tree: token-tree drafting (greedy only, needs a draft model): candidates per depth, e.g.
-            ``"3,2"`` also verifies the draft's two runner-up tokens at depth 1 and one at depth 2, in
-            the same target forward; ``None`` drafts a plain chain.
-        guard: ``"none"`` (MARS as published) or ``"next"``, a variant of ours that relaxes a close
-            call only where the target, after the relaxed token, predicts the draft's next token
-            (see :mod:`marspec.verify`); chains only. ``"class"`` (MARS or a rival) relaxes only where
-            the draft token and the top-1 it replaces are of the token classes measured harmless
-            (docs/rules.md).
-        window: FLy's deferral window (``rule="fly"`` only; unset: the source's 6).
-        reuse_prefix: keep the cached part of the prompt that the previous generation of this Decoder
-            already scored (its prompt and output: the earlier turns of a chat) instead of scoring it
-            again; ``stats.reused_tokens`` says how many of the target's prompt tokens that spared. In
-            fp32 the output is the one a fresh prefill gives (tested on real weights); in bf16 the kept
-            keys and values, computed in other chunks, may round a near-tie the other way, so turn it
-            off for runs that must not depend on order. An int8 draft always re-reads the whole prompt
-            (dynamic quantisation scales each forward as a whole, so its cache depends on chunking).
-    """
-
-    rule: str | None = None
-    theta: float | Literal["auto"] | None = None
-    margin: str | None = None
-    k: int = DEFAULT_K
-    adaptive_k: bool = False
-    temperature: float = 0.0
-    seed: int | None = None
-    max_new_tokens: int = 128
-    stop: Sequence[str] | str | None = None
-    chat: bool | None = None
-    tree: str | Sequence[int] | None = None
-    guard: str = "none"
-    reuse_prefix: bool = True
-    window: int | None = None
-
-    def __post_init__(self) -> None:
-        # Frozen: the resolved rule is written once, here, so every later copy (replace) holds it named.
-        object.__setattr__(self, "rule", rule_name(self.rule, self.theta, self.margin))
-        # Rule.of checks rule, theta, margin, guard and window (marspec.rules, the one place; "auto" as
-        # unset, resolved per pair later), DecodeConfig the rest: k, temperature, max_new_tokens, tree.
-        self._decode_config(self.to_rule(), frozenset())
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
-        ):
-            raise MarspecError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
-        _check_stops(self.stop)
-
-    @classmethod
-    def of(cls, options: dict[str, Any]) -> GenerationOptions:
-        unknown = sorted(set(options) - {f.name for f in fields(cls)})
-        if unknown:
-            raise MarspecError(
-                f"unknown generation option(s) {', '.join(unknown)}: valid ones are "
-                + ", ".join(f.name for f in fields(cls))
-            )
-        return cls(**options)
-
-    def with_defaults(self) -> GenerationOptions:
-        """These options with an unset theta or margin replaced by the measured default for this
-        temperature (``theta="auto"`` is left for :meth:`Decoder.resolve_theta`)."""
-        if self.theta == AUTO:
-            return self
-        margin, theta = filled_setting(RuleName(self.rule), self.theta, self.margin, self.temperature)
-        if (margin, theta) == (self.margin, self.theta):
-            return self
-        return replace(self, margin=margin, theta=theta)
-
-    def to_rule(self) -> Rule:
-        """The :class:`~marspec.rules.Rule` these options verify with (``plain`` never verifies a draft:
-        ``strict``), unset values filled for the temperature; ``theta="auto"`` is checked as unset."""
-        return Rule.of(self.rule, self.theta, self.margin, self.guard, self.window, self.temperature)
-
-    def decode_config(self, eos_token_ids: frozenset[int]) -> DecodeConfig:
-        if self.theta == AUTO:
-            raise MarspecError("theta='auto' must be resolved for a model pair first (Decoder does this)")
-        return self._decode_config(self.to_rule(), eos_token_ids)
-
-    def _decode_config(self, rule: Rule, eos_token_ids: frozenset[int]) -> DecodeConfig:
-        return DecodeConfig(
-            rule=rule,
-            k=self.k,
-            adaptive_k=self.adaptive_k,
-            temperature=self.temperature,
-            max_new_tokens=self.max_new_tokens,
-            eos_token_ids=eos_token_ids,
-            tree=parse_tree_shape(self.tree),
-            reuse_prefix=self.reuse_prefix,
-        )
-
-
-def _check_stops(stop: Sequence[str] | str | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stops):
-        raise MarspecError("stop strings must be non-empty strings")
-    return stops
 
 
 def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from marspec.errors import MarspecError
 from marspec.models import cache_dir
-from marspec.rules import AUTO, Rule, parse_theta  # noqa: F401 (AUTO and parse_theta: their old home)
+from marspec.rules import Rule
 
 Regime = Literal["greedy", "sampling"]
 FILE_VERSION = 1

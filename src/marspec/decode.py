@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import torch
 
 from marspec.defaults import MAX_K
-from marspec.drafters.tree import build_tree, parse_tree_shape
+from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
-from marspec.interfaces import CausalLM, Draft, Drafter
+from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree
+from marspec.rules import Rule
 from marspec.stats import GenerationStats, StepRecord
 from marspec.verify import (
-    Rule,
     TreeVerification,
     Verification,
     verify_greedy,
@@ -28,29 +28,31 @@ from marspec.verify import (
     verify_tree_greedy,
 )
 
-STRICT = Rule(name="strict")
-
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """What the loop needs besides the models. Validated on construction (user input arrives here)."""
+    """What the loop needs besides the models, complete: :func:`marspec.settings.settle` makes one from
+    a user's options (and fills what they leave unset); here values are checked, never filled in. The
+    fields after ``max_new_tokens`` default to the loop's plain behaviour (greedy, a fixed draft length,
+    no EOS, a chain, prefix reuse on)."""
 
-    rule: Rule = STRICT
-    k: int = 5
+    rule: Rule
+    k: int  # most draft tokens per step
+    max_new_tokens: int
     # Grow the draft length by 2 after a step that accepted its whole draft, shrink it by 1 after a
     # rejection, within [1, k] (the schedule transformers' assisted generation uses). Off: always k.
     adaptive_k: bool = False
     temperature: float = 0.0
-    max_new_tokens: int = 128
     eos_token_ids: frozenset[int] = frozenset()
-    # Token-tree drafting: candidates per depth, e.g. (3, 2) scores the draft's two runner-ups as extra
-    # leaves at depth 1 and one at depth 2, all in the one verification forward. None: a plain chain.
+    # Token-tree drafting: candidates per depth (marspec.drafters.tree.parse_tree_shape), e.g. (3, 2)
+    # scores the draft's two runner-ups as extra leaves at depth 1 and one at depth 2, all in the one
+    # verification forward. None: a plain chain.
     tree: tuple[int, ...] | None = None
     # Keep the cached prefix a new prompt shares with the previous sequence (multi-turn chat) instead of
     # scoring it again. Off: every prompt is scored from scratch.
     reuse_prefix: bool = True
     # The "class" guard's table, bool[V]: the token ids it may relax (marspec.token_classes), built once
-    # per tokenizer by the caller (Decoder does); None for every other guard.
+    # per tokenizer by the pair (marspec.settings.Pair); None for every other guard.
     relaxable: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,8 +72,12 @@ class DecodeConfig:
             or self.max_new_tokens < 1
         ):
             raise MarspecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        object.__setattr__(self, "tree", parse_tree_shape(self.tree))
         if self.tree is not None:
+            if not (isinstance(self.tree, tuple) and all(isinstance(w, int) and w >= 1 for w in self.tree)):
+                raise MarspecError(
+                    f"tree must be a shape tuple such as (3, 2), got {self.tree!r}: parse a written shape "
+                    "with marspec.drafters.tree.parse_tree_shape"
+                )
             self.rule.check_tree()  # the rule knows whether it can judge a tree (marspec.rules)
         if not isinstance(self.reuse_prefix, bool):
             raise MarspecError(f"reuse_prefix must be true or false, got {self.reuse_prefix!r}")
@@ -83,14 +89,29 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class Step:
-    """Tokens a step committed, and which of them were relaxed accepts."""
+    """What one verification step committed, and how the rule judged its draft.
 
-    tokens: list[int]
-    relaxed: list[bool]
-    finished: bool  # EOS reached
-    # At each relaxed token, in order: the target's top-1 it replaced, and the rule's margin there.
-    relaxed_top1: tuple[int, ...] = ()
-    relaxed_margins: tuple[float, ...] = ()
+    ``relaxed_at`` is the one encoding of where relaxed tokens are: draft positions, which are also
+    indices into ``tokens`` (an accepted draft token is committed where it was drafted). A relaxed
+    accept the text ended at (an EOS) is judged but not committed, so a position may equal
+    ``len(tokens)``; ``relaxed_top1`` and ``relaxed_margins`` are aligned with ``relaxed_at``.
+    """
+
+    tokens: list[int]  # committed: the accepted drafts and the correction or bonus, cut at an EOS
+    finished: bool  # an EOS ended the text
+    relaxed_at: tuple[int, ...] = ()
+    relaxed_top1: tuple[int, ...] = ()  # the target's top-1 each relaxed token replaced
+    relaxed_margins: tuple[float, ...] = ()  # the rule's margin there
+    drafted: int = 0  # draft tokens scored (0 for plain decoding)
+    siblings: int = 0  # extra tree nodes scored beside the chain
+    accepted: int = 0  # draft tokens the rule accepted
+    judged: int = 0  # accepted drafts the text goes on from (those after an accepted EOS are not)
+    margins: tuple[float, ...] = ()  # the rule's margin at each draft position it judged
+
+    @property
+    def committed_relaxed(self) -> list[int]:
+        """The indices of ``relaxed_at`` that point into ``tokens`` (the relaxed tokens returned)."""
+        return [i for i, position in enumerate(self.relaxed_at) if position < len(self.tokens)]
 
 
 def decode(
@@ -104,7 +125,7 @@ def decode(
     """Generate after ``prompt_ids`` (long[L], L >= 1), yielding each verification step's new tokens.
 
     The caller may stop iterating at any time (stop strings, cancellation). ``stats`` is filled in as
-    the loop runs; timings of model forwards are read from the backends.
+    the loop runs, from what each step yields; timings of model forwards are read from the backends.
     """
     prompt_len = int(prompt_ids.shape[0])
     budget = config.max_new_tokens
@@ -113,26 +134,40 @@ def decode(
     # The committed tokens, on the target's device (the drafter and verification read slices of it).
     seq = torch.empty(prompt_len + budget + config.k + 1, dtype=torch.long, device=target.device)
     seq[:prompt_len] = prompt_ids
-    length = prompt_len
-    sampling = config.temperature > 0
-    draft_lm = drafter.draft_model if drafter is not None else None
-    alternatives = max(config.tree) - 1 if config.tree else 0
-
     # Both caches hold at most the prompt but its last token, which the first step scores.
     reused = _start_sequence(target, drafter, seq[: prompt_len - 1], config.reuse_prefix)
-    target_s0 = target.clock.seconds
-    draft_s0 = draft_lm.clock.seconds if draft_lm else 0.0
-    draft_calls0 = draft_lm.clock.calls if draft_lm else 0
+    clocks = _Clocks(target, drafter)
     unread_prefill = reused < prompt_len - 1  # a prefill whose time is read after the first step
     if unread_prefill:
         target.forward(seq[reused : prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
     stats.reused_tokens = reused
+    for step in _steps(target, drafter, seq, prompt_len, budget, config, generator):
+        stats.record(_record(step))
+        stats.new_tokens += len(step.tokens)
+        stats.stopped_at_eos = step.finished
+        clocks.read(stats, prefill=unread_prefill)
+        unread_prefill = False
+        yield step
 
-    produced = 0
-    draft_len = config.k
+
+def _steps(
+    target: CausalLM,
+    drafter: Drafter | None,
+    seq: torch.Tensor,
+    length: int,
+    budget: int,
+    config: DecodeConfig,
+    generator: torch.Generator | None,
+) -> Iterator[Step]:
+    """The loop itself: each step proposes, scores and verifies a draft, commits what was accepted and
+    rolls both caches back to it. ``seq[:length]`` is the context; the target's cache holds all of it
+    but its last token (the "pending" one, which each step scores first)."""
+    produced, draft_len = 0, config.k
+    alternatives = max(config.tree) - 1 if config.tree else 0
     while produced < budget:
-        # One token always comes from the target (correction or bonus): never draft past the budget.
+        # Propose. One token always comes from the target (correction or bonus): never draft past the
+        # budget. Drafts go where they would be committed, so accepted ones need no copy later.
         k = min(draft_len, budget - produced - 1)
         if drafter is not None and k > 0:
             draft = drafter.propose(seq[:length], k, config.temperature, generator, alternatives)
@@ -140,56 +175,17 @@ def decode(
             draft = Draft(tokens=seq.new_empty(0))
         n_draft = len(draft)
         if n_draft:
-            # Drafts go where they would be committed: a chain's forward scores a slice of the sequence,
-            # and accepted drafts need no copy after the verdict.
             seq[length : length + n_draft] = draft.tokens
-
         tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
-        verdict: Verification
-        if tree is not None:
-            logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
-            verdict = verify_tree_greedy(logits, tree, config.rule, config.relaxable)
-        else:
-            logits = target.forward(seq[length - 1 : length + n_draft])  # [1 + k, V]
-            if sampling:
-                verdict = verify_sampling(
-                    logits,
-                    draft.tokens,
-                    draft.probs,
-                    config.rule,
-                    config.temperature,
-                    generator,
-                    config.relaxable,
-                )
-            else:
-                verdict = verify_greedy(logits, draft.tokens, config.rule, config.relaxable)
-
-        accepted, relaxed_flags, margins, top1 = _read_step(verdict)
-        tokens = [*accepted, verdict.next_token]
-        relaxed_at = tuple(i for i, flag in enumerate(relaxed_flags) if flag)
-        relaxed = [*relaxed_flags, False]
-        finished = False
-        judged = verdict.n_accepted  # accepted drafts the sequence goes on from
-        for i, tok in enumerate(tokens):
-            if tok in config.eos_token_ids:
-                tokens, relaxed, finished = tokens[:i], relaxed[:i], True
-                judged = min(judged, i + 1)  # drafts after an accepted EOS never count: the text ended
-                break
-        if config.adaptive_k and n_draft:
-            all_accepted = verdict.n_accepted == n_draft
-            draft_len = min(config.k, draft_len + 2) if all_accepted else max(1, draft_len - 1)
-        keep = min(len(tokens), budget - produced)
-        tokens, relaxed = tokens[:keep], relaxed[:keep]
-        kept_relaxed = relaxed_at[: sum(relaxed)]  # relaxed flags cut with the tokens at EOS or limits
-        replaced = tuple(top1[i] for i in kept_relaxed) if top1 else ()
-
-        # Accepted chain drafts are in place already. What is new (the correction or bonus token, and a
-        # sibling a tree's path ends in) is written from the host values the verdict brought: a scalar
-        # fill each, not a copy of the step's tokens back to the device.
+        # Score and verify: one target forward, one host read (inside the verifier).
+        verdict = _score_and_verify(target, seq, length, draft, tree, config, generator)
+        tokens, judged, finished = _cut_at_eos(verdict, config.eos_token_ids)
+        # Commit: accepted chain drafts are in place; the correction or bonus token, and a sibling a
+        # tree's path ends in, are written from the verdict's host values (a scalar fill each).
         placed = verdict.chain_prefix if isinstance(verdict, TreeVerification) else verdict.n_accepted
         for i in range(placed, len(tokens)):
             seq[length + i] = tokens[i]
-        # Accepted drafts are cached already; the newest token stays pending.
+        # Roll back both caches to the accepted prefix; the newest token stays pending.
         if isinstance(verdict, TreeVerification):
             target.keep_path(length - 1, verdict.path)
             draft_valid = length + verdict.chain_prefix  # the draft cache holds the chain, not siblings
@@ -200,42 +196,111 @@ def decode(
         produced += len(tokens)
         if drafter is not None:
             drafter.rollback(min(length - 1, draft_valid))
-
-        ended_in_draft = judged < verdict.n_accepted
-        judged_relaxed = tuple(p for p in relaxed_at if p < judged)
-        stats.record(
-            StepRecord(
-                drafted=n_draft,
-                siblings=len(tree) - n_draft if tree is not None else 0,
-                accepted_exact=judged - len(judged_relaxed),
-                accepted_relaxed=len(judged_relaxed),
-                rejected=verdict.n_accepted < n_draft and not ended_in_draft,
-                emitted=len(tokens),
-                margins=tuple(margins[:judged]) if ended_in_draft else tuple(margins),
-                relaxed_at=judged_relaxed,
-                unjudged=n_draft - judged if ended_in_draft else 0,
-            )
-        )
-        stats.new_tokens = produced
-        stats.target_forward_s = target.clock.seconds - target_s0
-        if unread_prefill:
-            # Read here, not right after the prefill: on an accelerator that read would wait for the
-            # device. The target's forwards since are this step's verification, the clock's last.
-            stats.prefill_s = stats.target_forward_s - target.clock.last
-            unread_prefill = False
-        if draft_lm is not None:
-            stats.draft_forward_s = draft_lm.clock.seconds - draft_s0
-            stats.draft_forwards = draft_lm.clock.calls - draft_calls0
-        stats.stopped_at_eos = finished
-        yield Step(
-            tokens=tokens,
-            relaxed=relaxed,
-            finished=finished,
-            relaxed_top1=replaced,
-            relaxed_margins=tuple(margins[i] for i in kept_relaxed),
-        )
+        if config.adaptive_k and n_draft:
+            draft_len = _next_draft_len(draft_len, verdict.n_accepted == n_draft, config.k)
+        yield _step(verdict, tokens, finished, judged, n_draft, len(tree) - n_draft if tree else 0)
         if finished:
             return
+
+
+def _score_and_verify(
+    target: CausalLM,
+    seq: torch.Tensor,
+    length: int,
+    draft: Draft,
+    tree: DraftTree | None,
+    config: DecodeConfig,
+    generator: torch.Generator | None,
+) -> Verification:
+    """One target forward over ``[pending] + draft`` (a chain, or a tree's nodes) and the rule's verdict.
+    Row i of the logits predicts the token after ``draft[i-1]``: row 0 verifies draft[0], the last row
+    is the bonus position."""
+    if tree is not None:
+        logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
+        return verify_tree_greedy(logits, tree, config.rule, config.relaxable)
+    logits = target.forward(seq[length - 1 : length + len(draft)])  # [1 + k, V]
+    if config.temperature > 0:
+        return verify_sampling(
+            logits, draft.tokens, draft.probs, config.rule, config.temperature, generator, config.relaxable
+        )
+    return verify_greedy(logits, draft.tokens, config.rule, config.relaxable)
+
+
+def _cut_at_eos(verdict: Verification, eos_token_ids: frozenset[int]) -> tuple[list[int], int, bool]:
+    """The tokens the step commits (the accepted drafts and the correction or bonus, up to an EOS), how
+    many accepted drafts were judged (drafts after an accepted EOS never count: the text ended) and
+    whether an EOS ended the text. The budget needs no cut: the loop drafts at most one token fewer
+    than it has left."""
+    tokens = verdict.emitted()
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[:i], min(verdict.n_accepted, i + 1), True
+    return tokens, verdict.n_accepted, False
+
+
+def _next_draft_len(draft_len: int, all_accepted: bool, k: int) -> int:
+    """transformers' schedule: grow by 2 after a fully accepted draft, shrink by 1 after a rejection."""
+    return min(k, draft_len + 2) if all_accepted else max(1, draft_len - 1)
+
+
+def _step(
+    verdict: Verification, tokens: list[int], finished: bool, judged: int, drafted: int, siblings: int
+) -> Step:
+    """The step as Python values, from the verdict the verifier already read back to the host in the
+    step's one copy (nothing here waits on a device)."""
+    relaxed_at = tuple(i for i, flag in enumerate(verdict.relaxed.tolist()) if flag)
+    top1 = verdict.top1.tolist() if verdict.top1 is not None and relaxed_at else []
+    margins = tuple(verdict.margins.tolist())
+    return Step(
+        tokens=tokens,
+        finished=finished,
+        relaxed_at=relaxed_at,
+        relaxed_top1=tuple(top1[i] for i in relaxed_at),
+        relaxed_margins=tuple(margins[i] for i in relaxed_at),
+        drafted=drafted,
+        siblings=siblings,
+        accepted=verdict.n_accepted,
+        judged=judged,
+        margins=margins,
+    )
+
+
+def _record(step: Step) -> StepRecord:
+    """The statistics of a step (acceptance accounting), derived from what it yielded."""
+    ended_in_draft = step.judged < step.accepted  # an accepted EOS ended the text inside the draft
+    judged_relaxed = tuple(p for p in step.relaxed_at if p < step.judged)
+    return StepRecord(
+        drafted=step.drafted,
+        siblings=step.siblings,
+        accepted_exact=step.judged - len(judged_relaxed),
+        accepted_relaxed=len(judged_relaxed),
+        rejected=step.accepted < step.drafted and not ended_in_draft,
+        emitted=len(step.tokens),
+        margins=step.margins[: step.judged] if ended_in_draft else step.margins,
+        relaxed_at=judged_relaxed,
+        unjudged=step.drafted - step.judged if ended_in_draft else 0,
+    )
+
+
+class _Clocks:
+    """The backends' forward clocks at the start of a generation, read into its statistics."""
+
+    def __init__(self, target: CausalLM, drafter: Drafter | None) -> None:
+        self.target = target
+        self.draft_lm = drafter.draft_model if drafter is not None else None
+        self.target_s0 = target.clock.seconds
+        self.draft_s0 = self.draft_lm.clock.seconds if self.draft_lm else 0.0
+        self.draft_calls0 = self.draft_lm.clock.calls if self.draft_lm else 0
+
+    def read(self, stats: GenerationStats, prefill: bool) -> None:
+        stats.target_forward_s = self.target.clock.seconds - self.target_s0
+        if prefill:
+            # Read after the first step, not right after the prefill: on an accelerator that read would
+            # wait for the device. The target's forwards since are this step's verification, the last.
+            stats.prefill_s = stats.target_forward_s - self.target.clock.last
+        if self.draft_lm is not None:
+            stats.draft_forward_s = self.draft_lm.clock.seconds - self.draft_s0
+            stats.draft_forwards = self.draft_lm.clock.calls - self.draft_calls0
 
 
 def _start_sequence(
@@ -256,12 +321,3 @@ def _start_sequence(
         else:
             drafter.rollback(drafter.draft_model.keep_prefix(cached_prompt))
     return kept
-
-
-def _read_step(verdict: Verification) -> tuple[list[int], list[bool], list[float], list[int]]:
-    """The step as Python values: accepted tokens, their relaxed flags, the rule's margins and the
-    target's top-1 at the accepted positions (empty when the verification has none). Verification
-    already read them back to the host in the step's one copy, so nothing here waits on a device."""
-    n = verdict.n_accepted
-    top1 = verdict.top1[:n].tolist() if verdict.top1 is not None else []
-    return list(verdict.tokens), verdict.relaxed.tolist(), verdict.margins.tolist(), top1

@@ -1,11 +1,11 @@
 """Drafting defaults, chosen by measurement on the default pair (docs/results.md, "Drafter settings").
 
-Kept in a module without heavy imports so the CLI can show them in --help without loading torch. The
-names they are written in are checked in :mod:`marspec.rules`, which reads these defaults.
+Kept in a module without heavy imports so the CLI can show them in --help without loading torch. Only
+:func:`marspec.settings.settle` fills a generation's settings from them (tests/test_rules.py checks that
+no other module reads them); :mod:`marspec.rules` checks the values.
 """
 
 import math
-import numbers
 
 # What a caller gets when it names no rule: strict verification, which returns exactly the target's own
 # decoding (lossless), as every engine marspec compares itself with does by default. MARS at a fixed
@@ -61,24 +61,3 @@ GUARD_CLASSES = ("number", "bracket", "operator", "punctuation")
 # serve all three: 0.5 on z2/z1 would relax nearly everywhere. logit_ratio: the paper's 0.9;
 # logit_gap: ln 2, the gap at which p2/p1 = 0.5 (at temperature 1 the same close calls as prob_ratio 0.5).
 MARGIN_THETA = {"prob_ratio": 0.5, "logit_ratio": 0.9, "logit_gap": math.log(2)}
-
-
-def default_setting(
-    temperature: float, margin: str | None = None, theta: float | None = None
-) -> tuple[str, float]:
-    """MARS's ``(margin, theta)`` where a caller left ``margin`` and/or ``theta`` unset (None).
-
-    Both unset: the measured default of the decoding regime (greedy, or sampling when ``temperature``
-    > 0). Only ``theta`` given: it applies to that regime's default margin. Only ``margin`` given: the
-    regime's theta if it is that regime's margin, else the margin's own usual threshold (MARGIN_THETA).
-    An unknown margin is passed through for the caller's validation to name."""
-    # A temperature that is not a number is left for the caller's validation to name, as a margin is.
-    sampling = isinstance(temperature, numbers.Real) and temperature > 0
-    regime_margin, regime_theta = (
-        (SAMPLING_MARGIN, SAMPLING_THETA) if sampling else (DEFAULT_MARGIN, DEFAULT_THETA)
-    )
-    if theta is not None:
-        return margin or regime_margin, theta
-    if margin is None or margin == regime_margin:
-        return regime_margin, regime_theta
-    return margin, MARGIN_THETA.get(margin, regime_theta) if isinstance(margin, str) else regime_theta

@@ -2,8 +2,9 @@
 clock, and the protocols (a causal LM with a KV cache; one that also keeps hidden states; a drafter).
 
 They live in one module that imports nothing else of marspec, so every part can depend on it and it on
-none of them (the backend protocol, token trees and the drafter protocol used to import one another's
-types in a circle). Building trees from drafts is the drafters' job (:mod:`marspec.drafters.tree`).
+none of them (the backend protocol, token trees and the drafter protocol name one another's types, which
+in separate modules would import one another in a circle). Building trees from drafts is the drafters'
+job (:mod:`marspec.drafters.tree`).
 
 Tree layout: node 0 is the root (the pending token, already committed); nodes ``1..K`` are the draft's
 greedy chain in depth order, so an all-chain accepted path needs no cache compaction; other nodes

@@ -1,11 +1,11 @@
-"""The accept rule as one typed value: its names (:class:`RuleName`, :class:`Margin`, :class:`Guard`) and
-:class:`Rule`, validated here and nowhere else.
+"""The accept rule as one typed value: its names (:class:`RuleName`, :class:`Margin`, :class:`Guard`),
+what ``theta`` means under each rule (:data:`THETA_MEANINGS`) and :class:`Rule`, whose ranges are checked
+here and nowhere else.
 
-Every layer turns a user's settings into a :class:`Rule` through this module: the library's
-``GenerationOptions`` (and through it the CLI and the server) with :meth:`Rule.of`, the bench's method
-names (``eval.methods``), the vLLM plugin's ``additional_config`` and a stored calibration with
-``Rule(...)``. So the names, the ranges of ``theta`` and ``window``, which guard goes with which rule,
-and the one-line errors that name the fix live in one place (docs/architecture.md, "Settings").
+A :class:`Rule` is a complete setting: it checks its values and never fills one in. Turning a user's
+options (an unset rule, ``plain``, an unset theta or margin, ``theta="auto"``) into a Rule is
+:func:`marspec.settings.settle`'s job, the one place defaults are filled (docs/architecture.md,
+"Settings").
 
 Strings stay accepted wherever users write them (``rule="mars"``, ``--margin logit_gap``, JSON): the names
 are :class:`~enum.StrEnum` members, so they compare, hash, format and serialise as the plain string.
@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Self
 
-from marspec.defaults import DEFAULT_MARGIN, DEFAULT_RULE, FLY_THETA, FLY_WINDOW, default_setting
 from marspec.errors import MarspecError
 
 # theta="auto": the margin and theta `marspec calibrate` stored for a model pair (marspec.calibration),
-# resolved per pair by the Decoder, so a Rule never holds it.
+# resolved by marspec.settings.settle with the loaded pair, so a Rule never holds it.
 AUTO = "auto"
 
 
@@ -92,7 +91,7 @@ class Guard(SettingName):
 # What a Rule may be named: every RuleName but plain.
 RULES: tuple[RuleName, ...] = tuple(n for n in RuleName if n is not RuleName.PLAIN)
 # The rivals relax by a test on the target's distribution rather than on MARS's top-2 margin; theta is
-# their parameter, and it has no default except FLy's.
+# their parameter.
 RIVALS: tuple[RuleName, ...] = (RuleName.TYPICAL, RuleName.PTHRESH, RuleName.TOPK, RuleName.FLY)
 LOSSLESS_RULES: tuple[RuleName, ...] = (RuleName.PLAIN, RuleName.STRICT)
 MARGINS: tuple[Margin, ...] = tuple(Margin)
@@ -104,44 +103,137 @@ GUARDED_RULES: dict[Guard, tuple[RuleName, ...]] = {
     Guard.NEXT: (RuleName.MARS,),
     Guard.CLASS: (RuleName.MARS, *RIVALS),
 }
-_RIVAL_PARAMETERS = {
-    RuleName.TYPICAL: "eps in [0, 1] (accept p(d) > min(eps, sqrt(eps) * exp(-entropy)); 0 never relaxes)",
-    RuleName.PTHRESH: "a probability in [0, 1] (accept p(d) >= theta; 1 never relaxes)",
-    RuleName.TOPK: "an integer k >= 1 (accept a draft among the target's top k; 1 never relaxes)",
-    RuleName.FLY: "an entropy threshold >= 0 in nats (defer a mismatch where the target's top-3 entropy is "
-    "at least theta; above ln 3 = 1.0986 never relaxes)",
-}
 # FLy's entropy is over the target's three most likely tokens (the source's choice), so it is <= ln 3.
 FLY_TOP = 3
 FLY_MAX_ENTROPY = math.log(FLY_TOP)
 
 
-def rule_name(rule: object, theta: object = None, margin: object = None) -> RuleName:
-    """The rule to decode with: ``rule`` when one is named, else :data:`marspec.defaults.DEFAULT_RULE`.
-
-    With no rule named, a ``theta`` or ``margin`` is refused rather than ignored or taken to mean MARS:
-    they tune a lossy rule, and either guess would change what the caller gets without saying so."""
-    if rule is None:
-        if theta is not None or margin is not None:
-            pairs = (("theta", theta), ("margin", margin))
-            given = ", ".join(f"{k}={v!r}" for k, v in pairs if v is not None)
-            raise MarspecError(
-                f"{given} tunes a lossy rule but no rule is named, and the default rule ({DEFAULT_RULE}) "
-                "never relaxes: name one, e.g. rule='mars' (CLI --rule mars, server marspec.rule)",
-                field="rule",
-            )
-        rule = DEFAULT_RULE
-    return RuleName.parse(rule, "rule")
+# The units theta is measured in, named so that no reader has to guess which one a number carries.
+RATIO = "ratio"  # a quotient of the target's top two (z2/z1 or p2/p1), dimensionless, at most 1
+LOGITS = "logits"  # a difference of raw logits (z1 - z2)
+PROBABILITY = "probability"  # a probability under the target's distribution
+RANK = "rank"  # a whole number of the target's tokens, counted from its top choice
+NATS = "nats"  # an entropy, natural log
 
 
-def filled_setting(
-    rule: RuleName, theta: object, margin: object, temperature: object
-) -> tuple[object, object]:
-    """``(margin, theta)`` with unset (None) values filled by the measured default for the decoding
-    regime (:func:`marspec.defaults.default_setting`); a rival's parameter has no such default, so its
-    theta is left as given. Values are not checked here: :class:`Rule` does that."""
-    filled_margin, filled_theta = default_setting(temperature, margin, theta)  # type: ignore[arg-type]
-    return filled_margin, theta if rule in RIVALS else filled_theta
+@dataclass(frozen=True)
+class ThetaMeaning:
+    """What ``theta`` is under one rule (and margin, for MARS): stated once, read by :class:`Rule`'s
+    checks, by :attr:`Rule.relaxes` and by the docs (docs/rules.md, "What theta means")."""
+
+    test: str  # where the rule relaxes, in terms of theta
+    unit: str  # one of RATIO, LOGITS, PROBABILITY, RANK, NATS
+    low: float  # the smallest valid theta
+    high: float  # the largest valid theta (math.inf: unbounded)
+    integer: bool  # theta must be a whole number
+    never: str  # which theta never relaxes (the rule then equals strict)
+    use: str  # the fix a range error names
+
+    def valid(self, theta: object) -> bool:
+        if not isinstance(theta, numbers.Real) or isinstance(theta, bool) or not math.isfinite(float(theta)):
+            return False
+        value = float(theta)
+        return self.low <= value <= self.high and (not self.integer or value.is_integer())
+
+
+_RATIO_USE = (
+    "use a finite number in [0, 1] (the closeness threshold on {ratio}; lower relaxes more; theta = 1 can "
+    "never relax since the ratio is <= 1, i.e. it equals strict verification)"
+)
+# theta per rule, the one statement of it: (rule, margin) for MARS and strict, (rule, None) for a rival.
+THETA_MEANINGS: dict[tuple[RuleName, Margin | None], ThetaMeaning] = {
+    **{
+        (name, Margin.LOGIT_RATIO): ThetaMeaning(
+            "z2 / z1 > theta and z1 > 0",
+            RATIO,
+            0.0,
+            1.0,
+            False,
+            "theta = 1",
+            _RATIO_USE.format(ratio="z2/z1"),
+        )
+        for name in (RuleName.MARS, RuleName.STRICT)
+    },
+    **{
+        (name, Margin.PROB_RATIO): ThetaMeaning(
+            "p2 / p1 > theta", RATIO, 0.0, 1.0, False, "theta = 1", _RATIO_USE.format(ratio="p2/p1")
+        )
+        for name in (RuleName.MARS, RuleName.STRICT)
+    },
+    **{
+        (name, Margin.LOGIT_GAP): ThetaMeaning(
+            "z1 - z2 < theta",
+            LOGITS,
+            0.0,
+            math.inf,
+            False,
+            "theta = 0",
+            "use a finite number >= 0 (the largest gap z1 - z2, in logits, still treated as a close call; "
+            "0 never relaxes)",
+        )
+        for name in (RuleName.MARS, RuleName.STRICT)
+    },
+    (RuleName.TYPICAL, None): ThetaMeaning(
+        "p(d) > min(theta, sqrt(theta) * exp(-entropy))",
+        PROBABILITY,
+        0.0,
+        1.0,
+        False,
+        "theta = 0",
+        "use eps in [0, 1] (accept p(d) > min(eps, sqrt(eps) * exp(-entropy)); 0 never relaxes)",
+    ),
+    (RuleName.PTHRESH, None): ThetaMeaning(
+        "p(d) >= theta",
+        PROBABILITY,
+        0.0,
+        1.0,
+        False,
+        "theta = 1",
+        "use a probability in [0, 1] (accept p(d) >= theta; 1 never relaxes)",
+    ),
+    (RuleName.TOPK, None): ThetaMeaning(
+        "d is among the target's top theta tokens",
+        RANK,
+        1.0,
+        math.inf,
+        True,
+        "theta = 1",
+        "use an integer k >= 1 (accept a draft among the target's top k; 1 never relaxes)",
+    ),
+    (RuleName.FLY, None): ThetaMeaning(
+        "the entropy of the target's top 3 >= theta, and the next window drafts pass the lossless test",
+        NATS,
+        0.0,
+        math.inf,
+        False,
+        "theta > ln 3 = 1.0986",
+        "use an entropy threshold >= 0 in nats (defer a mismatch where the target's top-3 entropy is at "
+        "least theta; above ln 3 = 1.0986 never relaxes)",
+    ),
+}
+
+
+def theta_table() -> str:
+    """:data:`THETA_MEANINGS` as the Markdown table docs/rules.md shows (tests/test_rules.py keeps the
+    two the same)."""
+    rows = [
+        "| rule | margin | relaxes where | theta's unit | valid theta | never relaxes at |",
+        "|---" * 6 + "|",
+    ]
+    for (name, margin), m in THETA_MEANINGS.items():
+        if name is RuleName.STRICT:
+            continue  # strict never relaxes; a theta it is given is checked as MARS's on its margin
+        high = "inf)" if m.high == math.inf else f"{m.high:g}]"
+        valid = f"{'an integer in ' if m.integer else ''}[{m.low:g}, {high}"
+        rows.append(
+            f"| `{name}` | {f'`{margin}`' if margin else '-'} | {m.test} | {m.unit} | {valid} | {m.never} |"
+        )
+    return "\n".join(rows)
+
+
+def theta_meaning(name: RuleName, margin: Margin | None) -> ThetaMeaning:
+    """What theta is under rule ``name`` (with ``margin``, for MARS and strict)."""
+    return THETA_MEANINGS[(name, None if name in RIVALS else margin)]  # type: ignore[index]
 
 
 def parse_theta(text: str | None) -> float | str | None:
@@ -165,98 +257,60 @@ class Rule:
     a rival lossy rule (``typical``, ``pthresh``, ``topk``, ``fly``). Names may be given as strings;
     the fields hold :class:`RuleName`, :class:`Margin` and :class:`Guard` members once constructed.
 
-    For MARS ``theta`` is the close-call threshold for ``margin``. For the ratio margins it is in
-    ``[0, 1]`` and a lower value relaxes more; for ``logit_gap`` it is the largest top-2 logit gap still
-    treated as a close call. ``theta`` is validated for ``strict`` too, so a bad value never goes
-    unnoticed. For a rival ``theta`` is that rule's parameter (see :mod:`marspec.verify`); ``margin``
-    then only names the measure recorded for statistics. ``window`` is FLy's deferral window (the draft
-    tokens after a mismatch that must pass the lossless test), an integer >= 1; other rules take none.
-    From a user's generation options (an unset rule, ``plain``, a temperature's defaults), build one
-    with :meth:`of`.
+    A complete setting, checked and never filled in: ``Rule()`` is ``strict``, as every entry point's
+    unnamed rule is; a relaxing rule needs its ``theta`` (see :data:`THETA_MEANINGS` for its unit and
+    range), MARS its ``margin`` and FLy its ``window`` (the draft tokens after a mismatch that must pass
+    the lossless test, an integer >= 1; other rules take none). ``margin`` is also the measure recorded
+    for statistics under strict and the rivals (None: none recorded). Strict takes a theta only with a
+    margin, and checks it there, so a bad value never goes unnoticed. From a user's generation options
+    (an unset rule or theta, ``plain``, a temperature's defaults, ``theta="auto"``) a Rule comes from
+    :func:`marspec.settings.settle`.
     """
 
-    name: RuleName = RuleName.MARS
-    # Unset (None): for MARS and strict, the margin's threshold when greedy (marspec.defaults): the
-    # default setting, or a named margin's own usual one; FLy's source default; the other rivals must be
-    # given their parameter.
-    theta: float = None  # type: ignore[assignment]
-    margin: Margin = DEFAULT_MARGIN  # type: ignore[assignment]  # a string: checked into a Margin below
+    name: RuleName = RuleName.STRICT
+    theta: float | None = None
+    margin: Margin | None = None
     guard: Guard = Guard.NONE
-    window: int | None = None  # FLy only; unset: the source's default (marspec.defaults.FLY_WINDOW)
+    window: int | None = None
 
     def __post_init__(self) -> None:
         name = RuleName.parse(self.name, "rule", RULES)
         guard = Guard.parse(self.guard, "guard")
-        margin = Margin.parse(self.margin, "margin")
+        margin = None if self.margin is None else Margin.parse(self.margin, "margin")
         for attr, value in (("name", name), ("guard", guard), ("margin", margin)):
             object.__setattr__(self, attr, value)  # frozen: the checked members replace the strings
+        if name not in GUARDED_RULES[guard] and name is not RuleName.STRICT:
+            raise MarspecError(f"the 'next' guard is MARS's; rule {name!r} takes 'class' or none")
+        if name is RuleName.MARS and margin is None:
+            raise MarspecError(
+                f"rule 'mars' needs a margin; use one of: {', '.join(MARGINS)}", field="margin"
+            )
+        self._check_theta(name, margin)
         self._check_window()
+
+    def _check_theta(self, name: RuleName, margin: Margin | None) -> None:
         theta = self.theta
-        if theta is None and name is RuleName.FLY:
-            theta = FLY_THETA
-        elif theta is None and name not in RIVALS:
-            theta = default_setting(0.0, margin)[1]
-        is_number = isinstance(theta, numbers.Real) and not isinstance(theta, bool)
-        finite = is_number and math.isfinite(float(theta))
-        if name in RIVALS:
-            if name not in GUARDED_RULES[guard]:
-                raise MarspecError(f"the 'next' guard is MARS's; rule {name!r} takes 'class' or none")
-            if name is RuleName.TOPK:
-                valid = finite and float(theta) >= 1 and float(theta).is_integer()
-            elif name is RuleName.FLY:
-                valid = finite and float(theta) >= 0.0
-            else:
-                valid = finite and 0.0 <= float(theta) <= 1.0
-            if not valid:
+        if theta is None and name is RuleName.STRICT:
+            return  # strict never relaxes: nothing to threshold
+        if name is RuleName.STRICT and margin is None:
+            raise MarspecError(
+                f"theta={theta!r} for rule 'strict' needs a margin to be checked against; strict never "
+                "relaxes, so leave theta unset",
+                field="theta",
+            )
+        meaning = theta_meaning(name, margin)
+        if not meaning.valid(theta):
+            if name in RIVALS:
                 problem = (
                     f"rule {name!r} needs theta"
                     if theta is None
                     else f"theta={theta!r} is invalid for rule {name!r}"
                 )
-                raise MarspecError(f"{problem}: use {_RIVAL_PARAMETERS[name]}", field="theta")
-        elif margin.is_ratio:
-            ratio = "z2/z1" if margin is Margin.LOGIT_RATIO else "p2/p1"
-            if not (finite and 0.0 <= float(theta) <= 1.0):
-                raise MarspecError(
-                    f"theta={theta!r} is invalid for margin {margin!r}: use a finite number in [0, 1] "
-                    f"(the closeness threshold on {ratio}; lower relaxes more; theta = 1 can never relax "
-                    f"since the ratio is <= 1, i.e. it equals strict verification)"
-                )
-        elif not (finite and float(theta) >= 0.0):
-            raise MarspecError(
-                f"theta={theta!r} is invalid for margin 'logit_gap': use a finite number >= 0 "
-                f"(the largest gap z1 - z2, in logits, still treated as a close call; 0 never relaxes)"
-            )
+            else:
+                problem = f"theta={theta!r} is invalid for margin {margin!r}"
+            raise MarspecError(f"{problem}: {meaning.use}", field="theta")
         # Normalise ints (theta=1) and numpy scalars to a plain float.
-        object.__setattr__(self, "theta", float(theta))
-
-    @classmethod
-    def of(
-        cls,
-        rule: object = None,
-        theta: object = None,
-        margin: object = None,
-        guard: object = Guard.NONE,
-        window: object = None,
-        temperature: object = 0.0,
-    ) -> Rule:
-        """The rule a user's generation options describe, the one path from options to a Rule: an unset
-        ``rule`` is :func:`rule_name`'s, ``plain`` verifies as ``strict`` (it never has a draft to
-        verify), unset ``theta``/``margin`` take the measured default for ``temperature``'s regime
-        (:func:`filled_setting`), and ``theta="auto"`` (MARS's calibrated setting, resolved per pair by
-        the Decoder) is checked as unset."""
-        name = rule_name(rule, theta, margin)
-        if theta == AUTO:
-            if name in RIVALS:
-                raise MarspecError(
-                    f"theta='auto' is MARS's calibrated setting; give rule {name!r} its parameter as a "
-                    "number (see docs/rules.md)",
-                    field="theta",
-                )
-            theta = None
-        margin, theta = filled_setting(name, theta, margin, temperature)
-        verified = RuleName.STRICT if name is RuleName.PLAIN else name
-        return cls(verified, theta, margin, guard, window)  # type: ignore[arg-type]
+        object.__setattr__(self, "theta", float(theta))  # type: ignore[arg-type]
 
     def _check_window(self) -> None:
         window = self.window
@@ -264,12 +318,15 @@ class Rule:
             if window is not None:
                 raise MarspecError(f"window is FLy's deferral window; rule {self.name!r} takes none")
             return
-        if window is None:
-            window = FLY_WINDOW
         if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
+            problem = (
+                "rule 'fly' needs a window"
+                if window is None
+                else f"window={window!r} is invalid for rule 'fly'"
+            )
             raise MarspecError(
-                f"window={window!r} is invalid for rule 'fly': use an integer >= 1 (the draft tokens after "
-                "a mismatch that must all pass the lossless test for it to be deferred)",
+                f"{problem}: use an integer >= 1 (the draft tokens after a mismatch that must all pass the "
+                "lossless test for it to be deferred)",
                 field="window",
             )
         object.__setattr__(self, "window", int(window))
@@ -286,17 +343,19 @@ class Rule:
 
     @property
     def relaxes(self) -> bool:
-        """Whether this rule can ever accept a non-top-1 token (False for strict and degenerate theta)."""
-        if self.name is RuleName.STRICT:
+        """Whether this rule can ever accept a non-top-1 token (False for strict and a theta that never
+        relaxes, :attr:`ThetaMeaning.never`)."""
+        if self.name is RuleName.STRICT or self.theta is None:
             return False
+        theta = self.theta
         if self.name is RuleName.TYPICAL:
-            return self.theta > 0.0
+            return theta > 0.0
         if self.name is RuleName.PTHRESH:
-            return self.theta < 1.0
+            return theta < 1.0
         if self.name is RuleName.TOPK:
-            return self.theta > 1.0
+            return theta > 1.0
         if self.name is RuleName.FLY:
-            return self.theta <= FLY_MAX_ENTROPY  # the top-3 entropy is at most ln 3
-        if self.margin.is_ratio:
-            return self.theta < 1.0  # the ratio is <= 1, and the test is strict ">"
-        return self.theta > 0.0  # the gap is >= 0, and the test is strict "<"
+            return theta <= FLY_MAX_ENTROPY  # the top-3 entropy is at most ln 3
+        if self.margin is not None and self.margin.is_ratio:
+            return theta < 1.0  # the ratio is <= 1, and the test is strict ">"
+        return theta > 0.0  # the gap is >= 0, and the test is strict "<"

@@ -52,21 +52,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from marspec.errors import MarspecError
-
-# The rule and its names live in marspec.rules (validated there, free of torch); re-exported here, where
-# callers of the verifiers have always found them.
-from marspec.rules import (  # noqa: F401
-    FLY_MAX_ENTROPY,
-    FLY_TOP,
-    GUARDS,
-    MARGINS,
-    RIVALS,
-    RULES,
-    Guard,
-    Margin,
-    Rule,
-    RuleName,
-)
+from marspec.rules import FLY_TOP, RIVALS, Margin, Rule
 
 if TYPE_CHECKING:
     from marspec.interfaces import DraftTree
@@ -116,14 +102,17 @@ def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def margin_measure(
-    z1: torch.Tensor, z2: torch.Tensor, margin: Margin, temperature: float = 1.0
+    z1: torch.Tensor, z2: torch.Tensor, margin: Margin | None, temperature: float = 1.0
 ) -> torch.Tensor:
     """The raw margin between the top-2 logits ``z1 >= z2`` (same shape as ``z1``).
 
     ``logit_ratio``: ``z2 / z1`` (scale-free, so temperature does not matter; meaningless when
     ``z1 <= 0``); ``prob_ratio``: ``p2 / p1 = exp((z2 - z1) / temperature)``; ``logit_gap``: ``z1 - z2``
-    (in the units of the logits given: pass temperature-scaled logits to measure the scaled gap).
+    (in the units of the logits given: pass temperature-scaled logits to measure the scaled gap). None
+    (a strict or rival rule that names no margin): NaN, nothing measured.
     """
+    if margin is None:
+        return torch.full_like(z1, math.nan)
     if margin == "logit_ratio":
         return z2 / z1
     if margin == "prob_ratio":
@@ -246,6 +235,25 @@ def fly_defers(
     return ~native & possible & (entropy >= rule.theta) & window_passes
 
 
+def rule_relaxes(
+    rows: torch.Tensor,
+    top_values: torch.Tensor,
+    top_tokens: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    native: torch.Tensor,
+    rule: Rule,
+    temperature: float = 1.0,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bool ``[N]``: where ``rule`` relaxes, whichever shape its decision has: FLy's deferral over
+    blocks (:func:`fly_defers`, reading ``native``, where the lossless test passes, and ``lengths``) or
+    a row-wise test (:func:`relaxed_accepts`, reading ``top_values``/``top_tokens``). The verifiers and
+    the vLLM plugin's batch rule all decide here; callers mask out what the lossless test accepts."""
+    if rule.name == "fly":
+        return fly_defers(rows, draft_tokens, native, rule, temperature, lengths)
+    return relaxed_accepts(rows, top_values, top_tokens, draft_tokens, rule, temperature)
+
+
 def guarded(
     relaxed: torch.Tensor,
     draft: torch.Tensor,
@@ -295,10 +303,7 @@ def verify_greedy(
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
 
     exact = draft == v1[:k]  # [K]
-    if rule.name == "fly":
-        relaxed = fly_defers(target_logits[:k], draft, exact, rule)  # [K]
-    else:
-        relaxed = relaxed_accepts(target_logits[:k], values[:k], tokens[:k], draft, rule) & ~exact  # [K]
+    relaxed = rule_relaxes(target_logits[:k], values[:k], tokens[:k], draft, exact, rule) & ~exact  # [K]
     relaxed = guarded(relaxed, draft, v1[:k], rule, relaxable)
     n = _leading_true(exact | relaxed)  # 0-dim long
     margins = margin_measure(z1, z2, rule.margin)
@@ -356,19 +361,14 @@ def verify_tree_greedy(
     rows = target_logits.index_select(0, parents) if rule.name in RIVALS else target_logits
     parent_values = values.index_select(0, parents)  # [N, 2]
     relaxed = relaxed_accepts(rows, parent_values, parent_top, node_tokens, rule) & ~exact
-    if rule.guard == "class":
-        relaxed = relaxed & _class_allows(node_tokens, parent_top[:, 0], relaxable)
-    # The step's one host copy: accept flags, relaxed flags, every row's top-1 and margin, the tokens.
-    # float64 holds token ids (< 2^53) and the margins exactly.
-    n = n_nodes + 1
+    # Nodes are not one chain, so only the class guard applies (check_tree refused "next" above).
+    relaxed = guarded(relaxed, node_tokens, parent_top[:, 0], rule, relaxable)
     every_margin = margin_measure(values[:, 0], values[:, 1], rule.margin)  # [N+1]
-    parts = (exact | relaxed, relaxed, top[:, 0], every_margin, node_tokens)
-    host = torch.cat([p.to(torch.float64) for p in parts]).cpu()
-    flags = host.tolist()
-    accepted, relaxed_flags = flags[:n_nodes], flags[n_nodes : 2 * n_nodes]
-    top1 = [int(t) for t in flags[2 * n_nodes : 2 * n_nodes + n]]
-    row_margins = host[2 * n_nodes + n : 2 * n_nodes + 2 * n]  # float64[N+1], on the host
-    token_list = flags[2 * n_nodes + 2 * n :]
+    accepted_h, relaxed_h, top1_h, row_margins, tokens_h = to_host(
+        exact | relaxed, relaxed, top[:, 0], every_margin, node_tokens
+    )
+    accepted, relaxed_flags, token_list = accepted_h.tolist(), relaxed_h.tolist(), tokens_h.tolist()
+    top1 = [int(t) for t in top1_h.tolist()]
 
     children = layout.children
     path: list[int] = []
@@ -445,10 +445,7 @@ def verify_sampling(
         q_d = q.gather(1, draft[:, None])[:, 0]  # [K]
         # u < min(1, p/q) written as u * q < p: no division, and q(d) = 0 < p(d) accepts as it should.
         passed = u[:k] * q_d < p_d
-    if rule.name == "fly":
-        relaxed = fly_defers(target_logits[:k], draft, passed, rule, temperature)  # [K]
-    else:
-        relaxed = relaxed_accepts(target_logits[:k], scaled, tokens, draft, rule, temperature)  # [K]
+    relaxed = rule_relaxes(target_logits[:k], scaled, tokens, draft, passed, rule, temperature)  # [K]
     # The guards' reads (an argmax row over [K, V] is already in tokens) are paid only when asked for.
     relaxed = guarded(relaxed, draft, tokens[:, 0], rule, relaxable)
     n = _leading_true(relaxed | passed)  # 0-dim long
@@ -505,6 +502,13 @@ def _leading_true(mask: torch.Tensor) -> torch.Tensor:
     return mask.long().cumprod(0).sum()
 
 
+def to_host(*parts: torch.Tensor) -> list[torch.Tensor]:
+    """``parts`` on the host in one device-to-host copy (the step's one synchronisation), each flattened
+    and as float64, which holds token ids (< 2^53), flags and float32 margins exactly."""
+    host = torch.cat([p.reshape(-1).to(torch.float64) for p in parts]).cpu()
+    return list(host.split([p.numel() for p in parts]))
+
+
 def _read_back(
     n: torch.Tensor,
     token: torch.Tensor,
@@ -515,16 +519,13 @@ def _read_back(
 ) -> Verification:
     """A chain verification on the host, in one device-to-host copy: the accepted count ``n`` and the
     next token (0-dim each), and the ``[K]`` draft tokens, relaxed flags, margins and target top-1."""
-    k = draft.shape[0]
-    parts = (n.view(1), token.view(1), draft, relaxed, margins, top1)
-    # float64 holds token ids (< 2^53) and the float32 margins exactly, so one tensor carries them all.
-    host = torch.cat([p.to(torch.float64) for p in parts]).cpu()  # [2 + 4K]
-    n_accepted, next_token = int(host[0]), int(host[1])
+    n_h, token_h, draft_h, relaxed_h, margins_h, top1_h = to_host(n, token, draft, relaxed, margins, top1)
+    n_accepted = int(n_h[0])
     return Verification(
         n_accepted=n_accepted,
-        next_token=next_token,
-        relaxed=host[2 + k : 2 + k + n_accepted].bool(),
-        margins=host[2 + 2 * k : 2 + 3 * k].float(),
-        top1=host[2 + 3 * k :].long(),
-        tokens=tuple(int(t) for t in host[2 : 2 + n_accepted].tolist()),
+        next_token=int(token_h[0]),
+        relaxed=relaxed_h[:n_accepted].bool(),
+        margins=margins_h.float(),
+        top1=top1_h.long(),
+        tokens=tuple(int(t) for t in draft_h[:n_accepted].tolist()),
     )

@@ -37,7 +37,6 @@ from marspec.defaults import (
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     DEFAULT_RULE,
-    DEFAULT_THETA,
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
@@ -136,7 +135,7 @@ def demo(
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     graphs: GraphsOpt = "auto",
-    theta: ThetaOpt = str(DEFAULT_THETA),
+    theta: ThetaOpt = None,
     k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
     dtype: DtypeOpt = "fp32",
@@ -162,7 +161,7 @@ def demo(
             threads,
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),
         )
-        decoder.resolve_theta(GenerationOptions(rule="mars", theta=theta_value))  # auto: calibrated?
+        mars = decoder.settle(GenerationOptions(rule="mars", theta=theta_value)).rule  # auto: calibrated?
         total = len(DEMO_PROMPTS) * len(METHODS)
         with progress(err, "generating", total) as advance:
 
@@ -176,7 +175,8 @@ def demo(
 
     plain = summaries[0]
     table = Table(
-        title=f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, theta={theta}, "
+        title=f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, {mars.margin} "
+        f"theta={mars.theta:g}, "
         f"{len(DEMO_PROMPTS)} prompts x {max_new_tokens} new tokens",
         box=box.SIMPLE_HEAD,  # with the two below, fits 80 columns with every header whole
         collapse_padding=True,

@@ -142,7 +142,7 @@ def serve(
                 draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs
             )
             decoder = load_decoder(target, draft, dtype, threads, load_settings)
-            decoder.resolve_theta(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
+            decoder.settle(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
             where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
             url = f"http://{where}:{sock.getsockname()[1]}"
             access = (

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from marspec.drafters.tree import parse_tree_shape
 from marspec.errors import MarspecError
-from marspec.tree import parse_tree_shape
 
 if TYPE_CHECKING:
     from marspec.eval.datasets import Question

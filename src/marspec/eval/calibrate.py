@@ -23,12 +23,13 @@ from marspec.calibration import (
     save_choice,
     validate_budget,
 )
-from marspec.defaults import DEFAULT_K, DEFAULT_MARGIN, DEFAULT_THETA
+from marspec.defaults import DEFAULT_K
 from marspec.errors import MarspecError
 from marspec.eval.harness import DecoderLoader, LoadSettings, SamplingSettings, new_decoder, run_task
 from marspec.eval.methods import Method, parse_methods
 from marspec.eval.rundir import load_records, read_run
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.settings import settle_rule
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -97,7 +98,8 @@ def calibrate(
     if draft == "none":
         raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
     spec = ",".join(["strict", *candidates])
-    methods = parse_methods(spec, DEFAULT_THETA, margin=DEFAULT_MARGIN)
+    run = settle_rule("mars")  # the run's own MARS setting: unused, each candidate names its own
+    methods = parse_methods(spec, run.theta, margin=run.margin)
     unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
     if unstorable:
         raise MarspecError(
@@ -117,8 +119,8 @@ def calibrate(
             task=name,
             limit=limit,
             method_spec=spec,
-            theta=str(DEFAULT_THETA),
-            margin=DEFAULT_MARGIN,
+            theta=None,
+            margin=None,
             k=k,
             out=folder,
             target=target,

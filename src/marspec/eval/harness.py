@@ -27,7 +27,6 @@ from marspec.defaults import (
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
-    default_setting,
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -111,9 +110,7 @@ def run_task(
     """
     import torch
 
-    from marspec.api import GenerationOptions
     from marspec.backends.fixed import graphs_plan
-    from marspec.calibration import AUTO, load_choice, parse_theta
     from marspec.devices import resolve_device
     from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS, BenchConfig, planned_runs
     from marspec.eval.datasets import TASKS, load_task
@@ -121,7 +118,8 @@ def run_task(
     from marspec.eval.methods import parse_methods
     from marspec.eval.rundir import prepare_out_dir
     from marspec.eval.runner import profile_once, run_bench
-    from marspec.tree import parse_tree_shape
+    from marspec.rules import parse_theta
+    from marspec.settings import GenerationOptions, Pair, settle
 
     if task not in TASKS:
         raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
@@ -129,31 +127,36 @@ def run_task(
         raise MarspecError(f"--limit must be >= 1, got {limit}")
     load_settings = load_settings or LoadSettings()
     sampling = sampling or SamplingSettings()
-    theta_value = parse_theta(theta)
+    new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
+    # The run's MARS setting, settled as the library settles it (theta="auto" from the pair's
+    # calibration, unset values the measured default for this run's temperature), kept in config.json
+    # as settled; the methods' own rules are settled apart (marspec.eval.methods).
+    pair = Pair(target, draft, target_quant=load_settings.target_quant)
+    run = settle(
+        GenerationOptions(
+            rule="mars",
+            theta=parse_theta(theta),
+            margin=margin,
+            k=k,
+            max_new_tokens=new_tokens,
+            temperature=sampling.temperature,
+            tree=tree,
+        ),
+        pair,
+    )
     auto = None
-    if theta_value == AUTO or "@auto" in method_spec:
-        auto = load_choice(target, draft, sampling.temperature)
-    if theta_value == AUTO:
-        assert auto is not None
-        theta_value, margin = auto.theta, auto.margin
-    else:  # unset: the measured default for this run's temperature (kept in config.json as resolved)
-        margin, theta_value = default_setting(sampling.temperature, margin, theta_value)
+    if "@auto" in method_spec:
+        auto = settle(
+            GenerationOptions(rule="mars", theta="auto", temperature=sampling.temperature), pair
+        ).rule
+    theta_value, margin = run.rule.theta, run.rule.margin
     assert isinstance(theta_value, float)
     methods = parse_methods(method_spec, theta_value, auto, margin)
-    tree_shape = parse_tree_shape(tree)
+    tree_shape = run.tree
     if tree_shape is not None and not any(m.tree for m in methods):
         raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
     if tree_shape is None and any(m.tree for m in methods):
         raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
-    new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
-    GenerationOptions(  # validates the run's MARS setting (the methods' own rules are checked apart)
-        rule="mars",
-        theta=theta_value,
-        margin=margin,
-        k=k,
-        max_new_tokens=new_tokens,
-        temperature=sampling.temperature,
-    )
     questions = load_task(task, limit, offset)
     needs_draft = any(m.needs_draft_model for m in methods)
     if threads is not None:

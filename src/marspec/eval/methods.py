@@ -24,6 +24,7 @@ from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
 from marspec.rules import GUARDED_RULES, RIVALS, Guard, Margin, Rule
+from marspec.settings import settle_rule
 from marspec.stats import GenerationStats
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
@@ -112,8 +113,8 @@ def parse_methods(
                     raise MarspecError(f"method {name!r}: theta after '@' must be a number") from None
             named = MARGIN_KINDS.get(kind)
             # Validated against the margin it will run with: its own, else the run's, else the library's
-            # default (Rule.of resolves None through marspec.defaults, the one place it lives).
-            Rule.of("mars", value, named or margin, guard)
+            # default (settle_rule fills None, the one place defaults are filled).
+            settle_rule("mars", value, named or margin, guard)
             methods.append(Method(name, "mars", value, tree, named, guard))
         elif kind in RIVALS:
             if not arg:
@@ -122,7 +123,7 @@ def parse_methods(
                 value = float(arg)
             except ValueError:
                 raise MarspecError(f"method {name!r}: the parameter after '@' must be a number") from None
-            rule = Rule.of(kind, value, guard=guard, window=window)
+            rule = settle_rule(kind, value, guard=guard, window=window)
             if tree:
                 rule.check_tree()
             methods.append(Method(name, kind, value, tree, guard=guard, window=window))

@@ -117,6 +117,7 @@ def reads_per_step(
 def one_read_per_step(decoder: Decoder) -> Check:
     """Every verification step reads the device exactly once, whichever rule, regime or draft shape."""
     from marspec.defaults import GUARD_CLASSES
+    from marspec.drafters.tree import parse_tree_shape
     from marspec.rules import Rule
     from marspec.stats import GenerationStats
     from marspec.token_classes import relaxable_table
@@ -139,7 +140,7 @@ def one_read_per_step(decoder: Decoder) -> Check:
         # A window shorter than the draft, so FLy's deferral (which reads the tokens after a mismatch) runs.
         "fly": {"rule": Rule(name="fly", theta=0.0, window=1)},
         "sampling": {"rule": Rule(name="strict"), "temperature": 1.0},
-        "tree": {"rule": Rule(name="strict"), "tree": TREE},
+        "tree": {"rule": Rule(name="strict"), "tree": parse_tree_shape(TREE)},
     }
     steps = relaxed = 0
     for label, config in regimes.items():

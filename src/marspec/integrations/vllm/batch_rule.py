@@ -7,7 +7,7 @@ the rule accepts on a close call so that vLLM's own strict verification must acc
 becomes one-hot at the draft token: argmax for greedy requests, ``p(d) = 1`` for sampled ones), and
 puts those rows back once vLLM has verified. Every other row is never touched, so the correction token
 after the first rejection, the bonus token, seeding, top-k/top-p and logprobs all stay vLLM's. The
-decision itself is :func:`marspec.verify.relaxed_accepts`, the same code the marspec decoder uses.
+decision itself is :func:`marspec.verify.rule_relaxes`, the same code the marspec decoder uses.
 MARS and the rivals ``typical``, ``pthresh`` and ``topk`` fit this forcing scheme, since each decides a
 row from that row's logits and draft token alone (on a sampled row the logits are already
 temperature-divided, so a rival tests the tempered distribution, as it does in marspec's own sampling
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from marspec.rules import Rule
-from marspec.verify import fly_defers, relaxed_accepts
+from marspec.verify import rule_relaxes
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection (and for unusable drafts)
 
@@ -70,13 +70,10 @@ def decide(
     exact = draft == tokens[:, 0]  # [N]
     if rows is not None:
         exact = exact & rows
-    if rule.name == "fly":
-        # A row that verifies nothing is not "accepted by the lossless test", so no window spans it.
-        relaxed = fly_defers(logits, draft, exact, rule, lengths=lengths)  # [N]
-        if greedy is not None:
-            relaxed = relaxed & greedy
-    else:
-        relaxed = relaxed_accepts(logits, values, tokens, draft, rule)  # [N]
+    # A row that verifies nothing is not "accepted by the lossless test", so no FLy window spans it.
+    relaxed = rule_relaxes(logits, values, tokens, draft, exact, rule, lengths=lengths)  # [N]
+    if rule.name == "fly" and greedy is not None:
+        relaxed = relaxed & greedy
     if rows is not None:
         relaxed = relaxed & rows
     return Decisions(relaxed, exact)

@@ -13,10 +13,11 @@ from typing import Any
 
 from marspec.errors import MarspecError
 from marspec.rules import Rule
+from marspec.settings import settle_rule
 
 CONFIG_KEY = "marspec"
-# config key -> Rule field ("window": FLy's deferral window; Rule refuses it for the other rules)
-_RULE_FIELDS = (("rule", "name"), ("theta", "theta"), ("margin", "margin"), ("window", "window"))
+# config key -> settle_rule argument ("window": FLy's deferral window; refused for the other rules)
+_RULE_FIELDS = (("rule", "rule"), ("theta", "theta"), ("margin", "margin"), ("window", "window"))
 _REQUEST_KEYS = tuple(key for key, _ in _RULE_FIELDS)  # a request's object: its rule only
 _KEYS = (*_REQUEST_KEYS, "log_every")
 DEFAULT_LOG_EVERY = 500  # verification steps between two counter log lines in the engine process
@@ -38,8 +39,9 @@ def parse_plugin_config(additional_config: Any) -> PluginConfig | None:
     """The plugin's settings from a vLLM ``additional_config``, or None when marspec is not configured.
 
     ``{"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio", "log_every": 500}}`` (FLy:
-    ``{"rule": "fly", "theta": 0.3, "window": 6}``); every key is optional (an empty object means MARS
-    with its defaults). Raises
+    ``{"rule": "fly", "theta": 0.3, "window": 6}``); every key is optional and settles as a library
+    option does (no rule named is strict, as everywhere; ``{"rule": "mars"}`` is MARS with its
+    defaults). Raises
     :class:`VllmPluginConfigError` naming the bad value and what to use instead.
     """
     if not isinstance(additional_config, Mapping) or CONFIG_KEY not in additional_config:
@@ -113,11 +115,11 @@ def _rule(settings: Any, where: str, keys: tuple[str, ...]) -> Rule:
         raise VllmPluginConfigError(
             f"unknown key(s) {', '.join(map(repr, unknown))} in {where}; use: {', '.join(keys)}"
         )
-    # Rule validates rule, theta, margin and window itself; absent keys take Rule's defaults (a margin
-    # named without a theta, its own usual threshold). One rule serves greedy and sampled requests
-    # alike, so it is the greedy default.
+    # Settled as the library's options are (marspec.settings.settle_rule: absent keys take the same
+    # defaults, a margin named without a theta its own usual threshold). One rule serves greedy and
+    # sampled requests alike, so it is the greedy setting.
     rule_args = {field: settings[key] for key, field in _RULE_FIELDS if key in settings}
     try:
-        return Rule(**rule_args)
+        return settle_rule(**rule_args)
     except MarspecError as exc:
         raise VllmPluginConfigError(f"{where}: {exc}") from None
