@@ -226,7 +226,7 @@ def test_captured_regions_read_nothing_and_a_step_reads_once_per_draft_chunk(fol
     decoder.drafter.stop_chunk = 4
     target, draft = decoder.target, decoder.drafter.draft_model
     prompt = decoder.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"][0]
-    for config in ({"rule": Rule(name="strict")}, {"rule": Rule(name="strict"), "tree": "3,2"}):
+    for config in ({"rule": Rule(name="strict")}, {"rule": Rule(name="strict"), "tree": (3, 2)}):
         with _captured_regions_counted(target, draft) as inside:
             stats = GenerationStats()
             per_step = reads_per_step(

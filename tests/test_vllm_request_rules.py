@@ -51,7 +51,7 @@ def test_a_bad_request_setting_is_refused_in_one_line(settings: object, named: s
 
 
 def test_the_rule_table_lists_each_distinct_rule_once_with_the_deployments_first() -> None:
-    default, strict, loose = Rule("mars", 0.9, "logit_ratio"), Rule("strict"), Rule("mars", 0.5)
+    default, strict, loose = Rule("mars", 0.9, "logit_ratio"), Rule("strict"), Rule("mars", 0.5, "prob_ratio")
     assert RuleTable.build(default, [None, None], torch.device("cpu")).of_request is None
     table = RuleTable.build(default, [strict, None, loose, strict], torch.device("cpu"))
     assert table.rules == (default, strict, loose)
