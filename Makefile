@@ -128,9 +128,10 @@ install-browser:
 
 # -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
 # The vLLM, compatibility and newest environments install one after another while the suite runs (pip:
-# ~5 min alone for the first two, about one core; beside them the suite took 30 min from a clean clone,
-# model conversions included, against 28 warm); their output goes to a log, shown if they fail. The suite's
-# exit status is kept and reported after they finish.
+# ~5 min alone for the first two, ~11 min for the newest with nothing cached, mostly waiting on downloads;
+# beside the first two the suite took 30 min from a clean clone, model conversions included, against 28
+# warm); their output goes to a log, shown if they fail. The suite's exit status is kept and reported after
+# they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 test: lint install-browser
 	@mkdir -p runs; echo "installing $(VLLM_VENV), $(COMPAT_VENV) and $(NEWEST_VENV) in the background (log: $(TEST_INSTALLS_LOG))"; \
@@ -167,10 +168,11 @@ endef
 # them (two prompts fewer save ~4 minutes of decoding).
 PASS_REAL_TESTS := (test_strict_and_mars_theta_one_reproduce_plain or test_tree_drafting_with_strict_and_mars) and prompt_code
 
-# A pass's tests, after the versions it runs on: $(1) the venv, $(2) the pass's name.
+# A pass's tests, after the versions it runs on: $(1) the venv, $(2) the pass's name, $(3) its fast tests
+# (files or test ids; empty: the whole fast suite).
 define pass_tests
 	$(1)/bin/python -c 'import sys, numpy, torch, transformers; print("$(2) pass: Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "numpy", numpy.__version__)'
-	$(1)/bin/pytest -q -p no:cacheprovider -m "not real" --durations=10
+	$(1)/bin/pytest -q -p no:cacheprovider -m "not real" --durations=10 $(3)
 	$(1)/bin/pytest -v -p no:cacheprovider tests/test_real.py -k "$(PASS_REAL_TESTS)"
 endef
 
@@ -178,8 +180,9 @@ compat-models: install
 	$(BIN)/python -c 'from marspec.models import DEFAULT_DRAFT as d, DEFAULT_TARGET as t, resolve_model_dir as r; r(t); r(d)'
 
 # The compatibility pass: the newest supported Python with the lowest end of every declared range (torch
-# 2.11 and transformers 5.17 among them; constraints/py3.13-lowest.txt), running the fast suite and the
-# real-weights invariants. PyPI's torch for 3.13 is a CUDA build (runs on the CPU): ~4.6 GB in the venv,
+# 2.11 and transformers 5.17 among them; constraints/py3.13-lowest.txt), running the whole fast suite (the
+# lowest fastapi, uvicorn, typer, rich, pytest, openai and numpy run nowhere else) and the real-weights
+# invariants. PyPI's torch for 3.13 is a CUDA build (runs on the CPU): ~4.6 GB in the venv,
 # 3-10 min to install the first time.
 COMPAT_LOCK := constraints/py3.13-lowest.txt
 COMPAT_VENV ?= .venv-compat
@@ -191,15 +194,25 @@ $(COMPAT_VENV)/.installed: pyproject.toml $(COMPAT_LOCK) Makefile
 install-compat: $(COMPAT_VENV)/.installed
 
 compat: install-compat compat-models
-	$(call pass_tests,$(COMPAT_VENV),compat)
+	$(call pass_tests,$(COMPAT_VENV),compat,)
 
 # The newest pass: Python 3.12 with the newest release of every dependency that installs here (torch
 # 2.14.1 and transformers 5.24.0 among them; constraints/py3.12-newest.txt, which `make lock` re-makes with
-# the newest releases in the ranges), running `marspec selftest`, the fast suite and the real-weights
-# invariants. PyPI's torch for 3.12 is a CUDA build too: ~5.6 GB in the venv.
+# the newest releases in the ranges), running `marspec selftest`, the fast tests of what marspec asks of
+# torch, transformers and numpy (the packages whose newest releases the locked suite lacks; its serving,
+# CLI and evaluation packages are the locked suite's versions) and the real-weights invariants. PyPI's torch
+# for 3.12 is a CUDA build too: ~5.6 GB in the venv, ~11 min to install with nothing cached (28 Nov.,
+# ~0.8 GB from PyPI).
 NEWEST_LOCK := constraints/py3.12-newest.txt
 NEWEST_VENV ?= .venv-newest
 NEWEST_PYTHON ?= $(call find_python,3.12)
+# Backends and caches, model conversion and loading, the decode loop, verification, trees, lossless
+# sampling, published summaries (numpy's rounding) and one benchmark with transformers' own assisted and
+# prompt-lookup generation.
+NEWEST_TESTS := tests/test_backends.py tests/test_kv_cache.py tests/test_models.py tests/test_hub.py \
+	tests/test_prefix_reuse.py tests/test_prepack.py tests/test_target_quant.py tests/test_decode.py \
+	tests/test_verify.py tests/test_tree.py tests/test_sampling_lossless.py tests/test_committed_runs.py \
+	tests/test_bench.py::test_tiny_bench_end_to_end_and_resume
 
 $(NEWEST_VENV)/.installed: pyproject.toml $(NEWEST_LOCK) Makefile
 	$(call pass_venv,$(NEWEST_VENV),$(NEWEST_PYTHON),3.12,$(NEWEST_LOCK))
@@ -209,7 +222,7 @@ install-newest: $(NEWEST_VENV)/.installed
 # The selftest first, as a user would run it after installing.
 newest: install-newest compat-models
 	$(NEWEST_VENV)/bin/marspec selftest --device cpu
-	$(call pass_tests,$(NEWEST_VENV),newest)
+	$(call pass_tests,$(NEWEST_VENV),newest,$(NEWEST_TESTS))
 
 # Re-make the lock files from pyproject.toml's ranges with uv's resolver (needs PyPI): for Python 3.11 the
 # locked suite's versions (pins that still fit are kept; `make lock LOCK_FLAGS=--upgrade` takes the newest
