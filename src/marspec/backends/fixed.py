@@ -261,7 +261,7 @@ class FixedShapeLM(HFCausalLM):
             input_ids=tokens.unsqueeze(0),
             attention_mask={"full_attention": mask[None, None]},
             position_ids=(start + offsets).unsqueeze(0),
-            past_key_values=self._fixed_cache,
+            **{self._cache_keyword: self._fixed_cache},
             use_cache=True,
             logits_to_keep=keep if keep is not None else 0,
         )
