@@ -1,0 +1,125 @@
+r"""4-bit weights against int8 and fp32 in one process (issue 57): what a forward costs, and how far the
+4-bit target's greedy output follows the fp32 one's.
+
+Forward costs: one-token steps and 13-token verifications (k = 12) of the default target in fp32
+(oneDNN-prepacked, the default), int8 (``target_quant="int8"``) and int4 (``target_quant="int4"``), and
+one-token forwards of the default draft in int8 and int4, after 256 cached positions; the variants are
+measured in turn, round after round, so a slow stretch of the machine lands on all alike (medians over
+rounds). Divergence: plain decoding of the demo's prompts (``marspec.demo.DEMO_PROMPTS``; its math prompt
+is a GSM8K *training* question, not one of the evaluation set's) with each target, and the first token
+where the quantised target's output leaves the fp32 one's. Whether the answers stay as good is a graded
+run's question (``marspec bench --target-quant int4``, docs/results.md). Peak memory is per process:
+measure it with GNU time around ``marspec generate``.
+
+    python benchmarks/int4_target.py --threads 2 --out docs/results/int4-target.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+from target_quant import first_difference  # this folder's script (run from it, it is on the path)
+
+from marspec.api import Decoder, load_lm
+from marspec.backends.quantize import quantize_draft
+from marspec.demo import DEMO_PROMPTS
+from marspec.eval.cpu import cpu_name
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.profile import measure
+
+TARGETS = ("fp32", "int8", "int4")
+DRAFTS = ("int8", "int4")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="forward-cost rounds over all variants")
+    parser.add_argument("--verify-tokens", type=int, default=13, help="tokens a verification scores")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="plain decode length per prompt")
+    parser.add_argument("--out", type=Path, help="write the measurements here as JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    targets = {
+        quant: Decoder(args.target, None, target_quant="none" if quant == "fp32" else quant)
+        for quant in TARGETS
+    }
+    drafts = {}
+    for quant in DRAFTS:  # as a Decoder quantises its draft (int8: fbgemm's dynamic layers)
+        drafts[quant], _ = load_lm(args.draft, torch.float32)
+        quantize_draft(drafts[quant].model, quant)
+    sizes = (1, args.verify_tokens)
+    samples: dict[str, dict[int, list[float]]] = {
+        name: {n: [] for n in sizes}
+        for name in [*(f"target {q}" for q in TARGETS), *(f"draft {q}" for q in DRAFTS)]
+    }
+    for _ in range(args.rounds):
+        for quant, decoder in targets.items():
+            for n, seconds in measure(decoder.target, sizes, repeats=3).items():
+                samples[f"target {quant}"][n].append(seconds)
+        for quant, lm in drafts.items():
+            samples[f"draft {quant}"][1].append(measure(lm, (1,), repeats=3)[1])
+    costs = {name: {n: statistics.median(s) for n, s in by_n.items() if s} for name, by_n in samples.items()}
+    print(f"\n| model | 1 token ms | {args.verify_tokens} tokens ms | {args.verify_tokens} tokens / 1 |")
+    print("|---|---|---|---|")
+    for name, by_n in costs.items():
+        one, many = by_n[1] * 1000, by_n.get(args.verify_tokens)
+        many_cells = f"{many * 1000:.1f} | {many / by_n[1]:.2f}" if many else "- | -"
+        print(f"| {name} | {one:.1f} | {many_cells} |")
+
+    decodes: list[dict[str, Any]] = []
+    for kind, prompt in DEMO_PROMPTS:
+        for quant, decoder in targets.items():
+            result = decoder.generate(prompt, rule="plain", max_new_tokens=args.max_new_tokens)
+            decodes.append({"kind": kind, "prompt": prompt, "target": quant, "token_ids": result.token_ids})
+            print(
+                f"{kind} {quant}: {1000 * result.stats.wall_s / result.stats.new_tokens:.0f} ms/token",
+                flush=True,
+            )
+    print()
+    for quant in TARGETS[1:]:
+        parted = []
+        for _kind, prompt in DEMO_PROMPTS:
+            ids = {d["target"]: d["token_ids"] for d in decodes if d["prompt"] == prompt}
+            parted.append(first_difference(ids["fp32"], ids[quant]))
+        same = sum(p is None for p in parted)
+        print(
+            f"{quant} plain vs fp32 plain ({args.max_new_tokens} tokens): {same}/{len(parted)} identical; "
+            f"first differing token, prompt by prompt: {parted}"
+        )
+    if args.out:
+        meta = {
+            "target": args.target,
+            "draft": args.draft,
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "max_new_tokens": args.max_new_tokens,
+            "cpu": cpu_name(),
+        }
+        args.out.write_text(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "forward_ms": {
+                        name: {n: s * 1000 for n, s in by_n.items()} for name, by_n in costs.items()
+                    },
+                    "decodes": decodes,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
