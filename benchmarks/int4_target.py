@@ -1,15 +1,16 @@
 r"""4-bit weights against int8 and fp32 in one process (issue 57): what a forward costs, and how far the
 4-bit target's greedy output follows the fp32 one's.
 
-Forward costs: one-token steps and 13-token verifications (k = 12) of the default target in fp32
-(oneDNN-prepacked, the default), int8 (``target_quant="int8"``) and int4 (``target_quant="int4"``), and
-one-token forwards of the default draft in int8 and int4, after 256 cached positions; the variants are
-measured in turn, round after round, so a slow stretch of the machine lands on all alike (medians over
-rounds). Divergence: plain decoding of the demo's prompts (``marspec.demo.DEMO_PROMPTS``; its math prompt
-is a GSM8K *training* question, not one of the evaluation set's) with each target, and the first token
-where the quantised target's output leaves the fp32 one's. Whether the answers stay as good is a graded
-run's question (``marspec bench --target-quant int4``, docs/results.md). Peak memory is per process:
-measure it with GNU time around ``marspec generate``.
+Forward costs: one-token steps and 5-, 9- and 13-token verifications (k = 4, 8, 12) of the default
+target in fp32 (oneDNN-prepacked, the default), int8 (``target_quant="int8"``) and int4
+(``target_quant="int4"``), and one-token forwards of the default draft in int8 and int4, after 256
+cached positions; the variants are measured in turn, round after round, so a slow stretch of the
+machine lands on all alike (medians over rounds). Divergence: plain decoding of the demo's prompts
+(``marspec.demo.DEMO_PROMPTS``; its math prompt is a GSM8K *training* question, not one of the
+evaluation set's) with each target, and the first token where the quantised target's output leaves the
+fp32 one's. Whether the answers stay as good is a graded run's question (``marspec bench
+--target-quant int4``, docs/results.md). Peak memory is per process: measure it with GNU time around
+``marspec generate``.
 
     python benchmarks/int4_target.py --threads 2 --out docs/results/int4-target.json
 """
@@ -44,7 +45,9 @@ def main() -> None:
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="forward-cost rounds over all variants")
-    parser.add_argument("--verify-tokens", type=int, default=13, help="tokens a verification scores")
+    parser.add_argument(
+        "--sizes", default="1,5,9,13", help="tokens scored per target forward (13: a k = 12 verification)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="plain decode length per prompt")
     parser.add_argument("--out", type=Path, help="write the measurements here as JSON")
     args = parser.parse_args()
@@ -58,7 +61,7 @@ def main() -> None:
     for quant in DRAFTS:  # as a Decoder quantises its draft (int8: fbgemm's dynamic layers)
         drafts[quant], _ = load_lm(args.draft, torch.float32)
         quantize_draft(drafts[quant].model, quant)
-    sizes = (1, args.verify_tokens)
+    sizes = tuple(int(n) for n in args.sizes.split(","))
     samples: dict[str, dict[int, list[float]]] = {
         name: {n: [] for n in sizes}
         for name in [*(f"target {q}" for q in TARGETS), *(f"draft {q}" for q in DRAFTS)]
@@ -70,12 +73,12 @@ def main() -> None:
         for quant, lm in drafts.items():
             samples[f"draft {quant}"][1].append(measure(lm, (1,), repeats=3)[1])
     costs = {name: {n: statistics.median(s) for n, s in by_n.items() if s} for name, by_n in samples.items()}
-    print(f"\n| model | 1 token ms | {args.verify_tokens} tokens ms | {args.verify_tokens} tokens / 1 |")
-    print("|---|---|---|---|")
+    print("\n| model | " + " | ".join(f"{n} tokens ms" for n in sizes) + " | " + f"{sizes[-1]} tokens / 1 |")
+    print("|---|" + "---|" * (len(sizes) + 1))
     for name, by_n in costs.items():
-        one, many = by_n[1] * 1000, by_n.get(args.verify_tokens)
-        many_cells = f"{many * 1000:.1f} | {many / by_n[1]:.2f}" if many else "- | -"
-        print(f"| {name} | {one:.1f} | {many_cells} |")
+        cells = [f"{by_n[n] * 1000:.1f}" if n in by_n else "-" for n in sizes]
+        ratio = f"{by_n[sizes[-1]] / by_n[1]:.2f}" if sizes[-1] in by_n else "-"
+        print(f"| {name} | {' | '.join(cells)} | {ratio} |")
 
     decodes: list[dict[str, Any]] = []
     for kind, prompt in DEMO_PROMPTS:
