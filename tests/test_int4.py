@@ -139,10 +139,13 @@ def test_a_loaded_target_is_not_quantised_behind_the_callers_back():
         Decoder(tiny_lm(0), None, target_quant="int4")
 
 
-def test_decoder_runs_an_int4_target_and_draft_and_strict_equals_plain():
-    decoder = Decoder(SMALL, SMALL, target_quant="int4", draft_quant="int4", threads=1)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_decoder_runs_an_int4_target_and_draft_and_strict_equals_plain(dtype):
+    decoder = Decoder(SMALL, SMALL, dtype=dtype, target_quant="int4", draft_quant="int4", threads=1)
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     assert decoder.drafter is not None
+    # An int4 draft keeps the target's dtype: its embedding is halved with bf16.
+    assert decoder.drafter.draft_model.model.get_input_embeddings().weight.dtype == decoder.target.model.dtype
     plain = decoder.generate("The capital of France is", rule="plain", max_new_tokens=16, chat=False)
     strict = decoder.generate("The capital of France is", rule="strict", k=4, max_new_tokens=16, chat=False)
     assert strict.token_ids == plain.token_ids

@@ -227,9 +227,9 @@ class Decoder:
         else:
             # int8 (fbgemm) and int4 are CPU kernels: elsewhere the draft runs in the target's dtype.
             quantize = on_cpu and draft_quant != "none" and not isinstance(draft, HFCausalLM)
-            # Quantised from fp32 (int8 kernels take fp32 activations); the draft's dtype does not bear on
-            # exactness anyway.
-            draft_dtype = torch.float32 if quantize else torch_dtype
+            # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
+            # dtype (bf16 halves its embedding). The draft's dtype does not bear on exactness anyway.
+            draft_dtype = torch.float32 if quantize and draft_quant == "int8" else torch_dtype
             draft_lm, _ = load_lm(draft, draft_dtype, prepack and not quantize, self.device)
             check_same_tokenizer(self.target, draft_lm)
             if quantize:
