@@ -30,11 +30,34 @@ from marspec.api import Decoder, load_lm
 from marspec.backends.quantize import quantize_draft
 from marspec.demo import DEMO_PROMPTS
 from marspec.eval.cpu import cpu_name
+from marspec.interfaces import CausalLM
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.profile import measure
 
 TARGETS = ("fp32", "int8", "int4")
 DRAFTS = ("int8", "int4")
+
+
+def interleaved_costs(
+    models: dict[str, CausalLM], sizes: tuple[int, ...], rounds: int
+) -> dict[str, dict[int, float]]:
+    """Median seconds of a forward over n tokens for each model and n, the models measured in turn,
+    round after round (each round's value itself a median of 3, after 256 cached positions)."""
+    samples: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in models}
+    for _ in range(rounds):
+        for name, lm in models.items():
+            for n, seconds in measure(lm, sizes, repeats=3).items():
+                samples[name][n].append(seconds)
+    return {name: {n: statistics.median(s) for n, s in by_n.items()} for name, by_n in samples.items()}
+
+
+def print_costs(costs: dict[str, dict[int, float]], sizes: tuple[int, ...]) -> None:
+    print("\n| model | " + " | ".join(f"{n} tokens ms" for n in sizes) + f" | {sizes[-1]} tokens / 1 |")
+    print("|---|" + "---|" * (len(sizes) + 1))
+    for name, by_n in costs.items():
+        cells = [f"{by_n[n] * 1000:.1f}" if n in by_n else "-" for n in sizes]
+        ratio = f"{by_n[sizes[-1]] / by_n[1]:.2f}" if sizes[-1] in by_n else "-"
+        print(f"| {name} | {' | '.join(cells)} | {ratio} |")
 
 
 def main() -> None:
@@ -53,33 +76,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    sizes = tuple(int(n) for n in args.sizes.split(","))
     targets = {
         quant: Decoder(args.target, None, target_quant="none" if quant == "fp32" else quant)
         for quant in TARGETS
     }
-    drafts = {}
-    for quant in DRAFTS:  # as a Decoder quantises its draft (int8: fbgemm's dynamic layers)
-        drafts[quant], _ = load_lm(args.draft, torch.float32)
-        quantize_draft(drafts[quant].model, quant)
-    sizes = tuple(int(n) for n in args.sizes.split(","))
-    samples: dict[str, dict[int, list[float]]] = {
-        name: {n: [] for n in sizes}
-        for name in [*(f"target {q}" for q in TARGETS), *(f"draft {q}" for q in DRAFTS)]
-    }
-    for _ in range(args.rounds):
-        for quant, decoder in targets.items():
-            for n, seconds in measure(decoder.target, sizes, repeats=3).items():
-                samples[f"target {quant}"][n].append(seconds)
-        for quant, lm in drafts.items():
-            samples[f"draft {quant}"][1].append(measure(lm, (1,), repeats=3)[1])
-    costs = {name: {n: statistics.median(s) for n, s in by_n.items() if s} for name, by_n in samples.items()}
-    print("\n| model | " + " | ".join(f"{n} tokens ms" for n in sizes) + " | " + f"{sizes[-1]} tokens / 1 |")
-    print("|---|" + "---|" * (len(sizes) + 1))
-    for name, by_n in costs.items():
-        cells = [f"{by_n[n] * 1000:.1f}" if n in by_n else "-" for n in sizes]
-        ratio = f"{by_n[sizes[-1]] / by_n[1]:.2f}" if sizes[-1] in by_n else "-"
-        print(f"| {name} | {' | '.join(cells)} | {ratio} |")
-
+    costs = interleaved_costs({f"target {q}": d.target for q, d in targets.items()}, sizes, args.rounds)
+    print_costs(costs, sizes)
     decodes: list[dict[str, Any]] = []
     for kind, prompt in DEMO_PROMPTS:
         for quant, decoder in targets.items():
@@ -100,6 +103,15 @@ def main() -> None:
             f"{quant} plain vs fp32 plain ({args.max_new_tokens} tokens): {same}/{len(parted)} identical; "
             f"first differing token, prompt by prompt: {parted}"
         )
+    # The drafts are measured on their own: the three targets and two drafts at once would take ~12 GB.
+    del targets, decoder
+    drafts = {}
+    for quant in DRAFTS:  # as a Decoder quantises its draft (int8: fbgemm's dynamic layers)
+        drafts[f"draft {quant}"], _ = load_lm(args.draft, torch.float32)
+        quantize_draft(drafts[f"draft {quant}"].model, quant)
+    draft_costs = interleaved_costs(drafts, (1,), args.rounds)
+    print_costs(draft_costs, (1,))
+    costs |= draft_costs
     if args.out:
         meta = {
             "target": args.target,
