@@ -13,6 +13,7 @@ fp32 one's. Whether the answers stay as good is a graded run's question (``marsp
 ``marspec generate``.
 
     python benchmarks/int4_target.py --threads 2 --out docs/results/int4-target.json
+    python benchmarks/int4_target.py --kernels-only --threads 1   # one layer's products, no real weights
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,45 @@ def print_costs(costs: dict[str, dict[int, float]], sizes: tuple[int, ...]) -> N
         print(f"| {name} | {' | '.join(cells)} | {ratio} |")
 
 
+# One decoder layer's products of the 1.5B target (out, in): q, k, v, o, gate, up, down.
+_LAYER_SHAPES = (
+    (1536, 1536),
+    (256, 1536),
+    (256, 1536),
+    (1536, 1536),
+    (8960, 1536),
+    (8960, 1536),
+    (1536, 8960),
+)
+
+
+def kernel_costs(sizes: tuple[int, ...], rounds: int) -> dict[str, dict[int, list[float]]]:
+    """Seconds of one decoder layer's seven linear products (random weights of the 1.5B target's
+    shapes, no attention) over n rows, per precision, the precisions measured in turn: no real weights
+    needed, ~0.2 GB."""
+    from marspec.backends.int4 import Int4Linear
+    from marspec.backends.prepack import PrepackedLinear
+    from marspec.backends.quantize import RowwiseInt8Linear
+
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(n_in, n_out) for n_out, n_in in _LAYER_SHAPES]
+    for linear in linears:
+        linear.weight.data.mul_(0.02)
+    kinds = {"fp32 (prepacked)": PrepackedLinear, "int8": RowwiseInt8Linear, "int4": Int4Linear}
+    layers = {name: [kind(linear) for linear in linears] for name, kind in kinds.items()}
+    inputs = {n: {n_in: torch.randn(n, n_in) for _, n_in in _LAYER_SHAPES} for n in sizes}
+    samples: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in kinds}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, products in layers.items():
+                for n in sizes:
+                    start = time.perf_counter()
+                    for product in products:
+                        product(inputs[n][product.in_features])
+                    samples[name][n].append(time.perf_counter() - start)
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -73,10 +114,27 @@ def main() -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="plain decode length per prompt")
     parser.add_argument("--out", type=Path, help="write the measurements here as JSON")
+    parser.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="only one decoder layer's products at the 1.5B's shapes (random weights; min / median ms)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     sizes = tuple(int(n) for n in args.sizes.split(","))
+    if args.kernels_only:
+        samples = kernel_costs(sizes, rounds=4 * args.rounds)
+        print(
+            f"\n| one layer's 7 products, {args.threads} threads | "
+            + " | ".join(f"{n} rows" for n in sizes)
+            + " |"
+        )
+        print("|---|" + "---|" * len(sizes))
+        for name, by_n in samples.items():
+            cells = [f"{min(by_n[n]) * 1000:.1f} / {statistics.median(by_n[n]) * 1000:.1f}" for n in sizes]
+            print(f"| {name} | {' | '.join(cells)} |")
+        return
     targets = {
         quant: Decoder(args.target, None, target_quant="none" if quant == "fp32" else quant)
         for quant in TARGETS
