@@ -53,7 +53,7 @@ def test_a_layer_whose_inputs_are_not_whole_groups_is_padded_not_refused():
     assert layer(torch.randn(2, 4, GROUP_SIZE + 8)).shape == (2, 4, 16)
 
 
-def test_the_weights_take_about_an_eighth_of_fp32():
+def test_the_weights_take_about_a_sixth_of_fp32():
     lm = tiny_lm(0, layers=2)
     linear_bytes = sum(m.weight.numel() * 4 for m in lm.model.modules() if type(m) is torch.nn.Linear)
     quantize_int4(lm.model)

@@ -161,7 +161,7 @@ class Decoder:
             process (and of Decoders created earlier), and stays set after this Decoder is gone.
         draft_quant: ``"int8"`` quantises the linear layers of a draft loaded by name (about 3x cheaper
             draft forwards on CPU; it does not touch the target, so exactness is unaffected), ``"int4"``
-            to 4-bit weights in groups of 32 (an eighth of fp32's weight bytes), or ``"none"``.
+            to 4-bit weights in groups of 32 (about a sixth of fp32's weight bytes), or ``"none"``.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
             (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
@@ -178,9 +178,10 @@ class Decoder:
             token (oneDNN, CPU only, fp32 target loaded by name): a smaller, faster target that is a
             different model from the fp32 one (its answers can differ), while strict verification still
             equals plain decoding of that int8 target. ``"int4"``: 4-bit weights in groups of 32 with bf16
-            activations (ATen's int4 CPU kernel, fp32 or bf16 target loaded by name): an eighth of fp32's
-            weight bytes and a cheaper one-token step, a verification costing several steps; strict
-            equals plain decoding of that int4 target. ``"none"`` (default) keeps the target as loaded.
+            activations (ATen's int4 CPU kernel, fp32 or bf16 target loaded by name): about a sixth of
+            fp32's weight bytes, a one-token step near int8's, but a verification forward costing several
+            steps; strict equals plain decoding of that int4 target. ``"none"`` (default) keeps the
+            target as loaded.
     """
 
     def __init__(
