@@ -15,6 +15,10 @@ whatever else is in the forward. Its kernel is oneDNN's int8 product (VNNI or AM
 the one other place rows meet, is then computed row by row (:mod:`marspec.backends.row_attention`), so
 a chain forward scores each token exactly as a one-token forward would, and strict verification of the
 int8 target equals plain decoding of the same int8 target.
+
+4-bit weights (``"int4"``, for the target or the draft) are :mod:`marspec.backends.int4`'s; this module
+holds the choice between the precisions (:func:`check_target_quant`, :func:`quantize_target`,
+:func:`quantize_draft`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from transformers import PreTrainedModel
 
+from marspec.backends.int4 import INT4_UNAVAILABLE, int4_available, quantize_int4
 from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
 from marspec.backends.row_attention import check_row_attention, use_row_attention
 from marspec.errors import MarspecError
 
-DRAFT_QUANTS = ("none", "int8")
-TARGET_QUANTS = ("none", "int8")
+DRAFT_QUANTS = ("none", "int8", "int4")
+TARGET_QUANTS = ("none", "int8", "int4")
 
 
 def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
@@ -174,3 +179,45 @@ def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     own_remaining_tensors(model)
     trim_heap()
     return model
+
+
+def check_target_quant(target_quant: str, dtype: torch.dtype) -> None:
+    """Raise a one-line error unless a target loaded in ``dtype`` can be quantised to ``target_quant``
+    here (before any weight is loaded). Where it runs (the CPU) and what was passed are the caller's."""
+    if target_quant not in TARGET_QUANTS:
+        raise MarspecError(f"unknown target_quant {target_quant!r}: choose one of {', '.join(TARGET_QUANTS)}")
+    if target_quant == "int8":
+        if dtype != torch.float32:
+            raise MarspecError("target_quant='int8' quantises an fp32 target: use dtype='fp32'")
+        if not rowwise_int8_available():
+            raise MarspecError(INT8_UNAVAILABLE)
+    if target_quant == "int4":
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise MarspecError("target_quant='int4' quantises an fp32 or bf16 target: use dtype='fp32'")
+        if not int4_available():
+            raise MarspecError(INT4_UNAVAILABLE)
+
+
+def check_draft_quant(draft_quant: str) -> None:
+    """Raise a one-line error unless ``draft_quant`` names a draft precision this build can run."""
+    if draft_quant not in DRAFT_QUANTS:
+        raise MarspecError(f"unknown draft_quant {draft_quant!r}: choose one of {', '.join(DRAFT_QUANTS)}")
+    if draft_quant == "int4" and not int4_available():
+        raise MarspecError(INT4_UNAVAILABLE)
+
+
+def quantize_target(model: PreTrainedModel, target_quant: str) -> PreTrainedModel:
+    """Quantise a target's linear layers to ``target_quant`` ("int8" or "int4"), in place, with
+    attention one query row at a time: either way a verification forward scores each token as plain
+    decoding's one-token step does, bit for bit."""
+    if target_quant == "int8":
+        return quantize_target_int8(model)
+    check_row_attention(model)
+    use_row_attention(model)
+    return quantize_int4(model)
+
+
+def quantize_draft(model: PreTrainedModel, draft_quant: str) -> PreTrainedModel:
+    """Quantise a draft's linear layers to ``draft_quant`` ("int8" or "int4"), in place. A draft's
+    rows may depend on each other (it only proposes), so its attention is left as it is."""
+    return quantize_int8(model) if draft_quant == "int8" else quantize_int4(model)

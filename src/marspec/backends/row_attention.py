@@ -2,9 +2,10 @@
 
 Plain decoding scores each token in a one-token forward; verification scores the same token as one row
 of a many-token forward. In fp32 the two differ only by rounding (~1e-6), and a near-tie almost never
-flips. An int8 target re-quantises every linear layer's input, which turns a 1e-6 difference at a
-rounding boundary into a whole quantisation step, so those near-ties flip often enough to break strict
-== plain within 64 tokens. Its linear layers are exact per row (:class:`RowwiseInt8Linear`); the one other
+flips. An int8 target re-quantises every linear layer's input (an int4 one rounds it to bf16), which
+turns a 1e-6 difference at a rounding boundary into a whole quantisation step, so those near-ties flip
+often enough to break strict == plain within 64 tokens. Its linear layers are exact per row
+(:class:`RowwiseInt8Linear`, :class:`~marspec.backends.int4.Int4Linear`); the one other
 place where rows meet is attention, where a many-query kernel sums in another order than a one-query
 call. Here every row is attended by the same one-query call plain decoding makes: query row ``i`` of a
 chain forward over ``q`` new tokens sees the first ``kv - q + i + 1`` cached positions, the prefix plain
@@ -94,8 +95,8 @@ def check_row_attention(model: PreTrainedModel) -> None:
         kinds = "sliding_attention"
     if windowed or getattr(config, "use_sliding_window", False):
         raise MarspecError(
-            f"{type(model).__name__} has attention layers other than full attention ({kinds}), which an "
-            "int8 target does not support here: use target_quant='none'"
+            f"{type(model).__name__} has attention layers other than full attention ({kinds}), which a "
+            "quantised (int8 or int4) target does not support here: use target_quant='none'"
         )
 
 

@@ -71,14 +71,17 @@ TreeOpt = Annotated[
     ),
 ]
 DraftQuantOpt = Annotated[
-    str, typer.Option("--draft-quant", help="int8 (default: ~3x cheaper draft forwards) or none.")
+    str,
+    typer.Option(
+        "--draft-quant", help="int8 (default: ~3x cheaper draft forwards), int4 (4-bit weights) or none."
+    ),
 ]
 TargetQuantOpt = Annotated[
     str,
     typer.Option(
         "--target-quant",
-        help="none (default) or int8: the target's linear layers in int8 (CPU; smaller and faster, a "
-        "slightly different model; strict still equals plain decoding of it).",
+        help="none (default), int8 or int4: the target's linear layers in int8, or 4-bit weights (CPU; "
+        "smaller and faster, a slightly different model; strict still equals plain decoding of it).",
     ),
 ]
 DraftConfidenceOpt = Annotated[

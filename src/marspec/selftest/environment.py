@@ -78,6 +78,7 @@ def _sdpa(device: torch.device) -> str:
 
 
 def _cpu_kernels() -> str:
+    from marspec.backends.int4 import int4_available
     from marspec.backends.prepack import prepack_available
     from marspec.backends.quantize import rowwise_int8_available
 
@@ -88,6 +89,7 @@ def _cpu_kernels() -> str:
             f"prepacked linears {'yes' if prepack_available() else 'no'}",
             f"int8 draft (fbgemm) {'yes' if 'fbgemm' in engines else 'no'}",
             f"int8 target (oneDNN, VNNI/AMX) {'yes' if rowwise_int8_available() else 'no'}",
+            f"int4 weights (ATen) {'yes' if int4_available() else 'no'}",
         )
     )
 
