@@ -4,7 +4,7 @@ Both paths run on the same loaded weights (the fixed-shape Decoder wraps the eag
 one process, interleaved prompt by prompt, so drift on a shared machine hits both alike. Per path: plain
 and strict tokens per second, and whether the two paths decoded the same tokens.
 
-    flock /tmp/marspec-heavy.lock python benchmarks/fixed_shape_cpu.py --threads 2 --json out.json
+    python benchmarks/fixed_shape_cpu.py --threads 2 --json out.json
 """
 
 from __future__ import annotations

@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m marspec.eagle3_train", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--run", type=Path, default=Path("/work/eagle3-run"), help="run folder (resumed)")
+    parser.add_argument(
+        "--run", type=Path, default=None, help="run folder, resumed if it exists (default: CACHE/eagle3-run)"
+    )
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--dtype", default="bf16", help="the target's dtype while collecting")
     parser.add_argument("--chunk", type=int, default=512, help="tokens per training sequence")
@@ -284,7 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    run: Path = args.run
+    from marspec.models.cache import cache_dir
+
+    run: Path = args.run if args.run is not None else cache_dir() / "eagle3-run"
     run.mkdir(parents=True, exist_ok=True)
     (run / "shards").mkdir(exist_ok=True)
 
