@@ -54,7 +54,7 @@ INTERMEDIATE = 256  # the head's MLP width (random, so kept small)
 NOISE = 0.01  # std of the random attention and MLP weights
 # MARS relaxing where the runner-up has at least 0.3 of the top token's probability (marspec's default is
 # 0.5: these four prompts have fewer close calls above it that a runner-up draft can reach).
-RELAXING = {"theta": 0.3, "margin": "prob_ratio"}
+RELAXING = {"rule": "mars", "theta": 0.3, "margin": "prob_ratio"}
 # The head proposes a runner-up only where the plain run's p2/p1 clears the threshold by this much, so
 # that the verification's logits (another batch shape, another rounding) make the same close call.
 DESIGN_MARGIN = 0.1
@@ -243,7 +243,7 @@ def runs(
 
     configs = {
         "shipped": spec(load_plugin=False),
-        "theta=1.0": spec(marspec={"theta": 1.0}),
+        "theta=1.0": spec(marspec={"rule": "mars", "theta": 1.0}),
         "relaxing": spec(marspec=RELAXING),
     }
     for name, config in configs.items():

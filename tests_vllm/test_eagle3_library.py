@@ -33,7 +33,7 @@ def both(target_dir: str, draft_dir: str | None, tmp_path_factory: pytest.TempPa
     assert designed, "no close call on these prompts that a runner-up draft could reach"
     head = tmp_path_factory.mktemp("eagle3-library") / "head"
     write_eagle3_head(target, head, proposals)
-    settings = {"strict": {"theta": 1.0, "margin": "prob_ratio"}, "relaxing": RELAXING}
+    settings = {"strict": {"rule": "mars", "theta": 1.0, "margin": "prob_ratio"}, "relaxing": RELAXING}
     results: dict[str, tuple[BatchResult, list[list[int]], int]] = {}
     decoder = Decoder(target, str(head), dtype="fp32", device="cpu", draft_confidence=0.0, lookup=False)
     for name, rule in settings.items():

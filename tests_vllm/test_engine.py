@@ -62,9 +62,9 @@ class EngineRuns(dict[str, EngineRun]):
 CONFIGS: dict[str, tuple[dict[str, object] | None, list[list[Request]]]] = {
     "shipped": (None, [GREEDY]),  # the plugin not even loaded
     "inert": (None, [GREEDY]),
-    "theta=1.0": ({"theta": 1.0}, [GREEDY, MIXED]),
+    "theta=1.0": ({"rule": "mars", "theta": 1.0}, [GREEDY, MIXED]),
     "theta=0.9": (
-        {"theta": 0.9, "margin": "logit_ratio"},
+        {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"},
         [GREEDY, MIXED, PER_REQUEST, *([r] for r in PER_REQUEST)],
     ),
     "fly-no-relax": ({"rule": "fly", "theta": 2.0}, [GREEDY]),

@@ -143,7 +143,7 @@ def test_serve_takes_per_request_rules_and_exports_the_counters(server: str) -> 
     status, strict = complete(server, REPEATING[1], {"marspec": json.dumps({"rule": "strict"})})
     assert status == 200, strict
 
-    status, refused = complete(server, REPEATING[0], {"marspec": json.dumps({"theta": 1.5})})
+    status, refused = complete(server, REPEATING[0], {"marspec": json.dumps({"rule": "mars", "theta": 1.5})})
     assert status == 400, refused
     message = refused["error"]["message"]
     assert "theta=1.5" in message and 'extra_args["marspec"]' in message and "\n" not in message

@@ -206,8 +206,10 @@ def compare(
     common = {"memory_share": memory_share, "kv_cache_gib": kv_cache_gib, "eager": eager}
     configs = {
         "vLLM, no plugin": EngineSpec(model, draft, k, load_plugin=False, **common),
-        "marspec theta=1.0": EngineSpec(model, draft, k, {"theta": 1.0}, **common),
-        "marspec theta=0.9": EngineSpec(model, draft, k, {"theta": 0.9, "margin": "logit_ratio"}, **common),
+        "marspec theta=1.0": EngineSpec(model, draft, k, {"rule": "mars", "theta": 1.0}, **common),
+        "marspec theta=0.9": EngineSpec(
+            model, draft, k, {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}, **common
+        ),
     }
     runs = {name: run_engine(spec, [batch]).batches[0] for name, spec in configs.items()}
     base = runs["vLLM, no plugin"].tokens
