@@ -166,7 +166,8 @@ class Eagle3Drafter:
         So the target's verification forward costs what the static tree's does, and the nodes go where
         the head expects acceptance. ``min_confidence`` does not apply: the budget bounds the tree.
 
-        One host read per depth (the candidates' scores), as the confidence stop reads once per token.
+        Each depth reads its candidates' scores and tokens to the host (the choice of the next frontier is
+        made there), as the confidence stop reads once per drafted token.
         """
         caught_up = self._catch_up(context)
         if caught_up is None:
