@@ -215,6 +215,17 @@ def test_a_head_tree_step_isolates_siblings(eagle):
             torch.testing.assert_close(child[0], path_child[0])
 
 
+def test_a_head_drafts_in_the_dtype_of_a_target_passed_in_loaded(target_dir, head_dir):
+    """A bf16 target passed in loaded keeps its dtype whatever ``dtype`` says; the head follows it (its
+    hidden states come in bf16), rather than failing inside torch on mixed dtypes."""
+    target = Decoder(str(target_dir), None, device="cpu", dtype="bf16").target
+    eagle = Decoder(target, str(head_dir), draft_confidence=0.0)
+    assert eagle.drafter.draft_model.head.fc.weight.dtype == torch.bfloat16
+    for tree in (None, "3,2"):
+        result = eagle.generate(PROMPTS[0], **options(rule="strict", k=3, tree=tree))
+        assert len(result.token_ids) == NEW
+
+
 def test_mars_at_theta_one_equals_strict_with_the_head(eagle, plain_runs):
     for prompt, (tokens, _) in zip(PROMPTS, plain_runs, strict=True):
         result = eagle.generate(prompt, **options(rule="mars", theta=1.0, margin="prob_ratio", k=3))
