@@ -244,26 +244,12 @@ class Decoder:
         torch_dtype = parse_dtype(dtype)
         self.target_quant = _check_target_quant(target_quant, target, torch_dtype, self.device)
         quantized_target = self.target_quant != "none"
-        if quantized_target and self.fixed_shape:
-            # The quantised targets score rows one by one (backends/row_attention.py); the fixed-shape
-            # backend's attention has not been checked against that.
-            raise MarspecError(
-                f"target_quant={self.target_quant!r} runs on the eager path only for now: use graphs='off'"
-            )
         # An EAGLE-3 head is checked against the target's config, and a draft model's tokenizer against
         # the target's, before any weights load.
         head = find_head(draft) if isinstance(draft, str) else None
         head_layers = check_fits(head, _target_shape(target)) if head is not None else ()
         if head is None and draft is not None and draft not in ("none", "ngram"):
             check_same_tokenizer(target, draft)
-        if head is not None and self.fixed_shape:
-            # The head reads hidden states that the eager backend keeps by position; the fixed-shape
-            # backend does not keep them yet.
-            if graphs == "on":
-                raise MarspecError(
-                    "an EAGLE-3 head drafts on the eager path only for now: use graphs='off' (or 'auto')"
-                )
-            self.fixed_shape = self.captured = False
         self.target, self.chat_default = load_lm(
             target, torch_dtype, prepack and not quantized_target, self.device
         )
