@@ -4,6 +4,9 @@ Both paths run on the same loaded weights (the fixed-shape Decoder wraps the eag
 one process, interleaved prompt by prompt with the order alternating (eager first, then fixed first), so
 drift on a shared machine hits both alike. Per path: plain and strict tokens per second, and whether the
 two paths decoded the same tokens; the load average before and after says how shared the machine was.
+Besides tokens per second (wall clock), each run's CPU time per token: on a busy machine the wall clock
+measures the other jobs too, while with ``--threads 1`` the process's CPU time is close to the work.
+Ratios are fixed over eager in speed (above 1: the fixed-shape path is faster), per pair and median.
 
     python benchmarks/fixed_shape_cpu.py --threads 2 --json out.json
 
@@ -49,12 +52,15 @@ def main(argv: list[str] | None = None) -> dict:
     decoders = {"eager": eager, "fixed": fixed}
     lengths = {"plain": args.plain_tokens, "strict": args.strict_tokens}
     rates: dict[str, list[float]] = {f"{rule}/{path}": [] for rule in lengths for path in decoders}
+    # CPU seconds per token (this process's, all threads): on a shared machine the wall clock measures the
+    # other jobs as much as this one; with one thread the CPU time is close to the work itself.
+    cpu: dict[str, list[float]] = {name: [] for name in rates}
     same = True
     load_before = os.getloadavg()
-    for prompt in PROMPTS:  # warm-up
-        for decoder in decoders.values():
-            decoder.generate(prompt, rule="strict", max_new_tokens=8)
+    for decoder in decoders.values():  # warm-up
+        decoder.generate(PROMPTS[0], rule="strict", max_new_tokens=4)
     ratios: dict[str, list[float]] = {rule: [] for rule in lengths}
+    cpu_ratios: dict[str, list[float]] = {rule: [] for rule in lengths}
 
     def report() -> dict:
         summary = {name: statistics.median(values) for name, values in rates.items() if values}
@@ -70,6 +76,9 @@ def main(argv: list[str] | None = None) -> dict:
             "fixed_over_eager": {r: summary[f"{r}/fixed"] / summary[f"{r}/eager"] for r in done},
             "paired_fixed_over_eager": ratios,
             "paired_median": {r: statistics.median(ratios[r]) for r in done},
+            "cpu_s_per_token": cpu,
+            "paired_cpu_fixed_over_eager": cpu_ratios,
+            "paired_cpu_median": {r: statistics.median(cpu_ratios[r]) for r in done},
             "same_tokens": same,
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
@@ -88,13 +97,17 @@ def main(argv: list[str] | None = None) -> dict:
                     break
                 outs = {}
                 for path in order:
+                    cpu_start = time.process_time()
                     result = decoders[path].generate(
                         prompt, rule=rule, max_new_tokens=tokens, reuse_prefix=False
                     )
+                    cpu[f"{rule}/{path}"].append((time.process_time() - cpu_start) / len(result.token_ids))
                     rates[f"{rule}/{path}"].append(result.stats.tokens_per_s)
                     outs[path] = result.token_ids
                 same = same and outs["eager"] == outs["fixed"]
                 ratios[rule].append(rates[f"{rule}/fixed"][-1] / rates[f"{rule}/eager"][-1])
+                # Work per token: eager's over fixed's, so that above 1 means fixed is cheaper, as for rates.
+                cpu_ratios[rule].append(cpu[f"{rule}/eager"][-1] / cpu[f"{rule}/fixed"][-1])
                 report()
     final = report()
     print(json.dumps(final, indent=2))
