@@ -141,6 +141,8 @@ BAD_SETTINGS = [
     {"rule": "mars", "theta": -1.0, "margin": "logit_gap"},
     {"rule": "topk", "theta": 2.5},
     {"rule": "pthresh", "theta": 1.5},
+    {"rule": "ensemble", "theta": 0.0},
+    {"rule": "ensemble", "theta": 1.5},
 ]
 
 
