@@ -208,6 +208,16 @@ def test_fly_and_rivals_verify_the_heads_drafts_at_their_no_relax_settings(eagle
         assert result.token_ids == tokens, rule
 
 
+def test_the_ensemble_reads_the_heads_distribution(target_dir, runner_up_head_dir, plain_runs):
+    """Greedy, the head hands the ensemble its temperature-1 distribution: at weight 1 it is strict; at a
+    small weight the mixture leans on the head's runner-up drafts and accepts some."""
+    decoder = Decoder(str(target_dir), str(runner_up_head_dir), device="cpu", draft_confidence=0.0)
+    tokens = plain_runs[0][0]
+    assert decoder.generate(PROMPTS[0], **options(rule="ensemble", theta=1.0, k=1)).token_ids == tokens
+    mixed = decoder.generate(PROMPTS[0], **options(rule="ensemble", theta=0.05, k=1))
+    assert mixed.relaxed_positions, "the ensemble relaxed none of the head's runner-up drafts"
+
+
 def test_sampling_with_the_head_is_lossless(tmp_path):
     """Strict speculative sampling with the head's drafts reproduces the target's joint distribution of
     three tokens (test_sampling_lossless.py's chi-square check, its 4-token target): the head samples
