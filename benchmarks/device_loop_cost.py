@@ -38,10 +38,10 @@ of its confidence stop), and ``prediction`` gives the speed-up over plain that t
 measured on a CPU (HumanEval, strict, docs/results.md "Speed"), predicts from each path's costs: a step
 scores k + 1 tokens after about tau draft forwards and yields tau tokens, where plain pays a 1-token
 forward per token. The JSON file is written after each part, so a run cut short keeps what it measured.
-The lent-GPU command (one command, a few minutes on an H200):
+On a lent GPU it runs as the second part of benchmarks/gpu_check.py (the one command, with the
+self-test); alone:
 
-    python benchmarks/device_loop_cost.py --device cuda --dtype bf16 \
-        --tokenizer ~/.cache/marspec/models/qwen2.5-coder-1.5b-instruct --json out.json
+    python benchmarks/device_loop_cost.py --device cuda --dtype bf16 --json out.json
 
 ``--small`` builds tiny models of the same shape family (and uses a byte-level tokenizer built in memory
 unless ``--tokenizer`` is given), to check the script end to end without a GPU.
@@ -94,6 +94,9 @@ DRAFT_SIZES = (1, 2)
 # The default pair's strict tau on HumanEval, measured on a CPU (docs/results.md, "Speed": 512 tokens,
 # k = 12, 30 questions): the prediction's tokens per step, and about its draft forwards per step.
 CPU_TAU = 10.75
+# PROMPT's length in Qwen2.5's tokenizer: without --tokenizer the prompt is cut to it, so the forward
+# costs are taken at the context the runs with that tokenizer had (92 positions at 128 new tokens).
+QWEN_PROMPT_TOKENS = 28
 # The decisive target's logits: standard deviation 16, so its top choice has most of the probability.
 LOGIT_STD = 16.0
 PROMPT = (
@@ -289,7 +292,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda, cpu, cuda:N or mps (default cuda)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--tokenizer", help="a folder with the Qwen tokenizer (required without --small)")
+    parser.add_argument(
+        "--tokenizer", help="a Qwen2.5 tokenizer folder for the prompt (default: a byte-level one built here)"
+    )
     parser.add_argument("--small", action="store_true", help="tiny models, to check the script on a CPU")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens per decode (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="decodes per case, interleaved (default 3)")
@@ -310,8 +315,6 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--json", type=Path, default=Path("device_loop_cost.json"), help="where to write")
     args = parser.parse_args(argv)
-    if not args.small and args.tokenizer is None:
-        parser.error("full-size models need --tokenizer DIR (a Qwen2.5 tokenizer folder), or use --small")
     begun = time.perf_counter()
     shapes = SMALL if args.small else FULL
     tokenizer = load_tokenizer(args.tokenizer)
@@ -374,6 +377,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["build_load_s"] = time.perf_counter() - begun
 
     ids = tokenizer(PROMPT)["input_ids"]
+    if args.tokenizer is None and not args.small:
+        ids = ids[:QWEN_PROMPT_TOKENS]  # the byte-level tokenizer's ids, as many as Qwen's: the same context
     prompt_ids = torch.tensor(ids, dtype=torch.long, device=device)
     context = len(ids) + args.new_tokens // 2
     report["prompt_tokens"] = len(ids)

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 
-def _script():
-    path = Path(__file__).parents[1] / "benchmarks" / "device_loop_cost.py"
-    spec = importlib.util.spec_from_file_location("device_loop_cost", path)
+def _script(name: str = "device_loop_cost"):
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,3 +43,15 @@ def test_small_run_end_to_end(tmp_path):
         assert case.get("same_tokens_as_plain", True), name
         assert case.get("same_tokens_as_eager", True), name
         assert case["new_tokens"] == (12 if "copy" in name or "plain" in name else 6)
+
+
+def test_the_gpu_command_runs_each_part_under_its_limit_and_keeps_what_finished(tmp_path):
+    """benchmarks/gpu_check.py, the one command a lent GPU runs, at tiny sizes on the CPU: a part cut by
+    its limit is recorded as such and the next part still runs and writes its JSON (the self-test part
+    runs whole in tests/test_selftest.py; here it is cut at once to keep this short)."""
+    args = ["--device", "cpu", "--small", "--out", str(tmp_path), "--selftest-limit", "0.1"]
+    assert _script("gpu_check").main(args) == 1
+    summary = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert summary["parts"]["selftest"]["timed_out"]
+    assert summary["parts"]["device_loop_cost"]["rc"] == 0
+    assert json.loads((tmp_path / "device-loop-cost-cpu.json").read_text())["parts_done"][-1] == "done"

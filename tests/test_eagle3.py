@@ -275,6 +275,16 @@ def test_fly_and_rivals_verify_the_heads_drafts_at_their_no_relax_settings(eagle
         assert result.token_ids == tokens, rule
 
 
+def test_the_ensemble_reads_the_heads_distribution(target_dir, runner_up_head_dir, plain_runs):
+    """Greedy, the head hands the ensemble its temperature-1 distribution: at weight 1 it is strict; at a
+    small weight the mixture leans on the head's runner-up drafts and accepts some."""
+    decoder = Decoder(str(target_dir), str(runner_up_head_dir), device="cpu", draft_confidence=0.0)
+    tokens = plain_runs[0][0]
+    assert decoder.generate(PROMPTS[0], **options(rule="ensemble", theta=1.0, k=1)).token_ids == tokens
+    mixed = decoder.generate(PROMPTS[0], **options(rule="ensemble", theta=0.05, k=1))
+    assert mixed.relaxed_positions, "the ensemble relaxed none of the head's runner-up drafts"
+
+
 def test_sampling_with_the_head_is_lossless(tmp_path):
     """Strict speculative sampling with the head's drafts reproduces the target's joint distribution of
     three tokens (test_sampling_lossless.py's chi-square check, its 4-token target): the head samples
@@ -389,17 +399,12 @@ def test_misfit_heads_are_refused_in_one_line_before_any_weights_load(target_dir
         assert "EAGLE-3 head" in message, kind
 
 
-def test_a_head_refuses_the_fixed_shape_path_before_loading_and_auto_stays_eager(
-    target_dir, head_dir, monkeypatch
-):
-    def no_loading(*args, **kwargs):
-        raise AssertionError("weights were loaded before graphs was checked against the head")
+def test_a_head_takes_the_fixed_shape_path_with_on_and_auto_stays_eager_on_a_cpu(target_dir, head_dir):
+    """tests/test_fixed.py checks what the head drafts there."""
+    from marspec.backends.fixed import FixedShapeLM
 
-    with monkeypatch.context() as patched:
-        patched.setattr(marspec.api, "load_lm", no_loading)
-        with pytest.raises(MarspecError, match="graphs='off'") as caught:
-            Decoder(str(target_dir), str(head_dir), device="cpu", graphs="on")
-        assert "\n" not in str(caught.value)
+    decoder = Decoder(str(target_dir), str(head_dir), device="cpu", graphs="on")
+    assert isinstance(decoder.target, FixedShapeLM) and decoder.drafter.target is decoder.target
     decoder = Decoder(str(target_dir), str(head_dir), device="cpu", graphs="auto")
     assert not decoder.fixed_shape
 

@@ -5,16 +5,21 @@ stays lossless, and the forwards a GPU captures never read the host."""
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_lm
+from eagle3_heads import bigram_proposals, last_layer_ids, write_head
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from marspec.api import Decoder
 from marspec.backends.fixed import QUERY_SIZES, FixedShapeLM, fixed_shape_lm, graphs_plan
 from marspec.backends.hf import HFCausalLM
+from marspec.backends.int4 import int4_available
 from marspec.backends.prepack import prepack_available, prepack_linears
+from marspec.backends.quantize import quantize_target, rowwise_int8_available
 from marspec.drafters.model import ModelDrafter
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
@@ -193,19 +198,25 @@ def test_speculative_sampling_stays_lossless_on_the_fixed_path():
     assert stat < CHI2_999_15
 
 
+# Moves to the host: on this CPU every tensor is on the host already, so a move is told from a no-op only
+# for what is computed from the stand-in inputs (a tensor on the device on a GPU).
+_MOVES = ("cpu", "to", "copy_")
+
+
 @contextlib.contextmanager
 def _captured_regions_counted(*lms: FixedShapeLM):
-    """Run every forward a GPU captures with stand-ins for device inputs, counting the host reads of
-    anything computed from them (a CUDA graph cannot hold one)."""
+    """Run every forward a GPU captures with stand-ins for device inputs, counting host reads (a CUDA
+    graph cannot hold one): reads of any tensor's values (weights, caches and buffers included) and
+    copies to the host of anything computed from the inputs."""
     counts: list[int] = []
     originals = [lm._forward_on_device for lm in lms]
 
     def counted(original):
         def run(**inputs):
             stand_ins = {name: value.as_subclass(_StandIn) for name, value in inputs.items()}
-            with HostReads(lambda t: isinstance(t, _StandIn)) as reads:
+            with HostReads(lambda t: isinstance(t, _StandIn)) as moves, HostReads(lambda t: True) as values:
                 out = original(**stand_ins)
-            counts.append(len(reads.reads))
+            counts.append(len(moves.reads) + sum(name not in _MOVES for name in values.reads))
             return out.as_subclass(torch.Tensor)
 
         return run
@@ -262,3 +273,145 @@ def test_transformers_sdpa_path_reads_nothing_inside_the_captured_forwards():
         fixed.forward(torch.arange(1, 4), last_only=True)
         fixed.forward_tree(build_tree(draft, (3, 2)), torch.tensor([2]))
     assert inside == [0, 0, 0, 0, 0]
+
+
+# -- an EAGLE-3 head's feature layers on the fixed path -----------------------------------------------
+
+HEAD_LAYERS = 4  # the tiny target of these tests, deep enough for three distinct feature layers
+
+
+@pytest.fixture(scope="module")
+def head_folders(tmp_path_factory) -> tuple[Path, Path]:
+    """A 4-layer tiny target and a published-format head proposing what its plain decoding takes
+    (tests/eagle3_heads.py says how the head drafts)."""
+    tmp = tmp_path_factory.mktemp("fixed-head")
+    target_dir = save_tiny_model(tmp / "target", tiny_model(seed=0, layers=HEAD_LAYERS))
+    plain = Decoder(str(target_dir), None, device="cpu", graphs="off")
+    runs = [_tokens(plain, prompt, rule="plain") for prompt in PROMPTS]
+    config = json.loads((target_dir / "config.json").read_text())
+    proposals = bigram_proposals(runs, runs)
+    layers = last_layer_ids(HEAD_LAYERS)
+    return target_dir, write_head(tmp / "head", config, target_dir, proposals, layers=layers)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_a_head_drafts_on_the_fixed_path_what_it_drafts_on_the_eager_path(head_folders, prompt):
+    """The fixed-shape target writes the head's feature layers at the slots it scores (padded rows
+    included, never read), so the head drafts as on the eager path: the same tokens and the same drafts
+    step by step, and strict equals plain there."""
+    target_dir, head_dir = head_folders
+    decoders = {
+        graphs: Decoder(str(target_dir), str(head_dir), device="cpu", graphs=graphs, draft_confidence=0.0)
+        for graphs in ("off", "on")
+    }
+    assert isinstance(decoders["on"].target, FixedShapeLM) and type(decoders["off"].target) is HFCausalLM
+    runs = {}
+    for graphs, decoder in decoders.items():
+        for name, options in SETTINGS.items():
+            result = decoder.generate(prompt, k=4, max_new_tokens=40, chat=False, **options)
+            runs[graphs, name] = (result.token_ids, [s.drafted for s in result.stats.steps])
+    for name in SETTINGS:
+        assert runs["on", name] == runs["off", name], name
+    for name in ("strict", "strict_tree", "mars1", "mars1_tree"):
+        assert runs["on", name][0] == runs["on", "plain"][0], name
+    assert sum(runs["on", "strict"][1]) > 0
+
+
+def test_the_fixed_path_keeps_the_hidden_states_the_eager_path_keeps():
+    """Chains, a padded last-row prefill, a token tree whose kept path moves a sibling into place, and
+    the buffers doubling past 256 positions: the kept rows match the eager backend's."""
+    eager = tiny_lm(6, layers=3)
+    fixed = FixedShapeLM(eager.model, None, "fixed")
+    layers = (0, 2, 3)
+    prompt = torch.randint(97, (240,), generator=torch.Generator().manual_seed(6))
+    draft = Draft(tokens=torch.tensor([3, 4, 5]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12]]))
+    for lm in (eager, fixed):
+        lm.capture_hidden_states(layers)
+        lm.forward(prompt, last_only=True)
+        lm.forward(torch.tensor([1, 2, 3]))  # padded to 4
+        lm.forward_tree(build_tree(draft, (3, 2)), torch.tensor([2]))
+        lm.keep_path(243, (1, 5))  # a sibling moves into the chain
+        lm.forward(torch.arange(1, 14))  # 246 + 16 padded rows: the buffers double
+    assert fixed._capacity == 512 and eager.cached_len == fixed.cached_len == 259
+    close = {"rtol": 0, "atol": 1e-4}
+    torch.testing.assert_close(
+        fixed.hidden_states(0, 259, layers), eager.hidden_states(0, 259, layers), **close
+    )
+    torch.testing.assert_close(
+        fixed.hidden_states(240, 246, (3,)), eager.hidden_states(240, 246, (3,)), **close
+    )
+
+
+def test_kept_hidden_states_add_no_host_read_inside_the_captured_forwards(head_folders):
+    target_dir, head_dir = head_folders
+    decoder = Decoder(str(target_dir), str(head_dir), device="cpu", graphs="on", draft_confidence=0.0)
+    with _captured_regions_counted(decoder.target) as inside:
+        decoder.generate(PROMPTS[0], rule="strict", k=4, max_new_tokens=12, chat=False)
+        decoder.generate(PROMPTS[1], rule="strict", tree="3,2", k=4, max_new_tokens=12, chat=False)
+    assert inside and set(inside) == {0}
+
+
+# -- quantised targets on the fixed path ----------------------------------------------------------------
+
+QUANTS = [
+    pytest.param("int8", marks=pytest.mark.skipif(not rowwise_int8_available(), reason="no oneDNN int8")),
+    pytest.param("int4", marks=pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernels")),
+]
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_a_quantised_targets_padded_rows_are_scored_as_one_token_forwards_bit_for_bit(quant, prompt):
+    """Row-exact linears and row-by-row attention: a padded chain's rows and a padded tree's nodes give
+    what plain decoding's one-token forwards give on the same path, so strict equals plain there."""
+    fixed = FixedShapeLM(quantize_target(tiny_lm(0, layers=3).model, quant), None, "fixed")
+    fixed.forward(prompt[:3])
+    together = fixed.forward(prompt[3:])  # 5 rows, padded to 8
+    fixed.rollback(3)
+    one_by_one = torch.cat([fixed.forward(prompt[i : i + 1]) for i in range(3, len(prompt))])
+    assert torch.equal(together, one_by_one)
+    draft = Draft(tokens=torch.tensor([3, 4, 5]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12]]))
+    tree = build_tree(draft, (2, 2))  # the chain 3, 4, 5 and siblings 7 (of 3) and 9 (of 4): padded to 8
+    base = fixed.cached_len
+    rows = fixed.forward_tree(tree, torch.tensor([2]))
+    for node, path in {0: [], 1: [3], 3: [3, 4, 5], 4: [7], 5: [3, 9]}.items():
+        fixed.rollback(base)
+        for token in [2, *path]:
+            one_token = fixed.forward(torch.tensor([token]))[-1]
+        assert torch.equal(rows[node], one_token), node
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_a_quantised_target_on_the_fixed_path_gives_its_eager_tokens(folders, quant):
+    decoders = {graphs: _decoder(folders, graphs, target_quant=quant) for graphs in ("off", "on")}
+    assert isinstance(decoders["on"].target, FixedShapeLM)
+    names = ("plain", "strict", "strict_tree", "mars1")
+    runs = {
+        (graphs, name): _tokens(decoder, PROMPTS[0], **SETTINGS[name])
+        for graphs, decoder in decoders.items()
+        for name in names
+    }
+    for graphs in ("off", "on"):
+        for name in names:
+            assert runs[graphs, name] == runs[graphs, "plain"], (graphs, name)
+    assert runs["on", "plain"] == runs["off", "plain"]
+
+
+def test_a_llama_model_takes_the_fixed_path():
+    """Llama's forward takes one 4D mask (no per-layer-type mapping, as Qwen2's does)."""
+    torch.manual_seed(7)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
+    eager = HFCausalLM(LlamaForCausalLM(config).eval(), None, "tiny-llama")
+    fixed = FixedShapeLM(eager.model, None, "tiny-llama")
+    prompt = torch.arange(3, 23)
+    for lm in (eager, fixed):
+        lm.forward(prompt)
+    tokens = torch.tensor([5, 6, 7])
+    torch.testing.assert_close(fixed.forward(tokens), eager.forward(tokens), rtol=0, atol=1e-4)

@@ -159,6 +159,34 @@ def test_the_class_guard_relaxes_only_tokens_of_its_classes(decoder, runs):
     assert relaxed > 0  # otherwise this proves nothing
 
 
+# Round three (issue 56): block verification and the ensemble at weight 1 are strict when greedy; the
+# thinking guard, with markers given (no local model is a reasoning model: Qwen2.5 has no <think>),
+# relaxes inside a span only. One prompt, few tokens: CI is tight.
+SHORT = 24
+SPAN = ("<tool_call>", "</tool_call>")  # single tokens of Qwen2.5's vocabulary, standing in for <think>
+
+
+def test_block_and_ensemble_weight_one_are_strict_and_the_thinking_guard_follows_its_span(decoder, runs):
+    prompt = PROMPTS[0]
+
+    def run(text: str, **settings):
+        return decoder.generate(text, k=5, max_new_tokens=SHORT, **settings)
+
+    plain = runs[prompt, "plain"].token_ids[:SHORT]  # greedy: the first SHORT tokens of the longer decode
+    assert run(prompt, rule="block").token_ids == plain
+    ensemble = run(prompt, rule="ensemble", theta=1.0)
+    assert ensemble.token_ids == plain and ensemble.stats.accepted_relaxed == 0
+    guarded = {**PAPER, "guard": "thinking", "thinking": SPAN}
+    outside = run(prompt, **guarded)  # no marker in the prompt: no span, so strict
+    assert outside.token_ids == plain and outside.stats.accepted_relaxed == 0
+    opened = f"{prompt} {SPAN[0]}"  # the span opens in the prompt and the answer never closes it
+    free = run(opened, **PAPER)
+    end = decoder.tokenizer.convert_tokens_to_ids(SPAN[1])
+    assert free.stats.accepted_relaxed > 0 and end not in free.token_ids  # relaxed, and the span stays open
+    inside = run(opened, **guarded)
+    assert inside.token_ids == free.token_ids and inside.relaxed_positions == free.relaxed_positions
+
+
 @pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
 def test_tree_drafting_with_strict_and_mars_theta_one_reproduces_plain(runs, prompt):
     plain = runs[prompt, "plain"]

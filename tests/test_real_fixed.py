@@ -1,13 +1,20 @@
 """The fixed-shape path (``graphs="on"``) on the REAL Qwen2.5-Coder pair in fp32: strict equals plain and
-MARS at theta 1 equals strict, chains and trees, greedy. One prompt, 32 tokens: about a minute of CPU."""
+MARS at theta 1 equals strict, chains and trees, greedy; with an EAGLE-3 head drafting from the fixed-shape
+target's kept hidden states; and with the int8 and int4 targets (each its own model: strict equals its own
+plain decoding). One prompt, few tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from eagle3_heads import bigram_proposals, write_head
 
 from marspec import Decoder
 from marspec.backends.fixed import FixedShapeLM
-from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.backends.int4 import int4_available
+from marspec.backends.quantize import rowwise_int8_available
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 
 pytestmark = pytest.mark.real
 
@@ -19,12 +26,36 @@ SETTINGS = {
     "strict_tree": {"rule": "strict", "tree": "2,2"},
     "mars1_tree": {"rule": "mars", "theta": 1.0, "tree": "2,2"},
 }
+QUANTS = [
+    pytest.param("int8", marks=pytest.mark.skipif(not rowwise_int8_available(), reason="no oneDNN int8")),
+    pytest.param("int4", marks=pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernels")),
+]
+
+
+# First in the file, so each quantised target is loaded and freed before the fp32 pair below is loaded.
+@pytest.mark.parametrize("quant", QUANTS)
+def test_a_quantised_target_on_the_fixed_path_keeps_strict_equal_to_its_plain_decoding(quant):
+    draft_quant = "int4" if quant == "int4" else "int8"
+    decoder = Decoder(
+        DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant=quant, draft_quant=draft_quant, graphs="on"
+    )
+    assert isinstance(decoder.target, FixedShapeLM)
+    plain = decoder.generate(PROMPT, rule="plain", max_new_tokens=16).token_ids
+    for name in ("strict", "mars1"):
+        run = decoder.generate(PROMPT, k=5, max_new_tokens=16, **SETTINGS[name])
+        assert run.token_ids == plain, name
+        assert run.stats.accepted_exact > 0
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, list[int]]:
+def decoder() -> Decoder:
     decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", graphs="on")
     assert isinstance(decoder.target, FixedShapeLM) and isinstance(decoder.drafter.draft_model, FixedShapeLM)
+    return decoder
+
+
+@pytest.fixture(scope="module")
+def runs(decoder) -> dict[str, list[int]]:
     return {
         name: decoder.generate(PROMPT, k=5, max_new_tokens=32, **options).token_ids
         for name, options in SETTINGS.items()
@@ -39,3 +70,20 @@ def test_strict_equals_plain_on_the_fixed_path(runs, name):
 @pytest.mark.parametrize(("name", "reference"), [("mars1", "strict"), ("mars1_tree", "strict_tree")])
 def test_mars_at_theta_one_equals_strict_on_the_fixed_path(runs, name, reference):
     assert runs[name] == runs[reference]
+
+
+def test_an_eagle3_head_on_the_fixed_path_keeps_strict_equal_to_plain(decoder, runs, tmp_path):
+    """A head (tests/eagle3_heads.py) proposing what plain decoding took, drafting from the hidden states
+    the fixed-shape target writes at its slots: strict equals plain with drafts accepted, MARS at theta 1
+    equals strict."""
+    folder = resolve_model_dir(DEFAULT_TARGET)
+    config = json.loads((folder / "config.json").read_text())
+    plain = runs["plain"]
+    layers = [2, config["num_hidden_layers"] // 2, config["num_hidden_layers"]]
+    head = write_head(tmp_path / "head", config, folder, bigram_proposals([plain], [plain]), layers=layers)
+    with_head = Decoder(decoder.target, str(head), graphs="on", draft_confidence=0.0)
+    assert with_head.target is decoder.target  # already on the fixed path: the same model, not a copy
+    strict = with_head.generate(PROMPT, rule="strict", k=4, max_new_tokens=32)
+    assert strict.token_ids == plain and strict.stats.accepted_exact > 0
+    mars1 = with_head.generate(PROMPT, rule="mars", theta=1.0, k=4, max_new_tokens=32)
+    assert mars1.token_ids == plain and not mars1.relaxed_positions

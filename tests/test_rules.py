@@ -61,10 +61,12 @@ def test_names_are_strings_to_every_caller() -> None:
 
 def test_the_name_lists_come_from_the_enums() -> None:
     assert "plain" not in RULES and {*RULES, "plain"} == set(RuleName)  # plain verifies nothing
-    assert set(RIVALS) < set(RULES) and set(LOSSLESS_RULES) == {"plain", "strict"}
-    assert [n for n in RuleName if n.lossless] == ["plain", "strict"]
+    assert set(RIVALS) < set(RULES) and set(LOSSLESS_RULES) == {"plain", "strict", "block"}
+    assert [n for n in RuleName if n.lossless] == ["plain", "strict", "block"]
     assert [m for m in Margin if m.is_ratio] == ["logit_ratio", "prob_ratio"]
-    assert GUARDED_RULES[Guard.NEXT] == ("mars",) and set(GUARDED_RULES[Guard.CLASS]) == {"mars", *RIVALS}
+    assert GUARDED_RULES[Guard.NEXT] == ("mars",)
+    assert set(GUARDED_RULES[Guard.CLASS]) == {"mars", *RIVALS} - {"ensemble"}
+    assert set(GUARDED_RULES[Guard.THINKING]) == {"mars", *RIVALS}
 
 
 @pytest.mark.parametrize(
@@ -139,6 +141,8 @@ BAD_SETTINGS = [
     {"rule": "mars", "theta": -1.0, "margin": "logit_gap"},
     {"rule": "topk", "theta": 2.5},
     {"rule": "pthresh", "theta": 1.5},
+    {"rule": "ensemble", "theta": 0.0},
+    {"rule": "ensemble", "theta": 1.5},
 ]
 
 
@@ -266,7 +270,8 @@ def test_thetas_meaning_is_stated_once_and_the_docs_show_it() -> None:
 
     docs = (Path(SRC).parent / "docs" / "rules.md").read_text()
     assert theta_table() in docs
-    assert {m.unit for m in THETA_MEANINGS.values()} == {"ratio", "logits", "probability", "rank", "nats"}
+    units = {"ratio", "logits", "probability", "rank", "nats", "weight"}
+    assert {m.unit for m in THETA_MEANINGS.values()} == units
     for (name, margin), meaning in THETA_MEANINGS.items():  # the table's "never relaxes" is Rule's
         never = {"theta = 1": 1.0, "theta = 0": 0.0, "theta > ln 3 = 1.0986": 1.1}[meaning.never]
         window = 6 if name == "fly" else None

@@ -1,6 +1,7 @@
 """Speculative sampling through the whole loop is lossless: drafter, verifier and cache discipline together.
 
-tests/test_verify.py checks ``verify_sampling`` on made-up draft distributions. Here real (tiny, random)
+tests/test_verify.py checks ``verify_sampling`` on made-up draft distributions (tests/test_block.py
+block verification's). Here real (tiny, random)
 models go through ``decode()``: the draft model samples its tokens and hands the verifier the
 distribution it sampled from. If that hand-over were wrong (for example q recorded at temperature 1
 while sampling at another), strict speculative sampling would no longer reproduce the target's
@@ -103,16 +104,22 @@ class TemperatureOneDrafter(ModelDrafter):
         return type(draft)(tokens=draft.tokens, probs=wrong, alternatives=draft.alternatives)
 
 
-def test_strict_speculative_sampling_through_decode_matches_the_target(target, draft):
+# Strict speculative sampling and block verification (Sun et al. 2024), both lossless.
+LOSSLESS = pytest.mark.parametrize("rule", ["strict", "block"])
+
+
+@LOSSLESS
+def test_lossless_speculative_sampling_through_decode_matches_the_target(target, draft, rule):
     joint = target_joint(target)
     assert float(joint.min()) * TRIALS > 2  # every cell is expected to be seen
-    counts = sampled_counts(target, ModelDrafter(draft, VOCAB), Rule(name="strict"), TRIALS)
+    counts = sampled_counts(target, ModelDrafter(draft, VOCAB), Rule(name=rule), TRIALS)
     assert chi2(counts, joint) < CHI2_999_63
 
 
-def test_the_chi_square_test_catches_a_drafter_that_misreports_q(target, draft):
+@LOSSLESS
+def test_the_chi_square_test_catches_a_drafter_that_misreports_q(target, draft, rule):
     joint = target_joint(target)
-    counts = sampled_counts(target, TemperatureOneDrafter(draft, VOCAB), Rule(name="strict"), TRIALS)
+    counts = sampled_counts(target, TemperatureOneDrafter(draft, VOCAB), Rule(name=rule), TRIALS)
     assert chi2(counts, joint) > CHI2_999_63
 
 

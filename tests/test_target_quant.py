@@ -129,7 +129,6 @@ def test_an_int8_target_needs_fp32():
         (SMALL, {"target_quant": "fp4"}, "unknown target_quant"),
         (SMALL, {"target_quant": "int8", "dtype": "bf16"}, "use dtype='fp32'"),
         ("loaded", {"target_quant": "int8"}, "loaded by name or path"),
-        (SMALL, {"target_quant": "int8", "graphs": "on"}, "eager path only for now: use graphs='off'"),
     ],
 )
 def test_a_target_that_cannot_be_quantised_is_refused_before_loading(target, options, needle):

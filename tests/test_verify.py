@@ -62,7 +62,7 @@ BONUS = [0.0, 1.0, 2.0, 9.0]
 
 def test_rule_defaults_and_names() -> None:
     assert Rule() == Rule("strict")  # unnamed is strict, as everywhere; a Rule fills nothing else in
-    assert RULES == ("strict", "mars", "typical", "pthresh", "topk", "fly")
+    assert RULES == ("strict", "mars", "typical", "pthresh", "topk", "fly", "block", "ensemble")
     assert MARGINS == ("logit_ratio", "prob_ratio", "logit_gap")
 
 

@@ -18,8 +18,9 @@ from marspec.defaults import MAX_K
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree, TreeDrafter
-from marspec.rules import Rule
+from marspec.rules import Rule, RuleName
 from marspec.stats import GenerationStats, StepRecord
+from marspec.thinking import ThinkingMarkers, ThinkingSpan
 from marspec.verify import (
     TreeVerification,
     Verification,
@@ -54,6 +55,9 @@ class DecodeConfig:
     # The "class" guard's table, bool[V]: the token ids it may relax (marspec.token_classes), built once
     # per tokenizer by the pair (marspec.settings.Pair); None for every other guard.
     relaxable: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # The "thinking" guard's span markers (marspec.thinking), read from the tokenizer or given per
+    # request; None for every other guard.
+    thinking: ThinkingMarkers | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
@@ -165,6 +169,10 @@ def _steps(
     but its last token (the "pending" one, which each step scores first)."""
     produced, draft_len = 0, config.k
     alternatives = max(config.tree) - 1 if config.tree else 0
+    # The ensemble reads the draft's distribution, which a greedy drafter otherwise does not return.
+    wants_q = {"distributions": True} if config.rule.name is RuleName.ENSEMBLE else {}
+    markers = config.thinking
+    thinking = markers is not None and markers.open_after(seq[:length].tolist())
     while produced < budget:
         # Propose. One token always comes from the target (correction or bonus): never draft past the
         # budget. Drafts go where they would be committed, so accepted ones need no copy later.
@@ -173,7 +181,7 @@ def _steps(
         if drafter is not None and k > 0 and config.tree and isinstance(drafter, TreeDrafter):
             draft, tree = drafter.propose_tree(seq[:length], k, config.tree)
         elif drafter is not None and k > 0:
-            draft = drafter.propose(seq[:length], k, config.temperature, generator, alternatives)
+            draft = drafter.propose(seq[:length], k, config.temperature, generator, alternatives, **wants_q)
             tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
         else:
             draft = Draft(tokens=seq.new_empty(0))
@@ -181,8 +189,10 @@ def _steps(
         if n_draft:
             seq[length : length + n_draft] = draft.tokens
         # Score and verify: one target forward, one host read (inside the verifier).
-        verdict = _score_and_verify(target, seq, length, draft, tree, config, generator)
+        span = None if markers is None else markers.span(draft.tokens, thinking)
+        verdict = _score_and_verify(target, seq, length, draft, tree, config, generator, span)
         tokens, judged, finished = _cut_at_eos(verdict, config.eos_token_ids)
+        thinking = markers is not None and markers.open_after(tokens, thinking)
         # Commit: accepted chain drafts are in place; the correction or bonus token, and a sibling a
         # tree's path ends in, are written from the verdict's host values (a scalar fill each).
         placed = verdict.chain_prefix if isinstance(verdict, TreeVerification) else verdict.n_accepted
@@ -214,6 +224,7 @@ def _score_and_verify(
     tree: DraftTree | None,
     config: DecodeConfig,
     generator: torch.Generator | None,
+    span: ThinkingSpan | None = None,
 ) -> Verification:
     """One target forward over ``[pending] + draft`` (a chain, or a tree's nodes) and the rule's verdict.
     Row i of the logits predicts the token after ``draft[i-1]``: row 0 verifies draft[0], the last row
@@ -224,9 +235,16 @@ def _score_and_verify(
     logits = target.forward(seq[length - 1 : length + len(draft)])  # [1 + k, V]
     if config.temperature > 0:
         return verify_sampling(
-            logits, draft.tokens, draft.probs, config.rule, config.temperature, generator, config.relaxable
+            logits,
+            draft.tokens,
+            draft.probs,
+            config.rule,
+            config.temperature,
+            generator,
+            config.relaxable,
+            span,
         )
-    return verify_greedy(logits, draft.tokens, config.rule, config.relaxable)
+    return verify_greedy(logits, draft.tokens, config.rule, config.relaxable, draft.probs, span)
 
 
 def _cut_at_eos(verdict: Verification, eos_token_ids: frozenset[int]) -> tuple[list[int], int, bool]:

@@ -26,8 +26,10 @@ class Draft:
     """Tokens proposed for the next positions.
 
     ``probs`` is the drafter's real distribution q over the target's vocabulary at each drafted position
-    ([k, V], float32), present only when the drafter sampled its tokens (temperature > 0); lossless
-    speculative sampling needs it. ``None`` means the tokens were chosen deterministically.
+    ([k, V], float32), present when the drafter sampled its tokens (temperature > 0); lossless
+    speculative sampling needs it. When drafting greedily it is present only if asked for
+    (``distributions``), at temperature 1. ``None``: no distribution (a lookup's copied tokens, or not
+    asked for).
 
     ``alternatives`` are the drafter's next-best tokens at each drafted position, best first, present
     when it was asked for them (token-tree drafting) and has them; a lookup drafter has none.
@@ -260,9 +262,12 @@ class Drafter(Protocol):
         temperature: float,
         generator: torch.Generator | None,
         alternatives: int = 0,
+        distributions: bool = False,
     ) -> Draft:
         """Propose up to ``k`` tokens to follow ``context`` (long[L], the whole committed sequence), and,
-        if it can, its ``alternatives`` next-best tokens at each position (greedy drafting only)."""
+        if it can, its ``alternatives`` next-best tokens at each position (greedy drafting only).
+        ``distributions``: also return, when drafting greedily, the distribution at temperature 1 each
+        token is the argmax of (the ``ensemble`` rule reads it), if the drafter has one."""
         ...
 
     def rollback(self, valid_len: int) -> None:

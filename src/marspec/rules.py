@@ -55,6 +55,8 @@ class RuleName(SettingName):
     PTHRESH = "pthresh"
     TOPK = "topk"
     FLY = "fly"
+    BLOCK = "block"
+    ENSEMBLE = "ensemble"
 
     @property
     def lossless(self) -> bool:
@@ -86,22 +88,35 @@ class Guard(SettingName):
     # "class" (ours): a relaxed accept only where the draft token and the top-1 it replaces are both of
     # the token classes measured harmless (marspec.defaults.GUARD_CLASSES, docs/rules.md).
     CLASS = "class"
+    # "thinking": relax only between a thinking-start and a thinking-end token (a reasoning model's
+    # scratch work), never on the markers themselves; the answer after the span is verified strictly.
+    THINKING = "thinking"
 
 
 # What a Rule may be named: every RuleName but plain.
 RULES: tuple[RuleName, ...] = tuple(n for n in RuleName if n is not RuleName.PLAIN)
 # The rivals relax by a test on the target's distribution rather than on MARS's top-2 margin; theta is
 # their parameter.
-RIVALS: tuple[RuleName, ...] = (RuleName.TYPICAL, RuleName.PTHRESH, RuleName.TOPK, RuleName.FLY)
-LOSSLESS_RULES: tuple[RuleName, ...] = (RuleName.PLAIN, RuleName.STRICT)
+RIVALS: tuple[RuleName, ...] = (
+    RuleName.TYPICAL,
+    RuleName.PTHRESH,
+    RuleName.TOPK,
+    RuleName.FLY,
+    RuleName.ENSEMBLE,
+)
+# Block verification is lossless: under sampling it accepts at least as much as token-by-token
+# speculative sampling (a joint test over the block); greedy it is strict.
+LOSSLESS_RULES: tuple[RuleName, ...] = (RuleName.PLAIN, RuleName.STRICT, RuleName.BLOCK)
 MARGINS: tuple[Margin, ...] = tuple(Margin)
 GUARDS: tuple[Guard, ...] = tuple(Guard)
-# The relaxing rules each guard narrows ("next" reads MARS's close calls along a chain). A lossless rule
-# takes any guard: it never relaxes, so there is nothing to narrow.
+# The relaxing rules each guard narrows ("next" reads MARS's close calls along a chain; "class" reads a
+# relaxed draft token and the top-1 it replaced, while the ensemble also changes the correction token).
+# A lossless rule takes any guard: it never relaxes, so there is nothing to narrow.
 GUARDED_RULES: dict[Guard, tuple[RuleName, ...]] = {
     Guard.NONE: (RuleName.MARS, *RIVALS),
     Guard.NEXT: (RuleName.MARS,),
-    Guard.CLASS: (RuleName.MARS, *RIVALS),
+    Guard.CLASS: (RuleName.MARS, *(r for r in RIVALS if r is not RuleName.ENSEMBLE)),
+    Guard.THINKING: (RuleName.MARS, *RIVALS),
 }
 # FLy's entropy is over the target's three most likely tokens (the source's choice), so it is <= ln 3.
 FLY_TOP = 3
@@ -114,6 +129,7 @@ LOGITS = "logits"  # a difference of raw logits (z1 - z2)
 PROBABILITY = "probability"  # a probability under the target's distribution
 RANK = "rank"  # a whole number of the target's tokens, counted from its top choice
 NATS = "nats"  # an entropy, natural log
+WEIGHT = "weight"  # the target's share of a mixture with the draft's distribution
 
 
 @dataclass(frozen=True)
@@ -122,18 +138,20 @@ class ThetaMeaning:
     checks, by :attr:`Rule.relaxes` and by the docs (docs/rules.md, "What theta means")."""
 
     test: str  # where the rule relaxes, in terms of theta
-    unit: str  # one of RATIO, LOGITS, PROBABILITY, RANK, NATS
-    low: float  # the smallest valid theta
+    unit: str  # one of RATIO, LOGITS, PROBABILITY, RANK, NATS, WEIGHT
+    low: float  # the smallest valid theta (excluded when low_open)
     high: float  # the largest valid theta (math.inf: unbounded)
     integer: bool  # theta must be a whole number
     never: str  # which theta never relaxes (the rule then equals strict)
     use: str  # the fix a range error names
+    low_open: bool = False  # theta must be above ``low``, not equal to it
 
     def valid(self, theta: object) -> bool:
         if not isinstance(theta, numbers.Real) or isinstance(theta, bool) or not math.isfinite(float(theta)):
             return False
         value = float(theta)
-        return self.low <= value <= self.high and (not self.integer or value.is_integer())
+        above_low = self.low < value if self.low_open else self.low <= value
+        return above_low and value <= self.high and (not self.integer or value.is_integer())
 
 
 _RATIO_USE = (
@@ -210,6 +228,17 @@ THETA_MEANINGS: dict[tuple[RuleName, Margin | None], ThetaMeaning] = {
         "use an entropy threshold >= 0 in nats (defer a mismatch where the target's top-3 entropy is at "
         "least theta; above ln 3 = 1.0986 never relaxes)",
     ),
+    (RuleName.ENSEMBLE, None): ThetaMeaning(
+        "d passes against theta * p + (1 - theta) * q, q the draft's distribution",
+        WEIGHT,
+        0.0,
+        1.0,
+        False,
+        "theta = 1",
+        "use a weight in (0, 1] (verify against theta * p_target + (1 - theta) * q_draft; 1 never relaxes, "
+        "0 would ignore the target)",
+        low_open=True,
+    ),
 }
 
 
@@ -224,7 +253,7 @@ def theta_table() -> str:
         if name is RuleName.STRICT:
             continue  # strict never relaxes; a theta it is given is checked as MARS's on its margin
         high = "inf)" if m.high == math.inf else f"{m.high:g}]"
-        valid = f"{'an integer in ' if m.integer else ''}[{m.low:g}, {high}"
+        valid = f"{'an integer in ' if m.integer else ''}{'(' if m.low_open else '['}{m.low:g}, {high}"
         rows.append(
             f"| `{name}` | {f'`{margin}`' if margin else '-'} | {m.test} | {m.unit} | {valid} | {m.never} |"
         )
@@ -232,8 +261,11 @@ def theta_table() -> str:
 
 
 def theta_meaning(name: RuleName, margin: Margin | None) -> ThetaMeaning:
-    """What theta is under rule ``name`` (with ``margin``, for MARS and strict)."""
-    return THETA_MEANINGS[(name, None if name in RIVALS else margin)]  # type: ignore[index]
+    """What theta is under rule ``name`` (with ``margin``, for MARS and the lossless rules, which check a
+    theta they are given as MARS's on that margin)."""
+    if name in RIVALS:
+        return THETA_MEANINGS[(name, None)]
+    return THETA_MEANINGS[(RuleName.STRICT if name.lossless else name, margin)]  # type: ignore[index]
 
 
 def parse_theta(text: str | None) -> float | str | None:
@@ -253,8 +285,9 @@ def parse_theta(text: str | None) -> float | str | None:
 
 @dataclass(frozen=True)
 class Rule:
-    """How draft tokens are accepted: ``strict`` (exact match / lossless), ``mars`` (margin-aware), or
-    a rival lossy rule (``typical``, ``pthresh``, ``topk``, ``fly``). Names may be given as strings;
+    """How draft tokens are accepted: ``strict`` (exact match / lossless), ``block`` (lossless block
+    verification under sampling, strict when greedy), ``mars`` (margin-aware), or a rival lossy rule
+    (``typical``, ``pthresh``, ``topk``, ``fly``, ``ensemble``). Names may be given as strings;
     the fields hold :class:`RuleName`, :class:`Margin` and :class:`Guard` members once constructed.
 
     A complete setting, checked and never filled in: ``Rule()`` is ``strict``, as every entry point's
@@ -279,8 +312,10 @@ class Rule:
         margin = None if self.margin is None else Margin.parse(self.margin, "margin")
         for attr, value in (("name", name), ("guard", guard), ("margin", margin)):
             object.__setattr__(self, attr, value)  # frozen: the checked members replace the strings
-        if name not in GUARDED_RULES[guard] and name is not RuleName.STRICT:
-            raise MarspecError(f"the 'next' guard is MARS's; rule {name!r} takes 'class' or none")
+        if name not in GUARDED_RULES[guard] and not name.lossless:
+            takers = ", ".join(f"{g}" for g in GUARDS if name in GUARDED_RULES[g])
+            owner = "is MARS's" if guard is Guard.NEXT else "does not apply to it"
+            raise MarspecError(f"the {guard!r} guard {owner}; rule {name!r} takes guard {takers}")
         if name is RuleName.MARS and margin is None:
             raise MarspecError(
                 f"rule 'mars' needs a margin; use one of: {', '.join(MARGINS)}", field="margin"
@@ -290,11 +325,11 @@ class Rule:
 
     def _check_theta(self, name: RuleName, margin: Margin | None) -> None:
         theta = self.theta
-        if theta is None and name is RuleName.STRICT:
-            return  # strict never relaxes: nothing to threshold
-        if name is RuleName.STRICT and margin is None:
+        if theta is None and name.lossless:
+            return  # a lossless rule never relaxes: nothing to threshold
+        if name.lossless and margin is None:
             raise MarspecError(
-                f"theta={theta!r} for rule 'strict' needs a margin to be checked against; strict never "
+                f"theta={theta!r} for rule {name!r} needs a margin to be checked against; {name!r} never "
                 "relaxes, so leave theta unset",
                 field="theta",
             )
@@ -338,14 +373,24 @@ class Rule:
             raise MarspecError(
                 "the 'next' guard works on draft chains, not token trees: drop the guard or the tree"
             )
+        if self.guard is Guard.THINKING:
+            raise MarspecError(
+                "the 'thinking' guard follows its span along a draft chain, not a token tree: drop the "
+                "guard or the tree"
+            )
         if self.name is RuleName.FLY:
             raise MarspecError("FLy defers along a draft chain, not a token tree: drop the tree")
+        if self.name is RuleName.ENSEMBLE:
+            raise MarspecError(
+                "the ensemble mixes the draft's distribution at each chain position; a tree's siblings "
+                "have none: drop the tree"
+            )
 
     @property
     def relaxes(self) -> bool:
         """Whether this rule can ever accept a non-top-1 token (False for strict and a theta that never
         relaxes, :attr:`ThetaMeaning.never`)."""
-        if self.name is RuleName.STRICT or self.theta is None:
+        if self.name.lossless or self.theta is None:
             return False
         theta = self.theta
         if self.name is RuleName.TYPICAL:
@@ -354,6 +399,8 @@ class Rule:
             return theta < 1.0
         if self.name is RuleName.TOPK:
             return theta > 1.0
+        if self.name is RuleName.ENSEMBLE:
+            return theta < 1.0  # a weight of 1 is the target alone
         if self.name is RuleName.FLY:
             return theta <= FLY_MAX_ENTROPY  # the top-3 entropy is at most ln 3
         if self.margin is not None and self.margin.is_ratio:

@@ -28,6 +28,7 @@ from marspec.decode import DecodeConfig
 from marspec.drafters.tree import parse_tree_shape
 from marspec.errors import MarspecError
 from marspec.rules import AUTO, RIVALS, Guard, Rule, RuleName
+from marspec.thinking import check_marker_strings, thinking_markers
 from marspec.token_classes import relaxable_table
 
 if TYPE_CHECKING:
@@ -93,7 +94,10 @@ class GenerationOptions:
             call only where the target, after the relaxed token, predicts the draft's next token
             (see :mod:`marspec.verify`); chains only. ``"class"`` (MARS or a rival) relaxes only where
             the draft token and the top-1 it replaces are of the token classes measured harmless
-            (docs/rules.md).
+            (docs/rules.md). ``"thinking"`` (any lossy rule) relaxes only inside a reasoning model's
+            thinking span, between the markers ``thinking`` names, and verifies the rest strictly.
+        thinking: the ``thinking`` guard's span markers, ``(start, end)``, each one token of the
+            target's vocabulary; unset: the tokenizer's ``<think>`` and ``</think>``.
         window: FLy's deferral window (``rule="fly"`` only; unset: the source's 6).
         reuse_prefix: keep the cached part of the prompt that the previous generation of this Decoder
             already scored (its prompt and output: the earlier turns of a chat) instead of scoring it
@@ -118,6 +122,7 @@ class GenerationOptions:
     guard: str = "none"
     reuse_prefix: bool = True
     window: int | None = None
+    thinking: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         # Frozen: the rule in use is written once, here, so every later copy (replace) holds it named.
@@ -152,6 +157,21 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
     )
     check_seed(options.seed)
     stop_strings(options.stop)
+    marker_strings = check_marker_strings(options.thinking)
+    if marker_strings is not None and rule.guard is not Guard.THINKING:
+        raise MarspecError(
+            "thinking markers are the 'thinking' guard's: set guard='thinking' or leave thinking unset",
+            field="thinking",
+        )
+    if pair is not None and rule.name is RuleName.ENSEMBLE and pair.draft == "ngram":
+        raise MarspecError(
+            "the ensemble rule mixes the drafter's distribution into the target's, and prompt lookup "
+            "(draft='ngram') has none: use a draft model or an EAGLE-3 head",
+            field="rule",
+        )
+    markers = None
+    if pair is not None and pair.tokenizer is not None and rule.guard is Guard.THINKING:
+        markers = thinking_markers(pair.tokenizer, marker_strings)
     relaxable = None
     if pair is not None and pair.tokenizer is not None and rule.guard is Guard.CLASS:
         # The verifier indexes it with token ids on the target's device (a CUDA target included).
@@ -167,6 +187,7 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
         tree=parse_tree_shape(options.tree),
         reuse_prefix=options.reuse_prefix,
         relaxable=relaxable,
+        thinking=markers,
     )
 
 

@@ -52,10 +52,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from marspec.errors import MarspecError
-from marspec.rules import FLY_TOP, RIVALS, Margin, Rule
+from marspec.rules import FLY_TOP, RIVALS, Margin, Rule, RuleName
 
 if TYPE_CHECKING:
     from marspec.interfaces import DraftTree
+    from marspec.thinking import ThinkingSpan
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,9 @@ def relaxed_accepts(
     temperature when sampling), which MARS's test reads."""
     if rule.name == "fly":
         raise MarspecError("FLy judges a draft block, not a row: use fly_defers (verify_greedy does)")
-    if not rule.relaxes:
+    if not rule.relaxes or rule.name == "ensemble":
+        # The ensemble's test reads the draft's distribution, which only the verifiers have (where a
+        # draft has none, a lookup drafter's copy, it relaxes nothing).
         return torch.zeros(draft_tokens.shape[0], dtype=torch.bool, device=top_tokens.device)
     if rule.name == "mars":
         return close_call_accepts(top_values, top_tokens, draft_tokens, rule)
@@ -260,15 +263,24 @@ def guarded(
     top1: torch.Tensor,
     rule: Rule,
     relaxable: torch.Tensor | None = None,
+    span: ThinkingSpan | None = None,
 ) -> torch.Tensor:
     """``relaxed`` (bool ``[K]``) narrowed by ``rule``'s guard. ``draft`` and ``top1`` (``long[K]``,
     the target's top-1 at each draft position) are one chain, so ``top1[1:]`` is the target's choice
     after each draft token, which the ``next`` guard reads. The ``class`` guard reads ``relaxable``
-    (bool ``[V]``, :func:`marspec.token_classes.relaxable_table`) at the draft token and at the top-1."""
+    (bool ``[V]``, :func:`marspec.token_classes.relaxable_table`) at the draft token and at the top-1;
+    the ``thinking`` guard reads ``span`` (:meth:`marspec.thinking.ThinkingMarkers.span`)."""
     if rule.guard == "next":
         return relaxed & _guard_allows(draft, top1[1:])
     if rule.guard == "class":
         return relaxed & _class_allows(draft, top1, relaxable)
+    if rule.guard == "thinking":
+        if span is None:
+            raise MarspecError(
+                "the 'thinking' guard needs the block's span: pass span=ThinkingMarkers(...).span(draft, "
+                "is_open) (Decoder does this)"
+            )
+        return relaxed & span.allows(draft, top1)
     return relaxed
 
 
@@ -287,13 +299,19 @@ def verify_greedy(
     draft_tokens: torch.Tensor,
     rule: Rule,
     relaxable: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+    span: ThinkingSpan | None = None,
 ) -> Verification:
     """Greedy (temperature 0) verification: exact match, plus the rule's relaxed accepts (MARS's top-2
     on close calls, a rival's test, FLy's deferral), narrowed by its guard.
 
     ``target_logits``: ``[K+1, V]``; ``draft_tokens``: ``long[K]`` (``K`` may be 0); ``relaxable``:
-    the ``class`` guard's table (see :func:`guarded`). With a rule that cannot relax, the emitted tokens
-    are exactly those of plain greedy decoding.
+    the ``class`` guard's table, ``span`` the ``thinking`` guard's (see :func:`guarded`);
+    ``draft_probs``: ``[K, V]``, the drafter's distribution at temperature 1, which only the
+    ``ensemble`` rule reads (it judges each position by the argmax of the target's and the draft's
+    mixture: :func:`ensemble_choices`; a draft without one, a lookup drafter's copy, is verified
+    strictly). With a rule that cannot relax, the emitted tokens are exactly those of plain greedy
+    decoding.
     """
     k = _check_block(target_logits, draft_tokens)
     values, tokens = top2(target_logits)  # [K+1, 2], [K+1, 2]
@@ -301,13 +319,44 @@ def verify_greedy(
     z1, z2 = values[:k, 0], values[:k, 1]  # [K]
     v1 = tokens[:, 0]  # [K+1]
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
+    margins = margin_measure(z1, z2, rule.margin)
+    if rule.name is RuleName.ENSEMBLE and rule.relaxes and draft_probs is not None:
+        choice = ensemble_choices(target_logits, draft_probs, v1, rule, relaxable, span)  # [K+1]
+        n = _leading_true(draft == choice[:k])
+        relaxed = (draft == choice[:k]) & (choice[:k] != v1[:k])
+        return _read_back(n, choice.index_select(0, n.view(1)), draft, relaxed, margins, v1[:k])
 
     exact = draft == v1[:k]  # [K]
     relaxed = rule_relaxes(target_logits[:k], values[:k], tokens[:k], draft, exact, rule) & ~exact  # [K]
-    relaxed = guarded(relaxed, draft, v1[:k], rule, relaxable)
+    relaxed = guarded(relaxed, draft, v1[:k], rule, relaxable, span)
     n = _leading_true(exact | relaxed)  # 0-dim long
-    margins = margin_measure(z1, z2, rule.margin)
     return _read_back(n, v1.index_select(0, n.view(1)), draft, relaxed, margins, v1[:k])
+
+
+def ensemble_choices(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor,
+    top1: torch.Tensor,
+    rule: Rule,
+    relaxable: torch.Tensor | None = None,
+    span: ThinkingSpan | None = None,
+) -> torch.Tensor:
+    """Long ``[K+1]``: the token greedy ensemble verification takes at each row (DIVERSED's static
+    ensemble, as transformers' ``assistant_ensemble_weight``): the argmax of ``theta * p + (1 - theta)
+    * q``, ``p`` the target's and ``q`` the draft's distributions at temperature 1, where the rule's
+    guard lets that choice stand in for the target's ``top1`` (long ``[K+1]``), else ``top1``. The bonus
+    row ``K`` has no draft distribution: the target's top-1, as in transformers. A draft accepted where
+    it equals the choice; the first that does not is replaced by it."""
+    k = target_logits.shape[0] - 1
+    if tuple(draft_probs.shape) != (k, target_logits.shape[1]):
+        shape = list(draft_probs.shape)
+        raise ValueError(f"draft_probs must be [K, V] = [{k}, {target_logits.shape[1]}], got {shape}")
+    theta = float(rule.theta)  # type: ignore[arg-type]  # an ensemble Rule always has its weight
+    p = torch.softmax(target_logits[:k].float(), dim=-1)  # [K, V]
+    mixture = theta * p + (1.0 - theta) * draft_probs.to(device=p.device, dtype=torch.float32)
+    mixed = mixture.argmax(dim=-1)  # [K]
+    allowed = guarded(torch.ones_like(mixed, dtype=torch.bool), mixed, top1[:k], rule, relaxable, span)
+    return torch.cat([torch.where(allowed, mixed, top1[:k]), top1[k:]])
 
 
 @dataclass(frozen=True)
@@ -404,6 +453,7 @@ def verify_sampling(
     temperature: float,
     generator: torch.Generator | None = None,
     relaxable: torch.Tensor | None = None,
+    span: ThinkingSpan | None = None,
 ) -> Verification:
     """Sampling verification: lossless speculative sampling, plus the rule's deterministic relaxed accepts.
 
@@ -418,18 +468,18 @@ def verify_sampling(
     cannot relax the output distribution is exactly the target's. All randomness comes from ``generator``:
     K+1 uniforms drawn at once. A rival's test replaces the close call the same way; FLy instead accepts
     a draft token that failed the random test where :func:`fly_defers` says so (the next ``window``
-    draft tokens passed theirs). ``relaxable``: the ``class`` guard's table (see :func:`guarded`).
+    draft tokens passed theirs). The ``ensemble`` rule's test is speculative sampling against the
+    mixture ``v = theta * p + (1 - theta) * q``: accept iff ``u < min(1, v(d)/q(d))``; a rejection's
+    residual ``norm(max(0, v - q)) = norm(max(0, p - q))`` and the bonus ``p`` are strict's, so its
+    relaxed accepts are those the mixture passes and strict's test does not. ``relaxable`` and ``span``:
+    the guards' inputs (see :func:`guarded`). ``rule="block"`` is :func:`verify_block`. A draft without
+    a distribution (a lookup drafter's copy) gives the ensemble nothing to mix: strict there.
     """
-    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature > 0):
-        raise MarspecError(
-            f"temperature={temperature!r} is invalid for sampling: use a finite number > 0 "
-            f"(or verify_greedy for temperature 0)"
-        )
-    k = _check_block(target_logits, draft_tokens)
+    if rule.name is RuleName.BLOCK:
+        return verify_block(target_logits, draft_tokens, draft_probs, temperature, generator, rule)
+    k = _check_sampling(target_logits, draft_tokens, draft_probs, temperature)
     vocab = target_logits.shape[1]
     device = target_logits.device
-    if draft_probs is not None and tuple(draft_probs.shape) != (k, vocab):
-        raise ValueError(f"draft_probs must be [K, V] = [{k}, {vocab}], got {list(draft_probs.shape)}")
     p = torch.softmax(target_logits.float() / temperature, dim=-1)  # [K+1, V]
     draft = draft_tokens.to(device=device, dtype=torch.long)  # [K]
 
@@ -445,9 +495,14 @@ def verify_sampling(
         q_d = q.gather(1, draft[:, None])[:, 0]  # [K]
         # u < min(1, p/q) written as u * q < p: no division, and q(d) = 0 < p(d) accepts as it should.
         passed = u[:k] * q_d < p_d
-    relaxed = rule_relaxes(target_logits[:k], scaled, tokens, draft, passed, rule, temperature)  # [K]
+    if rule.name is RuleName.ENSEMBLE and rule.relaxes and draft_probs is not None:
+        theta = float(rule.theta)  # type: ignore[arg-type]  # an ensemble Rule always has its weight
+        # u < min(1, v(d)/q(d)) with v = theta * p + (1 - theta) * q, again without a division.
+        relaxed = (u[:k] * q_d < theta * p_d + (1.0 - theta) * q_d) & ~passed
+    else:
+        relaxed = rule_relaxes(target_logits[:k], scaled, tokens, draft, passed, rule, temperature)  # [K]
     # The guards' reads (an argmax row over [K, V] is already in tokens) are paid only when asked for.
-    relaxed = guarded(relaxed, draft, tokens[:, 0], rule, relaxable)
+    relaxed = guarded(relaxed, draft, tokens[:, 0], rule, relaxable, span)
     n = _leading_true(relaxed | passed)  # 0-dim long
 
     # Row n of max(0, p - q), with q = 0 at the bonus row K: the correction residual or the bonus p.
@@ -467,6 +522,108 @@ def verify_sampling(
         weights = torch.where(residual.sum() > 0, residual, p_n)
     token = _sample(weights, u[k])
     return _read_back(n, token, draft, relaxed, margin_measure(z1, z2, rule.margin), tokens[:, 0])
+
+
+def verify_block(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: float,
+    generator: torch.Generator | None = None,
+    rule: Rule | None = None,
+) -> Verification:
+    """Block verification (Sun et al. 2024, arXiv 2403.10444): lossless like :func:`verify_sampling`'s
+    strict speculative sampling, but the block is judged jointly, and in expectation it accepts at least
+    as many draft tokens (the paper's theorem). Arguments as :func:`verify_sampling`'s; ``rule`` only
+    names the margin recorded for statistics (block verification never relaxes).
+
+    With :func:`block_acceptance`'s weights ``w`` and stop probabilities ``h``: draw ``eta_1..eta_K``;
+    the accepted count is the largest ``i`` with ``eta_i < h_i`` (0 if none); the next token is drawn
+    from ``norm(max(0, w_i * p_i - q_i))`` at that row, or from ``p_K`` (the bonus) when all ``K`` are
+    accepted. K+1 uniforms from ``generator``, as in :func:`verify_sampling`.
+    """
+    k = _check_sampling(target_logits, draft_tokens, draft_probs, temperature)
+    device = target_logits.device
+    p = torch.softmax(target_logits.float() / temperature, dim=-1)  # [K+1, V]
+    draft = draft_tokens.to(device=device, dtype=torch.long)  # [K]
+    q = None if draft_probs is None else draft_probs.to(device=device, dtype=torch.float32)
+    u = torch.rand(k + 1, generator=generator, device=device)  # [K+1]: K stop tests, 1 token draw
+    stop, weight = block_acceptance(p, draft, q)  # [K], [K+1]
+    accepts = torch.arange(1, k + 1, device=device) * (u[:k].double() < stop)  # [K]: i where eta_i < h_i
+    n = torch.cat([accepts.new_zeros(1), accepts]).max()  # 0-dim long: the largest, 0 if none
+
+    p_n = p.index_select(0, n.view(1))[0]  # [V]
+    if k == 0:
+        weights = p_n
+    else:
+        rejected = n < k  # 0-dim bool; the bonus row K has no q to subtract
+        row = n.clamp(max=k - 1).view(1)
+        if q is None:
+            q_n = (torch.arange(p.shape[1], device=device) == draft.index_select(0, row)).float()  # one-hot
+        else:
+            q_n = q.index_select(0, row)[0]  # [V]
+        scale = torch.where(rejected, weight.index_select(0, n.view(1))[0].float(), 1.0)
+        residual = (scale * p_n - rejected.float() * q_n).clamp(min=0.0)  # [V]
+        weights = torch.where(residual.sum() > 0, residual, p_n)
+    token = _sample(weights, u[k])
+    values, tokens = top2(target_logits[:k])  # [K, 2], [K, 2]
+    z1, z2 = (values.float() / temperature).unbind(-1)
+    margin = None if rule is None else rule.margin
+    relaxed = torch.zeros(k, dtype=torch.bool, device=device)
+    return _read_back(n, token, draft, relaxed, margin_measure(z1, z2, margin), tokens[:, 0])
+
+
+def block_acceptance(
+    p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's ``(h, w)`` for a draft (float64 ``[K]`` and ``[K+1]``).
+
+    ``p``: the target's distributions ``[K+1, V]`` (row ``i`` after ``draft[:i]``); ``draft``: long
+    ``[K]``; ``q``: the draft's distributions ``[K, V]``, or None for a deterministic drafter (q one-hot
+    at the draft token). ``w_0 = 1`` and ``w_i = min(1, w_{i-1} * p(d_i) / q(d_i))``: how much of the
+    target's probability of the first ``i`` drafts the block still owes. ``h_i`` (for ``i = 1..K``) is the
+    probability of stopping after ``i`` drafts once no longer draft did: ``h_K = w_K``, and for ``i < K``
+    ``h_i = r_i / (r_i + 1 - w_i)``, ``r_i = sum_x max(0, w_i * p_i(x) - q_i(x))`` the residual mass at row
+    ``i`` (0 where both are 0). No loop: ``log w_i = S_i - max_{j <= i} S_j``, ``S`` the running sum of
+    the log ratios (``w`` follows a walk capped at 1, i.e. reflected at its running maximum).
+    """
+    k = draft.shape[0]
+    p_d = p[:k].gather(1, draft[:, None])[:, 0].double()  # [K]
+    if q is None:
+        q_d = torch.ones_like(p_d)
+    else:
+        q_d = q.gather(1, draft[:, None])[:, 0].double().clamp(min=torch.finfo(torch.float64).tiny)
+    walk = torch.cat([p_d.new_zeros(1), (p_d.log() - q_d.log()).cumsum(0)])  # [K+1]: S_0 = 0
+    weight = torch.exp(walk - torch.cummax(walk, 0).values)  # [K+1], w_0 = 1
+    w = weight[:k]  # [K]: rows 0..K-1
+    if q is None:
+        # sum_x max(0, w * p(x) - [x = d]) = w * (1 - p(d)), since w * p(d) <= 1.
+        residual = w * (1.0 - p_d)
+    else:
+        residual = (w[:, None].float() * p[:k] - q).clamp(min=0.0).sum(-1).double()  # [K]
+    denominator = residual + (1.0 - w)
+    safe = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+    stop = torch.where(denominator > 0, residual / safe, torch.zeros_like(residual))  # [K]: h_0..h_{K-1}
+    return torch.cat([stop[1:], weight[k:]]), weight
+
+
+def _check_sampling(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: float,
+) -> int:
+    """Check a sampling verification's temperature and shapes, and return ``K``."""
+    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature > 0):
+        raise MarspecError(
+            f"temperature={temperature!r} is invalid for sampling: use a finite number > 0 "
+            f"(or verify_greedy for temperature 0)"
+        )
+    k = _check_block(target_logits, draft_tokens)
+    vocab = target_logits.shape[1]
+    if draft_probs is not None and tuple(draft_probs.shape) != (k, vocab):
+        raise ValueError(f"draft_probs must be [K, V] = [{k}, {vocab}], got {list(draft_probs.shape)}")
+    return k
 
 
 def sample_token(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -21,7 +21,12 @@ The rows that count are what the same forward gives without padding: a row's key
 meet a padded row, and the linear layers compute each row alone. ``tests/test_fixed.py`` checks this bit
 for bit on the CPU; at each capture :mod:`marspec.backends.graphs` checks replay against the uncaptured
 forward bit for bit on the GPU. A model whose rows are not computed alone (dynamically quantised int8
-linears scale a whole forward's activations at once) is never padded.
+linears scale a whole forward's activations at once) is never padded. The int8 and int4 targets compute
+rows alone, attention included (:mod:`marspec.backends.row_attention`), so they are padded like any model;
+being CPU kernels they are never captured.
+
+An EAGLE-3 head's feature layers (:class:`~marspec.interfaces.HiddenStates`) are kept in a buffer beside
+the KV buffers, written inside the forward at the same device slots.
 
 On a CPU (``graphs="on"``) the same path runs uncaptured, which is how these machines test it.
 """
@@ -148,12 +153,20 @@ class FixedShapeLM(HFCausalLM):
                     layer.keys[..., dst, :] = layer.keys[..., src, :]
                     layer.values[..., dst, :] = layer.values[..., src, :]
                 self._ids[dst] = self._ids[src]
+                self._states.move(src, dst)
         self.rollback(base + 1 + len(path))
 
     def _ensure_capacity(self, needed: int) -> None:
-        """Buffers for at least ``needed`` positions, the cached ones kept; new buffers void the graphs."""
-        if needed <= self._capacity:
-            return
+        """Buffers (keys, values and the kept hidden states) for at least ``needed`` positions, the cached
+        ones kept; new buffers void the graphs, which wrote into the old ones."""
+        grown = needed > self._capacity
+        if grown:
+            self._grow(needed)
+        remade = self._states.reserve(self._capacity, self._cached, self.dtype, self.device)
+        if (grown or remade) and self.graphs is not None:
+            self.graphs.clear()
+
+    def _grow(self, needed: int) -> None:
         capacity = max(self._capacity, INITIAL_CAPACITY)
         while capacity < needed:
             capacity *= 2
@@ -170,8 +183,6 @@ class FixedShapeLM(HFCausalLM):
         self._fixed_cache = Cache(layers=layers)
         self._capacity = capacity
         self._columns = torch.arange(capacity, device=self.device)
-        if self.graphs is not None:
-            self.graphs.clear()
 
     # -- forwards ----------------------------------------------------------------------------------
 
@@ -246,8 +257,9 @@ class FixedShapeLM(HFCausalLM):
     ) -> torch.Tensor:
         """The captured computation: logits [m or 1, V] in the model's dtype for ``tokens`` (long[m])
         written at slots ``start + 0 .. m - 1``, row i at position ``start + offsets[i]``, seeing every
-        slot before ``start`` and the rows ``sees[i]`` (bool[m, m]) of this forward. Every input is a
-        device tensor of a fixed shape; nothing here reads the host."""
+        slot before ``start`` and the rows ``sees[i]`` (bool[m, m]) of this forward; the hidden states
+        of the kept layers (:meth:`capture_hidden_states`) are written at the same slots. Every input
+        is a device tensor of a fixed shape; nothing here reads the host."""
         assert self._fixed_cache is not None
         m = tokens.shape[0]
         self._slots.index = start + self._arange(m)
@@ -259,12 +271,13 @@ class FixedShapeLM(HFCausalLM):
         mask.masked_fill_(~visible, self._mask_min)
         out = self.model(
             input_ids=tokens.unsqueeze(0),
-            attention_mask={"full_attention": mask[None, None]},
+            attention_mask=mask[None, None],  # 4D: transformers passes it through as it is
             position_ids=(start + offsets).unsqueeze(0),
             **{self._cache_keyword: self._fixed_cache},
             use_cache=True,
             logits_to_keep=keep if keep is not None else 0,
         )
+        self._states.write_at(self._slots.index)  # an EAGLE-3 head's feature layers, when kept
         return out.logits[0]
 
     def _arange(self, m: int) -> torch.Tensor:
@@ -321,7 +334,8 @@ def graphs_plan(graphs: str, device: torch.device) -> tuple[bool, bool]:
     """What ``graphs`` (one of :data:`GRAPHS`) means on ``device``: (take the fixed-shape path, capture
     its forwards as CUDA graphs). ``auto`` captures on CUDA and stays eager elsewhere: on the CPU the
     uncaptured fixed-shape path removes no launch cost worth having and adds work (attention over the
-    whole buffer under a mask, padded rows): docs/results.md, "Fixed shapes on the CPU"."""
+    whole buffer under a mask, padded rows); measured, strict decoding ~12% slower and plain the same
+    (docs/results.md, "Fixed shapes on the CPU")."""
     if graphs not in GRAPHS:
         raise MarspecError(f"unknown graphs {graphs!r}: choose one of {', '.join(GRAPHS)}")
     cuda = device.type == "cuda"

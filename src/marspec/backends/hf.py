@@ -259,12 +259,17 @@ class _HiddenStateRecorder:
 
         return note
 
+    def latest(self) -> torch.Tensor:
+        """The latest forward's states, [n, layers, H], forgotten here (the caller writes them)."""
+        rows = torch.stack([self._seen[layer] for layer in self.layers], dim=1)
+        self._seen = {}
+        return rows
+
     def store(self, start: int) -> None:
         """Write the latest forward's states at positions ``start ...`` (nothing when not capturing)."""
         if not self.layers:
             return
-        rows = torch.stack([self._seen[layer] for layer in self.layers], dim=1)  # [n, layers, H]
-        self._seen = {}
+        rows = self.latest()  # [n, layers, H]
         end = start + rows.shape[0]
         buf = self._buf
         if buf is None or end > buf.shape[0] or buf.dtype != rows.dtype or buf.device != rows.device:
@@ -274,6 +279,27 @@ class _HiddenStateRecorder:
                 grown[: min(start, buf.shape[0])] = buf[: min(start, buf.shape[0])]
             buf = self._buf = grown
         buf[start:end] = rows
+
+    def reserve(self, capacity: int, kept: int, dtype: torch.dtype, device: torch.device) -> bool:
+        """A buffer of exactly ``capacity`` positions, the first ``kept`` rows kept, for a backend that
+        writes the rows itself at slots it computes (:meth:`write_at`); returns whether the buffer was
+        made anew (so memory that captured code wrote into is gone). Nothing when not capturing."""
+        buf = self._buf
+        if not self.layers or (buf is not None and buf.shape[:2] == (capacity, len(self.layers))):
+            return False
+        width = int(self._model.config.hidden_size)
+        grown = torch.zeros(capacity, len(self.layers), width, dtype=dtype, device=device)
+        if buf is not None and buf.shape[1] == len(self.layers):
+            grown[:kept] = buf[:kept]
+        self._buf = grown
+        return True
+
+    def write_at(self, index: torch.Tensor) -> None:
+        """Write the latest forward's states at the positions ``index`` (long[n], on the device): no host
+        read, no allocation beyond the stacked rows (:meth:`reserve` made the buffer)."""
+        if self.layers:
+            assert self._buf is not None, "reserve() the buffer before writing at slots"
+            self._buf.index_copy_(0, index, self.latest().to(self._buf.dtype))
 
     def move(self, src: int, dst: int) -> None:
         if self._buf is not None:

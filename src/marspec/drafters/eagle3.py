@@ -120,6 +120,7 @@ class Eagle3Drafter:
         temperature: float,
         generator: torch.Generator | None,
         alternatives: int = 0,
+        distributions: bool = False,
     ) -> Draft:
         model, target = self.draft_model, self.target
         caught_up = self._catch_up(context)
@@ -128,7 +129,8 @@ class Eagle3Drafter:
         logits, stream = caught_up
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
-        probs = torch.zeros(k, target.vocab_size, device=device) if temperature > 0 else None
+        sampling = temperature > 0
+        probs = torch.zeros(k, target.vocab_size, device=device) if sampling or distributions else None
         ranked = None
         if alternatives and probs is None:
             ranked = torch.empty(k, 1 + alternatives, dtype=torch.long, device=device)
@@ -142,9 +144,12 @@ class Eagle3Drafter:
             elif probs is None:
                 tokens[n] = self._target_ids[torch.argmax(logits)]
             else:
-                q = torch.softmax(logits / temperature, dim=-1)  # over the draft vocabulary
+                q = torch.softmax(logits / (temperature if sampling else 1.0), dim=-1)  # draft vocabulary
                 probs[n].index_copy_(0, self._target_ids, q)  # d2t is one-to-one (checked at load)
-                tokens[n] = sample_token(probs[n], generator)[0]
+                if sampling:
+                    tokens[n] = sample_token(probs[n], generator)[0]
+                else:
+                    tokens[n] = self._target_ids[torch.argmax(logits)]
             n += 1
             if n == k or self._unsure(logits):
                 break

@@ -32,12 +32,13 @@ class HybridDrafter:
         temperature: float,
         generator: torch.Generator | None,
         alternatives: int = 0,
+        distributions: bool = False,
     ) -> Draft:
         # A lookup draft is deterministic (q one-hot), which sampling verification handles losslessly too.
         draft = self.lookup.propose(context, k, temperature, generator)
         if len(draft):
             return draft
-        return self.model.propose(context, k, temperature, generator, alternatives)
+        return self.model.propose(context, k, temperature, generator, alternatives, distributions)
 
     def rollback(self, valid_len: int) -> None:
         self.model.rollback(valid_len)

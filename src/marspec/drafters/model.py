@@ -57,6 +57,7 @@ class ModelDrafter:
         temperature: float,
         generator: torch.Generator | None,
         alternatives: int = 0,
+        distributions: bool = False,
     ) -> Draft:
         # The draft cache never holds the newest token (the target's last correction or bonus): feed it,
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
@@ -65,7 +66,9 @@ class ModelDrafter:
         base = lm.cached_len
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
-        probs = torch.empty(k, self.target_vocab_size, device=device) if temperature > 0 else None
+        sampling = temperature > 0
+        wants = sampling or distributions
+        probs = torch.empty(k, self.target_vocab_size, device=device) if wants else None
         # Next-best tokens come from the logits each chain token is drafted from: no extra forward.
         ranked = None
         if alternatives and probs is None:
@@ -81,9 +84,9 @@ class ModelDrafter:
             elif probs is None:
                 tokens[n] = torch.argmax(logits)
             else:
-                q = self._to_target_vocab(torch.softmax(logits / temperature, dim=-1))
+                q = self._to_target_vocab(torch.softmax(logits / (temperature if sampling else 1.0), dim=-1))
                 probs[n] = q
-                tokens[n] = sample_token(q, generator)[0]
+                tokens[n] = sample_token(q, generator)[0] if sampling else torch.argmax(logits)
             if sure is not None:
                 sure[n] = torch.softmax(logits, dim=-1).max() >= self.min_confidence
             n += 1

@@ -33,8 +33,10 @@ class NgramDrafter:
         temperature: float,
         generator: torch.Generator | None,
         alternatives: int = 0,
+        distributions: bool = False,
     ) -> Draft:
-        # A copied continuation has no runner-up tokens: ``alternatives`` is ignored.
+        # A copied continuation has no runner-up tokens and no distribution: ``alternatives`` and
+        # ``distributions`` are ignored.
         length = int(context.shape[0])
         sizes = range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1)
         if not sizes:

@@ -1,14 +1,14 @@
 """The decoding methods a benchmark compares: marspec's own rules and transformers' peers.
 
-A method name is ``plain``, ``strict``, ``mars`` (at the run's theta and margin), ``mars@0.95`` (an
-explicit theta, the run's margin), ``mars-ratio@0.95`` / ``mars-prob@0.5`` / ``mars-gap@2`` (an explicit
-margin, logit_ratio / prob_ratio / logit_gap, and its theta), any of the marspec methods with ``+tree``
-(token-tree drafting with the run's tree shape), MARS's with ``+next`` and MARS's and the rivals' with
-``+class`` (the guards), the rival lossy rules ``typical@EPS``, ``pthresh@P``, ``topk@K``, ``fly@ENTROPY``
-and ``fly-wN@ENTROPY`` (FLy with a window of N; :mod:`marspec.verify`), ``hf-assisted`` (transformers
-``generate(assistant_model=draft)``) or ``hf-prompt-lookup`` (transformers
-``generate(prompt_lookup_num_tokens=k)``). All run on the same loaded models, greedily or all at the
-run's temperature with the same seed per question and sample.
+A method name is ``plain``, ``strict``, ``block`` (block verification), ``mars`` (at the run's theta and
+margin), ``mars@0.95`` (an explicit theta, the run's margin), ``mars-ratio@0.95`` / ``mars-prob@0.5`` /
+``mars-gap@2`` (an explicit margin, logit_ratio / prob_ratio / logit_gap, and its theta), any of the
+marspec methods with ``+tree`` (token-tree drafting with the run's tree shape), MARS's with ``+next`` and
+MARS's and the rivals' with ``+class`` (the guards), the rival lossy rules ``typical@EPS``, ``pthresh@P``,
+``topk@K``, ``fly@ENTROPY``, ``fly-wN@ENTROPY`` (FLy with a window of N; :mod:`marspec.verify`) and
+``ensemble@WEIGHT``, ``hf-assisted`` (transformers ``generate(assistant_model=draft)``) or
+``hf-prompt-lookup`` (transformers ``generate(prompt_lookup_num_tokens=k)``). All run on the same loaded
+models, greedily or all at the run's temperature with the same seed per question and sample.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from marspec.stats import GenerationStats
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
 METHOD_HELP = (
-    "plain, strict, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
+    "plain, strict, block, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
     "(marspec's also +tree; MARS's also +next, the next-token guard; MARS's and the rivals' also +class, "
     "the token-class guard), the rival rules typical@EPS, pthresh@P, topk@K, fly@ENTROPY and "
-    "fly-wN@ENTROPY (FLy, window N), hf-assisted, hf-prompt-lookup"
+    "fly-wN@ENTROPY (FLy, window N), ensemble@WEIGHT, hf-assisted, hf-prompt-lookup"
 )
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
 MARGIN_KINDS = {
@@ -64,7 +64,7 @@ class Method:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind in ("strict", "mars", *RIVALS, "hf-assisted")
+        return self.kind in ("strict", "block", "mars", *RIVALS, "hf-assisted")
 
 
 def parse_methods(
@@ -90,7 +90,7 @@ def parse_methods(
         window = None
         if kind.startswith("fly-w"):  # fly-wN@THETA: FLy with a window of N
             kind, window = "fly", _window_of(name, kind)
-        if tree and kind not in ("strict", "mars", *MARGIN_KINDS, *RIVALS):
+        if tree and kind not in ("strict", "block", "mars", *MARGIN_KINDS, *RIVALS):
             raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
         # Which rules a guard narrows is marspec.rules' to say; here it is refused by the method's name.
         rule_kind = "mars" if kind in MARGIN_KINDS else kind
@@ -127,7 +127,7 @@ def parse_methods(
             if tree:
                 rule.check_tree()
             methods.append(Method(name, kind, value, tree, guard=guard, window=window))
-        elif arg or kind not in ("plain", "strict", *PEERS):
+        elif arg or kind not in ("plain", "strict", "block", *PEERS):
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
             methods.append(Method(name, kind, tree=tree))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marspec.errors import MarspecError
-from marspec.rules import Rule
+from marspec.rules import Rule, RuleName
 from marspec.settings import settle_rule
 
 CONFIG_KEY = "marspec"
@@ -120,6 +120,26 @@ def _rule(settings: Any, where: str, keys: tuple[str, ...]) -> Rule:
     # sampled requests alike, so it is the greedy setting.
     rule_args = {field: settings[key] for key, field in _RULE_FIELDS if key in settings}
     try:
-        return settle_rule(**rule_args)
+        rule = settle_rule(**rule_args)
     except MarspecError as exc:
         raise VllmPluginConfigError(f"{where}: {exc}") from None
+    problem = _UNFIT.get(rule.name)
+    if problem:
+        raise VllmPluginConfigError(f"{where}: {problem}")
+    return rule
+
+
+# Rules the plugin's forcing scheme cannot carry (a row rewritten one-hot at the draft token where the
+# rule accepts; vLLM's own verifier does the rest), and why: docs/vllm.md, "Rules the plugin refuses".
+_UNFIT = {
+    RuleName.BLOCK: (
+        "rule 'block' judges a block with its own random draws, which vLLM makes inside its verifier; "
+        "vLLM has block verification itself: speculative_config rejection_sample_method='block', "
+        "without the plugin"
+    ),
+    RuleName.ENSEMBLE: (
+        "rule 'ensemble' mixes the drafter's distribution into the target's, and vLLM's verifier gets "
+        "none by default (draft_sample_method='greedy': q one-hot, against which the mixture accepts any "
+        "draft with probability >= 1 - theta); use marspec's own decoder (Decoder, marspec serve)"
+    ),
+}

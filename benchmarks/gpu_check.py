@@ -1,0 +1,82 @@
+"""The one command a lent GPU machine runs: marspec's self-test on the device (its "fixed shapes ==
+eager" row captures CUDA graphs there and reports each capture), then benchmarks/device_loop_cost.py at
+the default pair's sizes (random weights, bf16; eager against replayed forwards, decodes on both paths,
+the speed-up the CPU-measured tau predicts). Each part runs in a process of its own under a time limit
+and writes its JSON as it goes, so a limit or a crash loses little; a summary (gpu-check.json) follows
+each part. Needs marspec (run from the source tree), torch and transformers only: no weights, no
+tokenizer files (the loop-cost models are random; without ``--tokenizer`` the prompt is encoded with
+the self-test's byte-level tokenizer, the models keeping the Qwen vocabulary's 151,936 rows).
+
+    PYTHONPATH=src python3 benchmarks/gpu_check.py --out "$OUT"    # a lent GPU: about 4-7 minutes
+
+``--device cpu --small`` runs the same two parts at tiny sizes (about a minute), so the command is
+checked end to end where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LOOP_COST = Path(__file__).with_name("device_loop_cost.py")
+SELFTEST = """
+import json, sys
+from marspec.selftest import run_selftest
+report = run_selftest(sys.argv[1])
+open(sys.argv[2], "w").write(json.dumps(report.to_dict(), indent=2) + "\\n")
+for check in report.checks:
+    print(("PASS" if check.passed else "FAIL"), check.name, "|", check.detail)
+sys.exit(0 if report.passed else 1)
+"""
+
+
+def run_part(name: str, command: list[str], limit_s: float, summary: dict, out: Path) -> None:
+    """Run one part in a process of its own, at most ``limit_s`` seconds; note how it ended."""
+    begun = time.perf_counter()
+    print(f"== {name}: {' '.join(command)} (limit {limit_s:.0f} s)", flush=True)
+    try:
+        result = subprocess.run(command, timeout=limit_s, check=False)
+        ended = {"rc": result.returncode}
+    except subprocess.TimeoutExpired:
+        ended = {"rc": None, "timed_out": True}
+    summary["parts"][name] = {**ended, "seconds": round(time.perf_counter() - begun, 1)}
+    (out / "gpu-check.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, cpu or mps")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
+    parser.add_argument("--small", action="store_true", help="tiny loop-cost models (a CPU check)")
+    parser.add_argument("--tokenizer", help="a Qwen2.5 tokenizer folder for the loop-cost prompt")
+    parser.add_argument("--selftest-limit", type=float, default=150, help="seconds (default 150)")
+    parser.add_argument("--loop-cost-limit", type=float, default=330, help="seconds (default 330)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {
+        "device": args.device,
+        "small": args.small,
+        "started": time.strftime("%F %T"),
+        "parts": {},
+    }
+    tag = args.device.replace(":", "")
+    selftest = [sys.executable, "-c", SELFTEST, args.device, str(args.out / f"selftest-{tag}.json")]
+    run_part("selftest", selftest, args.selftest_limit, summary, args.out)
+    dtype = "fp32" if args.device == "cpu" else "bf16"
+    loop_cost = [sys.executable, str(LOOP_COST), "--device", args.device, "--dtype", dtype]
+    loop_cost += ["--json", str(args.out / f"device-loop-cost-{tag}.json")]
+    if args.small:
+        loop_cost += ["--small", "--new-tokens", "16", "--repeats", "1", "--cost-repeats", "2"]
+    if args.tokenizer:
+        loop_cost += ["--tokenizer", args.tokenizer]
+    run_part("device_loop_cost", loop_cost, args.loop_cost_limit, summary, args.out)
+    return 0 if all(part.get("rc") == 0 for part in summary["parts"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

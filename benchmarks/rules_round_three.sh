@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 56's comparison (docs/rules.md, "Round three: the comparison"): block verification, the static
+# ensemble at three weights, MARS at its default and strict on the same drafts, HumanEval-30 and
+# GSM8K-30. Every step resumes from its records.jsonl, so it can be stopped and rerun; a whole step only
+# rewrites its summary. Many hours of CPU on 2 cores, over several sittings.
+#
+#   benchmarks/rules_round_three.sh seed ROOT      # copy the committed runs whose records it reuses
+#   benchmarks/rules_round_three.sh greedy ROOT    # the ensembles beside strict and MARS, greedy
+#   benchmarks/rules_round_three.sh sampled ROOT   # T = 1, 3 samples: block, the ensembles, MARS, strict
+#   benchmarks/rules_round_three.sh tables ROOT    # tables and Pareto plots for docs/results.md
+#   MARSPEC=/path/to/marspec benchmarks/rules_round_three.sh greedy /work/runs/verify3
+#
+# ROOT holds the run folders until they are whole (then they move to docs/results/). The greedy folders
+# start as copies of rivals-greedy-TASK-30 (strict and MARS's default decoded there, same configuration),
+# the sampled ones as copies of sweep-sampled-t1-TASK-30 (strict at T = 1, 3 samples, same configuration).
+set -u
+MARSPEC=${MARSPEC:-.venv/bin/marspec}
+R=docs/results
+ROOT=${2:-}
+DEF=mars-prob@0.5  # the default MARS setting, greedy and sampling (marspec.defaults)
+ENSEMBLES=ensemble@0.3,ensemble@0.6,ensemble@0.9
+# The run-level theta and margin stay those of the folders seeded from, so their records are reused.
+COMMON=(--margin prob_ratio --theta 0.5 --threads 2 --limit 30)
+
+bench() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
+# Twice with --redo-contended: the second pass decodes again what the first timed under load; strict is
+# decoded again where its records were made on another CPU (a speed ratio pairs decodes of one CPU).
+step() { bench "$@" --redo-other-cpu --redo-contended; bench "$@" --redo-contended; }
+
+if [ -z "$ROOT" ]; then
+    echo "usage: $0 seed | greedy | sampled | tables ROOT" >&2
+    exit 2
+fi
+case "${1:-}" in
+seed)
+    for task in humaneval gsm8k; do
+        [ -d "$ROOT/greedy-$task-30" ] || cp -r "$R/rivals-greedy-$task-30" "$ROOT/greedy-$task-30"
+        [ -d "$ROOT/sampled-t1-$task-30" ] || cp -r "$R/sweep-sampled-t1-$task-30" "$ROOT/sampled-t1-$task-30"
+    done
+    ;;
+greedy)
+    for task in humaneval gsm8k; do
+        step --task $task --methods "strict,$DEF,$ENSEMBLES" --out "$ROOT/greedy-$task-30"
+    done
+    ;;
+sampled)
+    for task in humaneval gsm8k; do
+        step --task $task --temperature 1 --samples 3 --methods "strict,block,$DEF,$ENSEMBLES" \
+            --out "$ROOT/sampled-t1-$task-30"
+    done
+    ;;
+tables)
+    for task in humaneval gsm8k; do
+        for kind in greedy sampled-t1; do
+            python benchmarks/rules_table.py "$ROOT/$kind-$task-30"
+            "$MARSPEC" report "$ROOT/$kind-$task-30"
+        done
+    done
+    ;;
+*)
+    echo "usage: $0 seed | greedy | sampled | tables ROOT" >&2
+    exit 2
+    ;;
+esac
