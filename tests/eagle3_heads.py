@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 NOISE = 0.01  # std of the random attention and MLP weights
-INTERMEDIATE = 64
+INTERMEDIATE = 64  # the random MLP's width unless a caller asks for another
 
 
 def bigram_proposals(sequences: list[list[int]], followers: list[list[int]]) -> dict[int, int]:
@@ -62,11 +62,13 @@ def write_head(
     dtype: torch.dtype = torch.float32,
     config_changes: dict | None = None,
     drop: tuple[str, ...] = (),
+    intermediate: int = INTERMEDIATE,
 ) -> Path:
     """Write a head for the target in ``target_dir`` (its config.json as ``target_config``) into
     ``folder``. ``layers`` goes to ``eagle_config`` (None: the config names
     none, and EAGLE-3's default applies; then ``fc`` reads the late layer instead of layer L).
-    ``config_changes`` and ``drop`` (tensor names left out) make misfit heads."""
+    ``config_changes`` and ``drop`` (tensor names left out) make misfit heads; ``intermediate`` is the
+    random MLP's width. The vLLM tests (tests_vllm/test_eagle3.py) build their heads with it too."""
     hidden = target_config["hidden_size"]
     heads, kv_heads = target_config["num_attention_heads"], target_config["num_key_value_heads"]
     head_dim = target_config.get("head_dim") or hidden // heads
@@ -92,9 +94,9 @@ def write_head(
         "midlayer.self_attn.k_proj.weight": noise(kv_heads * head_dim, 2 * hidden),
         "midlayer.self_attn.v_proj.weight": noise(kv_heads * head_dim, 2 * hidden),
         "midlayer.self_attn.o_proj.weight": noise(hidden, heads * head_dim),
-        "midlayer.mlp.gate_proj.weight": noise(INTERMEDIATE, hidden),
-        "midlayer.mlp.up_proj.weight": noise(INTERMEDIATE, hidden),
-        "midlayer.mlp.down_proj.weight": noise(hidden, INTERMEDIATE),
+        "midlayer.mlp.gate_proj.weight": noise(intermediate, hidden),
+        "midlayer.mlp.up_proj.weight": noise(intermediate, hidden),
+        "midlayer.mlp.down_proj.weight": noise(hidden, intermediate),
         "fc.weight": fc,
         "norm.weight": final_norm.float(),
         "lm_head.weight": output.float(),
@@ -111,7 +113,7 @@ def write_head(
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": hidden,
-        "intermediate_size": INTERMEDIATE,
+        "intermediate_size": intermediate,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,

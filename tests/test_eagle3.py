@@ -159,6 +159,73 @@ def test_strict_with_head_trees_equals_plain_decoding(eagle, plain_runs):
         assert result.token_ids == tokens
 
 
+def test_mars_at_theta_one_equals_strict_with_head_trees(eagle, plain_runs):
+    accepted = 0
+    for prompt, (tokens, _) in zip(PROMPTS, plain_runs, strict=True):
+        opts = options(rule="mars", theta=1.0, margin="prob_ratio", k=4, tree="3,2")
+        result = eagle.generate(prompt, **opts)
+        assert result.token_ids == tokens and not result.relaxed_positions
+        accepted += result.stats.accepted_exact
+    assert accepted > 0, "no node of the head's trees was accepted: nothing was compared"
+
+
+def test_a_head_tree_one_wide_is_the_heads_chain(eagle, plain_runs):
+    """The dynamic tree's expansion (rows at one position, masked to their ancestors) drafts, one
+    candidate per depth, exactly the chain the head drafts position by position."""
+    drafter, target = eagle.drafter, eagle.target
+    ids = torch.tensor(eagle.tokenizer(PROMPTS[0])["input_ids"] + plain_runs[0][0][:5])
+    target.reset()
+    drafter.reset()
+    target.forward(ids[:-1])  # the target holds all of the context but its last token
+    chain = drafter.propose(ids, 4, 0.0, None).tokens
+    draft, tree = drafter.propose_tree(ids, 4, (1,))
+    assert tree is not None and tree.chain_len == len(tree) == 4
+    assert tree.parents == (0, 1, 2, 3) and draft.tokens.tolist() == chain.tolist()
+    wide, wide_tree = drafter.propose_tree(ids, 4, (3, 2))
+    assert wide_tree is not None and len(wide_tree) <= 7 and max(wide_tree.depths) <= 4
+    assert wide.tokens[0] == chain[0]  # the head's best first token leads the chain
+    target.reset()
+    drafter.reset()
+
+
+def test_a_head_tree_step_isolates_siblings(eagle):
+    """Rows of one tree depth at one position each see the sequence, their ancestors and themselves
+    only: each equals the row run alone along its own path."""
+    from marspec.drafters.eagle3_head import HeadCache, TreeRows
+
+    head = eagle.drafter.draft_model.head
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(6, head.fc.out_features, generator=g)
+    tokens = torch.tensor([3, 7, 9, 11, 13, 5])
+    cache = HeadCache(head)
+    cache.step(tokens[:3], features[:3])  # three positions of a sequence
+    sees = torch.zeros(3, 6, dtype=torch.bool)
+    sees[:, :3] = True
+    sees[torch.arange(3), torch.arange(3, 6)] = True  # three siblings at position 3
+    together, _ = cache.step(tokens[3:6], features[3:6], TreeRows(3, sees))
+    child_sees = torch.zeros(1, 7, dtype=torch.bool)
+    child_sees[0, [0, 1, 2, 4, 6]] = True  # a child of the second sibling, at position 4
+    child, _ = cache.step(tokens[:1], features[:1], TreeRows(4, child_sees))
+    for row in range(3):
+        cache.rollback(3)
+        alone, _ = cache.step(tokens[3 + row : 4 + row], features[3 + row : 4 + row])
+        torch.testing.assert_close(together[row], alone[0])
+        if row == 1:
+            path_child, _ = cache.step(tokens[:1], features[:1])
+            torch.testing.assert_close(child[0], path_child[0])
+
+
+def test_a_head_drafts_in_the_dtype_of_a_target_passed_in_loaded(target_dir, head_dir):
+    """A bf16 target passed in loaded keeps its dtype whatever ``dtype`` says; the head follows it (its
+    hidden states come in bf16), rather than failing inside torch on mixed dtypes."""
+    target = Decoder(str(target_dir), None, device="cpu", dtype="bf16").target
+    eagle = Decoder(target, str(head_dir), draft_confidence=0.0)
+    assert eagle.drafter.draft_model.head.fc.weight.dtype == torch.bfloat16
+    for tree in (None, "3,2"):
+        result = eagle.generate(PROMPTS[0], **options(rule="strict", k=3, tree=tree))
+        assert len(result.token_ids) == NEW
+
+
 def test_mars_at_theta_one_equals_strict_with_the_head(eagle, plain_runs):
     for prompt, (tokens, _) in zip(PROMPTS, plain_runs, strict=True):
         result = eagle.generate(prompt, **options(rule="mars", theta=1.0, margin="prob_ratio", k=3))

@@ -3,10 +3,10 @@ format built here from the target's own output rows (tests/eagle3_heads.py says 
 from a folder and by Hub id from an offline cache. One prompt, few tokens: the target is loaded once and
 shared by every Decoder here.
 
-Checked: strict verification of the head's drafts equals plain decoding token for token, with drafts
-accepted; MARS at theta 1 equals strict; MARS relaxes a head that drafts the target's runner-up, first
-where strict took the target's top choice; a head made for another target is refused in one line
-without loading weights.
+Checked: strict verification of the head's drafts (chains and dynamic trees) equals plain decoding token
+for token, with drafts accepted; MARS at theta 1 equals strict; MARS relaxes a head that drafts the
+target's runner-up, first where strict took the target's top choice; a head made for another target is
+refused in one line without loading weights.
 """
 
 from __future__ import annotations
@@ -71,6 +71,16 @@ def test_strict_with_a_published_format_head_equals_plain(plain, plain_run, head
     assert result.token_ids == plain_run[0]
     assert result.stats.accepted_exact > 0
     mars1 = decoder.generate(PROMPT, rule="mars", theta=1.0, k=K, max_new_tokens=NEW)
+    assert mars1.token_ids == plain_run[0] and not mars1.relaxed_positions
+
+
+def test_strict_and_mars_with_head_trees_equal_plain(plain, plain_run, heads):
+    """The head's dynamic trees (EAGLE-2's expansion by cumulative confidence) on the real target."""
+    decoder = Decoder(plain.target, str(heads["top"]), draft_confidence=0.0)
+    result = decoder.generate(PROMPT, rule="strict", k=K, tree="3,2", max_new_tokens=NEW)
+    assert result.token_ids == plain_run[0]
+    assert result.stats.accepted_exact > 0
+    mars1 = decoder.generate(PROMPT, rule="mars", theta=1.0, k=K, tree="3,2", max_new_tokens=NEW)
     assert mars1.token_ids == plain_run[0] and not mars1.relaxed_positions
 
 

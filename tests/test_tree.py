@@ -266,3 +266,28 @@ def test_a_rival_rule_accepts_a_sibling_in_its_test():
     assert (out.path, out.tokens, out.relaxed.tolist(), out.next_token) == ((3,), (4,), [True], 7)
     strict = verify([root, row(5, 9.0, 0, 1.0), BONUS_2, BONUS_3], STRICT)
     assert (strict.path, strict.next_token) == ((), 6)
+
+
+def test_best_first_tree_keeps_the_best_candidates_chain_first():
+    """EAGLE-2's reranking on hand-made candidates: the budget's best by cumulative log-probability,
+    ancestors kept with their children (a tie goes to the parent), the best path numbered first, the
+    rest by depth and score, each node's children in order of preference."""
+    from marspec.drafters.tree import best_first_tree, node_budget
+
+    # Root children a (-0.1), b (-0.5), c (-3.0); a's children d (-0.4), e (-2.0); b's child f (-0.5,
+    # a tie with its parent b: f must not come before b); d's child g (-0.9).
+    tokens = [10, 11, 12, 13, 14, 15, 16]
+    parents = [-1, -1, -1, 0, 0, 1, 3]
+    depths = [1, 1, 1, 2, 2, 2, 3]
+    scores = [-0.1, -0.5, -3.0, -0.4, -2.0, -0.5, -0.9]
+    tree = best_first_tree(tokens, parents, depths, scores, budget=5, device=torch.device("cpu"))
+    # Kept: a, d, b, f (tie, after b), g; chain a -> d -> g; then b (depth 1) and f (depth 2).
+    assert tree.tokens.tolist() == [10, 13, 16, 11, 15]
+    assert tree.parents == (0, 1, 2, 0, 4)
+    assert tree.depths == (1, 2, 3, 1, 2)
+    assert tree.chain_len == 3
+    assert tree.children()[0] == (1, 4)  # a before b
+    small = best_first_tree(tokens, parents, depths, scores, budget=1, device=torch.device("cpu"))
+    assert small.tokens.tolist() == [10] and small.chain_len == 1
+    assert node_budget(4, (3, 2)) == 7 and node_budget(1, (3, 2)) == 3
+    assert len(build_tree(Draft(tokens=torch.arange(4), alternatives=torch.zeros(4, 2)), (3, 2))) == 7

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from engine_ram import PAIR_ENGINE_GIB, SMALL_ENGINE_GIB, require_free_ram
+
+# The library tests' EAGLE-3 head builder (tests/eagle3_heads.py) builds this folder's heads too. Appended,
+# not prepended: a module name both folders use (test_eagle3) still means this folder's.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 # vLLM's V2 verifier runs under Triton's interpreter, which must not reach the other tests' processes:
 # `make test-vllm` runs that folder in a pytest process of its own.

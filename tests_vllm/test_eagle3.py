@@ -38,20 +38,17 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
+from eagle3_heads import write_head
 from engine_ram import KV_CACHE_GIB, SMALL_ENGINE_GIB, require_free_ram
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from marspec.integrations.vllm.compare import DEFAULT_PROMPTS, BatchResult, EngineSpec, Request, run_engine
 
 MAX_TOKENS = 32
 K = 1  # draft tokens per step (see the module doc)
 INTERMEDIATE = 256  # the head's MLP width (random, so kept small)
-NOISE = 0.01  # std of the random attention and MLP weights
 # MARS relaxing where the runner-up has at least 0.3 of the top token's probability (marspec's default is
 # 0.5: these four prompts have fewer close calls above it that a runner-up draft can reach).
 RELAXING = {"rule": "mars", "theta": 0.3, "margin": "prob_ratio"}
@@ -138,74 +135,23 @@ def bigram_drafts(plain: BatchResult, threshold: float) -> tuple[dict[int, int],
 
 def write_eagle3_head(target_dir: str, head_dir: Path, proposals: dict[int, int], seed: int = 0) -> None:
     """An EAGLE-3 head for ``target_dir`` in the published checkpoint format (see the module doc) that,
-    after the target emits token ``a``, drafts ``proposals[a]``."""
+    after the target emits token ``a``, drafts ``proposals[a]``: the library tests' builder
+    (tests/eagle3_heads.py), with the MLP width and the rope parameters vLLM's config reader wants."""
     target = json.loads((Path(target_dir) / "config.json").read_text())
-    hidden, layers = target["hidden_size"], target["num_hidden_layers"]
-    heads, kv_heads = target["num_attention_heads"], target["num_key_value_heads"]
-    head_dim = target.get("head_dim") or hidden // heads
+    layers = target["num_hidden_layers"]
     rope_theta = target.get("rope_theta") or target.get("rope_parameters", {}).get("rope_theta", 10000.0)
-    sources = sorted(proposals)  # draft id i reads the target's output row of sources[i]
-    with safe_open(str(Path(target_dir) / "model.safetensors"), "pt") as weights:
-        names = set(weights.keys())
-        lm_head = weights.get_tensor(
-            "lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight"
-        )
-        output = lm_head[sources].float().contiguous()  # [draft vocab, hidden]
-        final_norm = weights.get_tensor("model.norm.weight").float()  # [hidden]
-        del lm_head
-    g = torch.Generator().manual_seed(seed)
-
-    def noise(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * NOISE
-
-    fc = torch.zeros(hidden, 3 * hidden)  # [hidden, 3 hidden]: takes the last of the three target states
-    fc[:, 2 * hidden :] = torch.eye(hidden)
-    drafted = torch.tensor([proposals[a] for a in sources])  # [draft vocab]: target id of each draft id
-    tensors = {
-        # The decoder layer sees [embedding; hidden state] (2 hidden wide) and adds its output to the
-        # hidden state.
-        "midlayer.input_layernorm.weight": torch.ones(hidden),
-        "midlayer.hidden_norm.weight": torch.ones(hidden),
-        "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
-        "midlayer.self_attn.q_proj.weight": noise(heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.k_proj.weight": noise(kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.v_proj.weight": noise(kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.o_proj.weight": noise(hidden, heads * head_dim),
-        "midlayer.mlp.gate_proj.weight": noise(INTERMEDIATE, hidden),
-        "midlayer.mlp.up_proj.weight": noise(INTERMEDIATE, hidden),
-        "midlayer.mlp.down_proj.weight": noise(hidden, INTERMEDIATE),
-        "fc.weight": fc,
-        "norm.weight": final_norm,
-        "lm_head.weight": output,
-        "d2t": drafted - torch.arange(len(sources)),  # target id = draft id + d2t[draft id]
-        "t2d": torch.zeros(target["vocab_size"], dtype=torch.bool).index_fill_(0, drafted, True),
-    }
-    head_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(head_dir / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": INTERMEDIATE,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        "rms_norm_eps": target["rms_norm_eps"],
-        "rope_theta": rope_theta,
-        "rope_parameters": {"rope_theta": rope_theta, "rope_type": "default"},
-        "max_position_embeddings": target["max_position_embeddings"],
-        "vocab_size": target["vocab_size"],
-        "draft_vocab_size": len(sources),
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "target_hidden_size": hidden,
+    write_head(
+        head_dir,
+        target,
+        Path(target_dir),
+        proposals,
+        seed=seed,
         # The target layers whose output the head reads (vLLM's default for Qwen2 is (2, L/2, L-3));
         # L, the last layer's output, makes fc's pass-through the target's own final hidden state.
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, layers // 2, layers]},
-    }
-    (head_dir / "config.json").write_text(json.dumps(config, indent=2))
+        layers=[2, layers // 2, layers],
+        config_changes={"rope_parameters": {"rope_theta": rope_theta, "rope_type": "default"}},
+        intermediate=INTERMEDIATE,
+    )
 
 
 @pytest.fixture(scope="module")

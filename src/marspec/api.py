@@ -145,11 +145,12 @@ def _target_shape(target: str | HFCausalLM) -> TargetShape:
 
 
 def _eagle3_drafter(
-    head: HeadSpec, layers: tuple[int, ...], target: HFCausalLM, dtype: torch.dtype, confidence: float
+    head: HeadSpec, layers: tuple[int, ...], target: HFCausalLM, confidence: float
 ) -> Eagle3Drafter:
-    """An EAGLE-3 head (checked to fit already) loaded to draft for ``target``, in its dtype and device."""
+    """An EAGLE-3 head (checked to fit already) loaded to draft for ``target``, in its dtype and device
+    (the dtype its hidden states come in: a target passed in loaded keeps its own, whatever ``dtype``)."""
     embedding = target.model.get_input_embeddings()
-    module = load_head(head, len(layers), embedding, dtype, target.device)
+    module = load_head(head, len(layers), embedding, target.dtype, target.device)
     return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence)
 
 
@@ -270,7 +271,7 @@ class Decoder:
             self.draft_name = "ngram"
         elif head is not None:
             self.draft_name = head.name
-            head_drafter = _eagle3_drafter(head, head_layers, self.target, torch_dtype, draft_confidence)
+            head_drafter = _eagle3_drafter(head, head_layers, self.target, draft_confidence)
             self.drafter = HybridDrafter(head_drafter) if lookup else head_drafter
         else:
             # int8 (fbgemm) and int4 are CPU kernels: elsewhere the draft runs in the target's dtype.

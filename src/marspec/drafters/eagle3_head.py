@@ -17,6 +17,8 @@ are separate so that inference (:class:`HeadCache`, with a position-written KV c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -150,6 +152,15 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(stream))
 
 
+@dataclass(frozen=True)
+class TreeRows:
+    """Where rows of a token tree's one depth stand: all at ``position``, each attending to what its row
+    of ``sees`` (bool[n, cached + n]) allows: the sequence, its own ancestors' rows and itself."""
+
+    position: int
+    sees: torch.Tensor
+
+
 class HeadCache:
     """The head's keys and values by position for one sequence (appends write in place, a rollback sets a
     length: :class:`marspec.backends.kv_cache.PositionLayer`)."""
@@ -169,19 +180,25 @@ class HeadCache:
         self.layer.reset()
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the head at the next ``n`` positions (``tokens``: long[n], the token after each position;
-        ``features``: [n, hidden]); returns float32 draft logits [n, draft vocab] and the streams [n,
-        hidden] (each the next position's feature). Each position attends to every earlier one."""
+    def step(
+        self, tokens: torch.Tensor, features: torch.Tensor, tree: TreeRows | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head on ``n`` more rows (``tokens``: long[n], the token after each row's position;
+        ``features``: [n, hidden]), appended to the cache; returns float32 draft logits [n, draft vocab]
+        and the streams [n, hidden] (each the next position's feature). The rows are the next ``n``
+        positions of one sequence, each attending to every earlier one, or a token tree's ``tree``."""
         head = self.head
         start = self.layer.length
         n = int(tokens.shape[0])
-        positions = torch.arange(start, start + n, device=tokens.device).unsqueeze(0)
+        if tree is None:
+            positions = torch.arange(start, start + n, device=tokens.device).unsqueeze(0)
+        else:
+            positions = torch.full((1, n), tree.position, dtype=torch.long, device=tokens.device)
         x, residual = head.layer_input(tokens.unsqueeze(0), features.unsqueeze(0))
         q, k, v = head.project(x, positions)
         keys, values = self.layer.update(k, v)
-        mask = None
-        if n > 1:  # row i sees the cache and the new positions up to its own
+        mask = None if tree is None else tree.sees
+        if mask is None and n > 1:  # row i sees the cache and the new positions up to its own
             mask = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(start)
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         stream = head.layer_output(attended, residual)

@@ -81,3 +81,50 @@ def _tree_structure(
             parents.extend([depth - 1] * extra)
             depths.extend([depth] * extra)
     return tuple(parents), tuple(depths), tuple(extras)
+
+
+def node_budget(k: int, shape: tuple[int, ...]) -> int:
+    """How many nodes :func:`build_tree` gives a chain of ``k`` under ``shape`` when every sibling is at
+    hand: what a drafter that grows its own tree (:class:`marspec.interfaces.TreeDrafter`) spends, so
+    that both kinds of tree cost the target the same verification forward."""
+    return k + sum(width - 1 for width in shape[:k])
+
+
+def best_first_tree(
+    tokens: list[int],
+    parents: list[int],
+    depths: list[int],
+    scores: list[float],
+    budget: int,
+    device: torch.device,
+) -> DraftTree:
+    """The ``budget`` best-scored candidates as a tree (EAGLE-2's reranking).
+
+    Candidate ``i`` has token ``tokens[i]``, parent candidate ``parents[i]`` (-1: the root; a parent
+    comes before its children), depth ``depths[i]`` and score ``scores[i]``: its cumulative
+    log-probability under the drafter, never above its parent's, so the kept set holds every kept
+    candidate's ancestors (a tie goes to the shallower one). The chain is the best-scored path from the
+    root; nodes are numbered chain first, then by depth and score, so each node's children come in
+    order of preference, as the verifier's walk wants them.
+    """
+    order = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i], i))
+    kept = set(order[:budget])
+    children: dict[int, list[int]] = {}
+    for i in order[:budget]:  # each list best first
+        children.setdefault(parents[i], []).append(i)
+    chain: list[int] = []
+    node = -1
+    while children.get(node):
+        node = children[node][0]
+        chain.append(node)
+    on_chain = set(chain)
+    rest = sorted(kept - on_chain, key=lambda i: (depths[i], -scores[i], i))
+    numbered = chain + rest
+    number = {c: n for n, c in enumerate(numbered, start=1)}
+    number[-1] = 0
+    return DraftTree(
+        tokens=torch.tensor([tokens[c] for c in numbered], dtype=torch.long, device=device),
+        parents=[number[parents[c]] for c in numbered],
+        depths=[depths[c] for c in numbered],
+        chain_len=len(chain),
+    )
