@@ -14,7 +14,7 @@ from marspec.api import Decoder
 from marspec.backends.int4 import Int4Linear, int4_available, quantize_int4
 from marspec.models import MODELS
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
-from marspec.models.convert import resolve_model_dir
+from marspec.models.convert import float_model_dir, resolve_model_dir
 from marspec.models.loading import load_model
 from marspec.models.registry import ModelSpec
 
@@ -51,6 +51,7 @@ def test_a_known_model_is_prepared_with_its_gguf_and_no_float_weights(known: str
     folder = resolve_model_dir(known)
     assert (folder / GGUF_FILE).is_file() and not (folder / WEIGHTS_FILE).exists()
     assert resolve_model_dir(known) == folder  # prepared once, and complete as it is
+    assert float_model_dir(known) == folder and (folder / WEIGHTS_FILE).is_file()  # for vLLM and others
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -375,3 +375,12 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
     fix = f"delete or replace {path} with a complete GGUF file"
     read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
     return _materialise(gguf_cache_key(path), path.name, None, path, fix)
+
+
+def float_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
+    """:func:`resolve_model_dir`, with a known model's float32 weights written if its folder holds only
+    its GGUF: for readers of the folder other than marspec's own loader (vLLM, another environment)."""
+    folder = resolve_model_dir(name_or_path)
+    if folder.resolve().parent == models_root().resolve():
+        ensure_float_weights(folder)
+    return folder
