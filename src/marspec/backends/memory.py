@@ -38,11 +38,17 @@ def _madvise() -> ctypes._CFuncPtr | None:
 def release_pages(tensor: torch.Tensor) -> None:
     """Ask the kernel to reclaim the whole memory pages under ``tensor`` (a hint; best effort, Linux
     only). For a weight that has just been copied into another layout."""
-    madvise = _madvise()
-    if madvise is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
         return
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
+    release_range(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def release_range(start: int, nbytes: int) -> None:
+    """:func:`release_pages` for the ``nbytes`` of memory at address ``start`` (a numpy array's, say)."""
+    madvise = _madvise()
+    if madvise is None:
+        return
+    end = start + nbytes
     page = mmap.PAGESIZE
     first, last = -(-start // page) * page, end // page * page  # only pages wholly inside the tensor
     if last > first:
