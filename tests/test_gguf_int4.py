@@ -90,3 +90,18 @@ def test_a_4bit_pair_of_a_known_model_needs_no_float_weights_and_strict_equals_p
         assert (
             decoder.generate("hello world", rule=rule, theta=theta, k=3, max_new_tokens=12).token_ids == plain
         )
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16"])
+def test_dequantizing_a_chunk_of_rows_at_a_time_gives_the_whole_tensors_values(qtype: str) -> None:
+    import numpy as np
+    from gguf import GGMLQuantizationType, dequantize
+    from gguf.quants import quantize
+
+    from marspec.models.gguf_weights import dequantized
+
+    kind = GGMLQuantizationType[qtype]
+    data = quantize(np.random.default_rng(0).standard_normal((37, 64)).astype(np.float32), kind)
+    whole = dequantize(data, kind)
+    for chunk in (1, 5, 36, 37, 100):
+        assert np.array_equal(dequantized(data, kind, rows_per_chunk=chunk), whole)
