@@ -52,6 +52,8 @@ def test_a_known_model_is_prepared_with_its_gguf_and_no_float_weights(known: str
     assert (folder / GGUF_FILE).is_file() and not (folder / WEIGHTS_FILE).exists()
     assert resolve_model_dir(known) == folder  # prepared once, and complete as it is
     assert float_model_dir(known) == folder and (folder / WEIGHTS_FILE).is_file()  # for vLLM and others
+    assert not (folder / GGUF_FILE).exists()  # the float32 weights took its place
+    assert resolve_model_dir(known) == folder
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -63,7 +65,7 @@ def test_the_gguf_path_builds_the_same_4bit_model_as_quantising_the_float32_one(
     assert not (folder / WEIGHTS_FILE).exists()  # the 4-bit path wrote no float32 weights
     assert not any(type(m) is torch.nn.Linear for m in direct.modules())
     floats, _, _ = load_model(known, dtype=dtype)  # a float load writes them now, once
-    assert (folder / WEIGHTS_FILE).is_file()
+    assert (folder / WEIGHTS_FILE).is_file() and not (folder / GGUF_FILE).exists()
     quantized = quantize_int4(floats)
     a, b = _int4_layers(direct), _int4_layers(quantized)
     assert a.keys() == b.keys() and "lm_head" in a
@@ -76,9 +78,9 @@ def test_the_gguf_path_builds_the_same_4bit_model_as_quantising_the_float32_one(
     with torch.no_grad():
         assert torch.equal(direct(ids).logits, quantized(ids).logits)
     assert direct.generation_config.eos_token_id == quantized.generation_config.eos_token_id
-    # With float weights present the 4-bit path still reads the GGUF (it maps less memory).
+    # From then on the 4-bit path loads the float32 weights, for the caller to quantise: the same model.
     again, _, _ = load_model(known, dtype=dtype, int4_linears=True)
-    assert torch.equal(again.lm_head.packed_weight, a["lm_head"].packed_weight)
+    assert torch.equal(quantize_int4(again).lm_head.packed_weight, a["lm_head"].packed_weight)
 
 
 def test_a_4bit_pair_of_a_known_model_needs_no_float_weights_and_strict_equals_plain(known: str) -> None:

@@ -4,8 +4,8 @@ one.
 Loading a GGUF with transformers dequantizes every tensor, which takes tens of seconds, so each model is
 converted once into a plain folder in the cache (``config.json``, ``model.safetensors`` in float32,
 tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. A known model's folder
-keeps its GGUF (``model.gguf``) instead, until a float load first needs the float32 weights: its 4-bit
-path reads the GGUF and never needs them. Known names resolve to
+keeps its GGUF (``model.gguf``) instead, until a float load first needs the float32 weights, which then
+replace it: its 4-bit path reads the GGUF and never needs them. Known names resolve to
 installed packages and paths to local files, without the network; any other ``ORG/NAME`` is a Hugging
 Face Hub id, resolved by :mod:`marspec.models.hub`.
 """
@@ -179,11 +179,12 @@ def _convert_gguf(
 
 
 def ensure_float_weights(folder: Path) -> None:
-    """Write the float32 weights of a converted folder that holds only its GGUF (a known model's), once.
+    """Write the float32 weights of a converted folder that holds only its GGUF (a known model's), once,
+    in the GGUF's place.
 
-    A known model is prepared with its GGUF (a few seconds, its packaged size on disk); a model loaded in
-    floats then needs its float32 safetensors (7.1 GB for the default target), written here the first
-    time. The 4-bit path reads the GGUF and never needs them (:mod:`marspec.models.gguf_int4`).
+    A known model is prepared with its GGUF (its packaged size on disk); a model loaded in floats then
+    needs its float32 safetensors (7.1 GB for the default target), written here the first time. The
+    4-bit path reads the GGUF and never needs them (:mod:`marspec.models.gguf_int4`).
     """
     gguf = held_gguf(folder)
     if gguf is None or has_float_weights(folder):
@@ -207,6 +208,9 @@ def ensure_float_weights(folder: Path) -> None:
                 ):
                     _write_weights(gguf, config, partial_file, fix)
             os.replace(partial_file, folder / WEIGHTS_FILE)
+            # The float32 weights replace the GGUF: the folder's disk stays what a float user needs (the
+            # 4-bit path then quantises them: the same model). A reader that opened it keeps its copy.
+            gguf.unlink()
         except OSError as exc:
             raise MarspecError(
                 f"writing the float32 weights into {folder} failed ({exc.strerror or exc}); free disk space "

@@ -76,8 +76,11 @@ def load_model(
             if gguf is not None:
                 from marspec.models.gguf_int4 import load_gguf_int4
 
-                model, info = load_gguf_int4(gguf, folder, torch_dtype), {}
-            else:
+                try:
+                    model, info = load_gguf_int4(gguf, folder, torch_dtype), {}
+                except FileNotFoundError:  # another process wrote the float32 weights in its place
+                    gguf = None
+            if gguf is None:
                 model, info = AutoModelForCausalLM.from_pretrained(
                     folder, dtype=torch_dtype, local_files_only=True, output_loading_info=True
                 )
