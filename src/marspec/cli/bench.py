@@ -245,7 +245,9 @@ def compare(
     parted = sorted(c.first_divergences)
     divergence = ""
     if parted:
-        quartiles = statistics.quantiles(parted, n=4) if len(parted) > 1 else [parted[0]] * 3
+        quartiles = (
+            statistics.quantiles(parted, n=4, method="inclusive") if len(parted) > 1 else [parted[0]] * 3
+        )
         divergence = (
             f"; tokens differ on {len(parted)}, from token {quartiles[1]:g} (median; quartiles "
             f"{quartiles[0]:g}-{quartiles[2]:g}, range {parted[0]}-{parted[-1]})"
