@@ -53,6 +53,9 @@ def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[st
     # them; they are handed on as soon as they appear.
     parsed["tensors"] = {}
     for tensor in GGUFReader(gguf_path).tensors:
+        mapped = key_mapping.get(tensor.name)
+        if mapped is not None and mapped not in wanted:
+            continue  # e.g. an output layer the model ties to its input embedding: not even dequantized
         result = processor.process(
             weights=dequantized(tensor.data, tensor.tensor_type),
             name=tensor.name,
