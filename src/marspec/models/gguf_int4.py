@@ -89,6 +89,6 @@ def _computed_buffers(model: torch.nn.Module, config: object) -> None:
             except TypeError as exc:
                 raise MarspecError(
                     f"cannot build {type(module).__name__} ({name}) of this architecture without its float "
-                    "weights: load the model with target_quant='none' or 'int8'"
+                    "weights: load it without 4-bit weights (target_quant / draft_quant 'none' or 'int8')"
                 ) from exc
             model.set_submodule(name, fresh)
