@@ -26,7 +26,8 @@ class Comparison:
     lost: int  # questions scored lower than the reference
     won: int  # questions scored higher
     # Per question whose tokens differ, the index of the first token that does (its samples' and turns'
-    # tokens one after another), in question order: how far the other side follows the reference.
+    # tokens one after another), in question order: how far the other side follows the reference. Only
+    # questions both runs recorded token ids for (records before those were kept have none).
     first_divergences: tuple[int, ...] = ()
 
 
@@ -82,6 +83,10 @@ def compare_runs(reference: tuple[Path, str], other: tuple[Path, str]) -> Compar
         lost=sum(x < y for x, y in zip(a, b, strict=True)),
         won=sum(x > y for x, y in zip(a, b, strict=True)),
         first_divergences=tuple(
-            d for q in common if (d := first_difference(tokens[q], ref_tokens[q])) is not None
+            d
+            for q in common
+            if tokens[q]
+            and ref_tokens[q]  # older records kept no token ids
+            and (d := first_difference(tokens[q], ref_tokens[q])) is not None
         ),
     )
