@@ -31,6 +31,7 @@ import torch
 
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
+from marspec.eval.compare import first_difference
 from marspec.eval.cpu import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -44,13 +45,6 @@ VARIANTS: dict[str, Callable[[HFCausalLM], Decoder]] = {
     "bf16": lambda draft: Decoder(DEFAULT_TARGET, draft, dtype="bf16"),
     "bf16-draft": lambda draft: Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16", draft_quant="none"),
 }
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first index where ``a`` and ``b`` differ (or where the shorter ends); None if equal."""
-    if a == b:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def main() -> None:

@@ -72,6 +72,20 @@ def decode_tokens(target, drafter, prompt, **config) -> tuple[list[int], Generat
     return tokens, stats
 
 
+def assert_chain_rows_scored_as_one_token_forwards(lm: HFCausalLM, prompt: torch.Tensor) -> None:
+    """The property strict == plain rests on for a quantised target: a forward over several new tokens
+    scores each exactly (bit for bit, attention included) as one-token forwards do, and a prompt scored
+    in one forward caches what scoring it in pieces caches (prefix reuse's premise)."""
+    lm.forward(prompt[:3])
+    together = lm.forward(prompt[3:])  # [len - 3, V]
+    lm.reset()
+    lm.forward(prompt[:3])
+    one_by_one = torch.cat([lm.forward(prompt[i : i + 1]) for i in range(3, len(prompt))])
+    assert torch.equal(together, one_by_one)
+    lm.reset()
+    assert torch.equal(lm.forward(prompt)[3:], together)
+
+
 @pytest.fixture
 def target() -> HFCausalLM:
     return tiny_lm(0, "tiny-target")

@@ -589,6 +589,14 @@ def test_old_configs_without_sampling_fields_still_resume(tmp_path):
         prepare_out_dir(tmp_path, replace(cfg, temperature=1.0))
 
 
+def test_first_difference_is_where_two_token_sequences_part():
+    from marspec.eval.compare import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one ends: they part where it does
+
+
 def test_compare_two_runs_pairs_questions(decoder, tmp_path):
     from marspec.eval.compare import compare_runs, parse_side
 
@@ -607,8 +615,10 @@ def test_compare_two_runs_pairs_questions(decoder, tmp_path):
         )
     same = compare_runs(parse_side(f"{tmp_path / 'a'}:strict"), parse_side(f"{tmp_path / 'b'}:strict"))
     assert same.questions == 1 and same.changed == 0 and same.recovery.value == 1.0  # fp32 strict is exact
+    assert same.first_divergences == ()
     other = compare_runs((tmp_path / "a", "strict"), (tmp_path / "b", "mars@0.5"))
     assert other.questions == 1 and other.lost + other.won <= other.changed
+    assert len(other.first_divergences) == other.changed  # one token sequence per text, here
     with pytest.raises(MarspecError, match="RUN_DIR:METHOD"):
         parse_side("no-colon")
     with pytest.raises(MarspecError, match="no records of method"):

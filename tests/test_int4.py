@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL, tiny_lm
+from conftest import SMALL, assert_chain_rows_scored_as_one_token_forwards, tiny_lm
 from test_decode import reference_greedy, run
 from test_tree import TREE
 from typer.testing import CliRunner
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not int4_available(), reason="this torch build h
 def test_a_row_gives_the_same_bits_whatever_else_is_in_its_forward(dtype, out_features, bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, out_features, bias=bias)
-    layer = Int4Linear(linear.to(dtype))
+    layer = Int4Linear.of(linear.to(dtype))
     # Rows of very different sizes, and more rows than one of the kernel's four-row tiles.
     x = (torch.randn(13, 96) * torch.logspace(-2, 2, 13)[:, None]).to(dtype)  # [13, 96]
     with torch.no_grad():
@@ -45,7 +45,7 @@ def test_a_row_gives_the_same_bits_whatever_else_is_in_its_forward(dtype, out_fe
 def test_a_layer_whose_inputs_are_not_whole_groups_is_padded_not_refused():
     torch.manual_seed(0)
     linear = torch.nn.Linear(GROUP_SIZE + 8, 16)
-    layer = Int4Linear(linear)
+    layer = Int4Linear.of(linear)
     x = torch.randn(3, GROUP_SIZE + 8)
     with torch.no_grad():
         error = (layer(x) - linear(x)).norm() / linear(x).norm()
@@ -68,14 +68,7 @@ def test_the_weights_take_about_a_sixth_of_fp32():
 def test_each_row_of_a_chain_forward_is_scored_exactly_as_a_one_token_forward(prompt, dtype):
     lm = tiny_lm(0, "int4-target", layers=3)
     quantize_target(lm.model.to(dtype), "int4")
-    lm.forward(prompt[:3])
-    together = lm.forward(prompt[3:])  # [5, V]
-    lm.reset()
-    lm.forward(prompt[:3])
-    one_by_one = torch.cat([lm.forward(prompt[i : i + 1]) for i in range(3, len(prompt))])  # [5, V]
-    assert torch.equal(together, one_by_one)
-    lm.reset()
-    assert torch.equal(lm.forward(prompt)[3:], together)
+    assert_chain_rows_scored_as_one_token_forwards(lm, prompt)
 
 
 def test_an_int4_target_keeps_strict_equal_to_plain(prompt):

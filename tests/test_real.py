@@ -328,11 +328,15 @@ def test_an_int8_target_keeps_strict_and_mars_theta_one_equal_to_its_plain_decod
 
 
 @pytest.mark.skipif(not int4_available(), reason="this torch build has no int4 CPU kernels")
-def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding():
+def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding(tmp_path, monkeypatch):
     """The 4-bit target (and a 4-bit draft) is another model again: its strict and MARS(theta=1) decodes
-    equal its own plain decoding, 13-token verifications included. One prompt, kept short: the
-    property rests on each layer's rows being independent, which tests/test_int4.py checks directly."""
+    equal its own plain decoding, 13-token verifications included. Loaded as a new user's cache loads
+    it, straight from the packaged GGUFs (no float32 weights written). One prompt, kept short: the
+    property rests on each layer's rows being independent, which tests/test_int4.py checks directly,
+    and the GGUF path builds the quantised float model bit for bit (tests/test_gguf_int4.py)."""
+    monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path))
     decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int4", draft_quant="int4")
+    assert not list(tmp_path.rglob("*.safetensors")) and len(list(tmp_path.rglob("model.gguf"))) == 2
     assert not any(type(m) is torch.nn.Linear for m in decoder.target.model.modules())
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     new_tokens = 24

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL, tiny_lm
+from conftest import SMALL, assert_chain_rows_scored_as_one_token_forwards, tiny_lm
 from test_decode import reference_greedy, run
 from test_tree import TREE
 from typer.testing import CliRunner
@@ -69,15 +69,7 @@ def test_each_row_of_a_chain_forward_is_scored_exactly_as_a_one_token_forward(pr
     quantisation step, so the rows must match bit for bit, attention included."""
     lm = tiny_lm(0, "int8-target", layers=3)
     quantize_target_int8(lm.model)
-    lm.forward(prompt[:3])
-    together = lm.forward(prompt[3:])  # [5, V]
-    lm.reset()
-    lm.forward(prompt[:3])
-    one_by_one = torch.cat([lm.forward(prompt[i : i + 1]) for i in range(3, len(prompt))])  # [5, V]
-    assert torch.equal(together, one_by_one)
-    lm.reset()
-    # And a prompt scored in one forward caches what scoring it in pieces caches (prefix reuse's premise).
-    assert torch.equal(lm.forward(prompt)[3:], together)
+    assert_chain_rows_scored_as_one_token_forwards(lm, prompt)
 
 
 @needs_onednn_int8

@@ -11,8 +11,6 @@ are in the tests marked ``real``.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -27,6 +25,7 @@ from typer.testing import CliRunner
 from marspec.api import Decoder, load_lm
 from marspec.cli import app
 from marspec.errors import MarspecError
+from marspec.eval.peak_memory import run_measured
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.models.cache import models_root
 from marspec.models.tokenizers import check_draft_tokenizer, read_tokenizer
@@ -152,20 +151,11 @@ def test_the_real_pair_shares_its_tokenizer() -> None:
 def test_the_cli_refuses_a_real_mismatch_in_the_memory_of_two_tokenizers() -> None:
     """The 1.5B target in fp32 alone takes over 6 GB; refused on its tokenizer, the whole command's
     peak stays near that of importing torch and transformers and reading two tokenizers (~0.5 GB)."""
-    # VmHWM is this process's own peak; ru_maxrss would carry over the parent's (pytest's) across exec.
-    code = (
-        "import sys\n"
-        "from marspec.cli import app\n"
-        "try:\n"
-        "    app(sys.argv[1:])\n"
-        "finally:\n"
-        "    hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
-        "    print('peak_kib', hwm.split()[1], file=sys.stderr)\n"
-    )
     args = ["generate", "hi", "--target", DEFAULT_TARGET, "--draft", SMALL, "--device", "cpu"]
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+    out = run_measured(args, timeout=600)  # the command's own peak (VmHWM), not its parent's
     assert out.returncode == 2, out.stderr
-    *lines, peak = [line for line in out.stderr.splitlines() if line.strip()]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: draft model") and MISMATCH in lines[0], out.stderr
-    peak_gib = int(peak.removeprefix("peak_kib ")) / 2**20
+    assert out.peak_gib is not None
+    peak_gib = out.peak_gib
     assert peak_gib < 2.0, f"peak {peak_gib:.2f} GiB: the weights were loaded"

@@ -100,14 +100,16 @@ def load_lm(
     dtype: torch.dtype,
     prepack: bool = False,
     device: torch.device = CPU,
+    int4_linears: bool = False,
 ) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
     oneDNN's layout, and on the CPU its attention groups key/value heads under masks (both CPU kernel
-    choices: not applied on another device)."""
+    choices: not applied on another device). ``int4_linears``: the caller quantises them to 4 bits, which
+    a known model then loads straight from its GGUF (:func:`~marspec.models.loading.load_model`)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
-    hf_model, tokenizer, spec = load_model(model, dtype=dtype)
+    hf_model, tokenizer, spec = load_model(model, dtype=dtype, int4_linears=int4_linears)
     if device.type != "cpu":
         hf_model.to(device)
     else:
@@ -254,7 +256,11 @@ class Decoder:
         if head is None and draft is not None and draft not in ("none", "ngram"):
             check_same_tokenizer(target, draft)
         self.target, self.chat_default = load_lm(
-            target, torch_dtype, prepack and not quantized_target, self.device
+            target,
+            torch_dtype,
+            prepack and not quantized_target,
+            self.device,
+            int4_linears=self.target_quant == "int4",
         )
         if quantized_target:
             quantize_target(self.target.model, self.target_quant)
@@ -279,7 +285,13 @@ class Decoder:
             # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
             # dtype (bf16 halves its embedding). The draft's dtype does not bear on exactness anyway.
             draft_dtype = torch.float32 if quantize and draft_quant == "int8" else torch_dtype
-            draft_lm, _ = load_lm(draft, draft_dtype, prepack and not quantize, self.device)
+            draft_lm, _ = load_lm(
+                draft,
+                draft_dtype,
+                prepack and not quantize,
+                self.device,
+                int4_linears=quantize and draft_quant == "int4",
+            )
             if quantize:
                 quantize_draft(draft_lm.model, draft_quant)
             self.draft_name = draft_lm.name

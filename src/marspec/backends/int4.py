@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
+from marspec.backends.memory import own_remaining_tensors, release_pages, rewrite_linears, trim_heap
 from marspec.errors import MarspecError
 
 # Input channels sharing one scale and zero. 32 is GGUF Q4_0's block and Q4_K's sub-block; 64-256 cost
@@ -52,17 +52,20 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _int4_groups(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` (float [out, in], ``in`` a multiple of :data:`GROUP_SIZE`) as 4-bit codes and the
-    kernel's scales and zeros: (int32 [out, in] in 0..15, bf16 [in / GROUP_SIZE, out, 2]).
+def _pack_int4(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` (float [out, in], ``in`` a multiple of :data:`GROUP_SIZE`, ``out`` of 16) as the
+    kernel's packed 4-bit codes and its scales and zeros: (uint8 [out, in / 2], bf16 [in / GROUP_SIZE,
+    out, 2]).
 
     A group's codes span its minimum to its maximum; the value of code ``q`` is ``(q - 8) * scale +
     zero``. The codes are chosen against the bf16-rounded scale and zero the kernel will use. A chunk of
-    rows at a time, each chunk's pages handed back once converted (the 1.5B's LM head is 0.9 GB of fp32).
+    rows at a time (a multiple of the kernel's 64-row blocks, so the chunks pack as the whole would),
+    each chunk's pages handed back once converted: the 1.5B's LM head is 0.9 GB of fp32, and its codes
+    as int32 would be as much again.
     """
     out_features, in_features = weight.shape
     groups = in_features // GROUP_SIZE
-    codes = torch.empty(weight.shape, dtype=torch.int32)
+    packed = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
     scale_zero = torch.empty(groups, out_features, 2, dtype=torch.bfloat16)
     for start in range(0, out_features, rows_per_chunk):
         chunk = weight[start : start + rows_per_chunk]
@@ -72,11 +75,12 @@ def _int4_groups(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torc
         zero = (low + 8 * scale.float()).bfloat16()
         q = (grouped - zero.float()[..., None]).div_(scale.float()[..., None])
         q = q.add_(8).round_().clamp_(0, _QMAX)
-        codes[start : start + rows_per_chunk] = q.reshape(chunk.shape).to(torch.int32)
+        codes = q.reshape(chunk.shape).to(torch.int32)
+        packed[start : start + rows_per_chunk] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         scale_zero[:, start : start + rows_per_chunk, 0] = scale.t()
         scale_zero[:, start : start + rows_per_chunk, 1] = zero.t()
         release_pages(chunk)
-    return codes, scale_zero
+    return packed, scale_zero
 
 
 class Int4Linear(torch.nn.Module):
@@ -86,19 +90,23 @@ class Int4Linear(torch.nn.Module):
     A row's output is the same bits whatever else is in the forward (see the module's docstring).
     """
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """From a linear layer's float ``weight`` [out, in] and ``bias`` [out] (copied, not kept)."""
         super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        weight = linear.weight.detach()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach()
         padded_in = _round_up(self.in_features, GROUP_SIZE)
         padded_out = _round_up(self.out_features, _N_MULTIPLE)
         if (padded_out, padded_in) != tuple(weight.shape):
             # Zero rows give outputs that are cut off; zero columns meet zero inputs: nothing changes.
             weight = F.pad(weight, (0, padded_in - self.in_features, 0, padded_out - self.out_features))
-        codes, self.scale_and_zeros = _int4_groups(weight)
-        self.packed_weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # uint8 [N, K/2]
-        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.packed_weight, self.scale_and_zeros = _pack_int4(weight)  # uint8 [N, K/2], bf16 [K/G, N, 2]
+        self.bias = None if bias is None else bias.detach().clone()
+
+    @classmethod
+    def of(cls, linear: torch.nn.Linear) -> Int4Linear:
+        """The 4-bit form of ``linear``."""
+        return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], x's dtype
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, in]
@@ -131,17 +139,13 @@ def quantize_int4(model: torch.nn.Module) -> torch.nn.Module:
     if not int4_available():
         raise MarspecError(INT4_UNAVAILABLE)
     with torch.no_grad():
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear:
-                    if child.weight.dtype not in (torch.float32, torch.bfloat16):
-                        raise MarspecError(
-                            f"cannot quantise {name} with {child.weight.dtype} weights to 4 bits: load the "
-                            "model in fp32 or bf16"
-                        )
-                    setattr(parent, name, Int4Linear(child))
-                    release_pages(child.weight)
-                    trim_heap()
-    own_remaining_tensors(model)
+        rewritten = rewrite_linears(
+            model,
+            Int4Linear.of,
+            "cannot quantise {name} with {dtype} weights to 4 bits: load the model in fp32 or bf16",
+            trim=True,
+        )
+    if rewritten:  # else loaded in 4 bits already (models.gguf_int4): nothing views a checkpoint file
+        own_remaining_tensors(model)
     trim_heap()
     return model

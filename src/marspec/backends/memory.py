@@ -12,9 +12,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+from collections.abc import Callable
 from functools import cache
 
 import torch
+
+from marspec.errors import MarspecError
 
 # madvise(2) advice: reclaim these pages now. Content-preserving: a page that is touched again is read
 # back from its file (or from swap), so advising memory that is still in use costs time, never data.
@@ -35,11 +38,17 @@ def _madvise() -> ctypes._CFuncPtr | None:
 def release_pages(tensor: torch.Tensor) -> None:
     """Ask the kernel to reclaim the whole memory pages under ``tensor`` (a hint; best effort, Linux
     only). For a weight that has just been copied into another layout."""
-    madvise = _madvise()
-    if madvise is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
         return
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
+    release_range(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def release_range(start: int, nbytes: int) -> None:
+    """:func:`release_pages` for the ``nbytes`` of memory at address ``start`` (a numpy array's, say)."""
+    madvise = _madvise()
+    if madvise is None:
+        return
+    end = start + nbytes
     page = mmap.PAGESIZE
     first, last = -(-start // page) * page, end // page * page  # only pages wholly inside the tensor
     if last > first:
@@ -88,3 +97,29 @@ def _copy_releasing(original: torch.Tensor, slice_bytes: int = 64 << 20) -> torc
         target[start : start + step] = source[start : start + step]
         release_pages(source[start : start + step])
     return copy
+
+
+def rewrite_linears(
+    model: torch.nn.Module,
+    rewrite: Callable[[torch.nn.Linear], torch.nn.Module],
+    refusal: str,
+    trim: bool = False,
+) -> int:
+    """Replace every ``nn.Linear`` of ``model`` with ``rewrite(linear)``, in place, handing each old
+    weight's pages back once it is rewritten (and the C heap's free memory too when ``trim``); return
+    how many were replaced. A layer whose weights are neither fp32 nor bf16 is refused with ``refusal``
+    formatted with its ``name`` and ``dtype``. Layers of other types (already rewritten) are left alone.
+    """
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear:
+                continue
+            if child.weight.dtype not in (torch.float32, torch.bfloat16):
+                raise MarspecError(refusal.format(name=name, dtype=child.weight.dtype))
+            setattr(parent, name, rewrite(child))
+            release_pages(child.weight)
+            if trim:
+                trim_heap()
+            replaced += 1
+    return replaced

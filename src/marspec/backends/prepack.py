@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from marspec.backends.memory import own_remaining_tensors, release_pages
-from marspec.errors import MarspecError
+from marspec.backends.memory import own_remaining_tensors, rewrite_linears
 
 
 def prepack_available() -> bool:
@@ -56,19 +55,12 @@ def prepack_linears(model: torch.nn.Module) -> int:
     """
     if not prepack_available():
         return 0
-    replaced = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is not torch.nn.Linear:
-                continue
-            if child.weight.dtype not in (torch.float32, torch.bfloat16):
-                raise MarspecError(
-                    f"cannot prepack {name} with {child.weight.dtype} weights: load the model in fp32 or "
-                    "bf16, or turn prepacking off (prepack=False, --no-prepack)"
-                )
-            setattr(module, name, PrepackedLinear(child))
-            release_pages(child.weight)
-            replaced += 1
+    replaced = rewrite_linears(
+        model,
+        PrepackedLinear,
+        "cannot prepack {name} with {dtype} weights: load the model in fp32 or bf16, or turn prepacking "
+        "off (prepack=False, --no-prepack)",
+    )
     if replaced:
         # The packed weights are copies; the few tensors still viewing the checkpoint file (embeddings,
         # norms) would keep its whole mapping: copy them out and let it go.

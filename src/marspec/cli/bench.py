@@ -232,17 +232,30 @@ def compare(
     other: Annotated[str, typer.Argument(help="RUN_DIR:METHOD to compare with it.")],
 ) -> None:
     """One method of a run against one of another run, on the questions both ran: recovery with its
-    95% interval, answers lost and won (e.g. bf16 strict against fp32 strict: rounding's noise floor)."""
+    95% interval, answers lost and won, and where the tokens first differ (e.g. bf16 strict against fp32
+    strict: rounding's noise floor)."""
+    import statistics
+
     from marspec.eval.compare import compare_runs, parse_side
 
     with user_errors():
         c = compare_runs(parse_side(reference), parse_side(other))
     r, d = c.recovery, c.difference
     recovery = "—" if r.value is None else f"{r.value:.1%} [{r.lo:.1%}, {r.hi:.1%}]"
+    parted = sorted(c.first_divergences)
+    divergence = ""
+    if parted:
+        quartiles = (
+            statistics.quantiles(parted, n=4, method="inclusive") if len(parted) > 1 else [parted[0]] * 3
+        )
+        divergence = (
+            f"; tokens differ on {len(parted)}, from token {quartiles[1]:g} (median; quartiles "
+            f"{quartiles[0]:g}-{quartiles[2]:g}, range {parted[0]}-{parted[-1]})"
+        )
     Console().print(
         f"{c.questions} questions: score {c.score:.3f} vs {c.reference_score:.3f}; recovery {recovery}; "
         f"difference {d.value:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]; text changed on {c.changed}, "
-        f"lost {c.lost}, won {c.won}",
+        f"lost {c.lost}, won {c.won}{divergence}",
         highlight=False,
         soft_wrap=True,
     )

@@ -228,15 +228,18 @@ def demo(
 @app.command()
 def models(
     prepare: Annotated[
-        list[str] | None, typer.Option("--prepare", help="Convert a model into the cache now (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--prepare", help="Convert a model into the cache now, float32 weights included (repeatable)."
+        ),
     ] = None,
 ) -> None:
     """List the known models, or convert some into the cache ahead of time."""
-    from marspec.models import cache_dir, resolve_model_dir
+    from marspec.models import cache_dir, float_model_dir
 
     with user_errors():
         for name in prepare or []:
-            path = resolve_model_dir(name)
+            path = float_model_dir(name)
             err.print(f"{name}: ready at {path}")
         if prepare:
             return

@@ -25,6 +25,17 @@ class Comparison:
     changed: int  # questions whose text differs in some sample
     lost: int  # questions scored lower than the reference
     won: int  # questions scored higher
+    # Per question whose tokens differ, the index of the first token that does (its samples' and turns'
+    # tokens one after another), in question order: how far the other side follows the reference. Only
+    # questions both runs recorded token ids for (records before those were kept have none).
+    first_divergences: tuple[int, ...] = ()
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where ``a`` and ``b`` differ (or where the shorter ends); None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def parse_side(text: str) -> tuple[Path, str]:
@@ -35,12 +46,13 @@ def parse_side(text: str) -> tuple[Path, str]:
     return Path(folder), method
 
 
-def _scores(folder: Path, method: str) -> tuple[dict[str, float], dict[str, list[str]]]:
+def _scores(folder: Path, method: str) -> tuple[dict[str, float], dict[str, list[str]], dict[str, list[int]]]:
     records = load_records(folder)
     if not records:
         raise MarspecError(f"{folder} holds no benchmark records: run `marspec bench --out {folder}` first")
     scores: dict[str, list[float]] = {}
     texts: dict[str, list[str]] = {}
+    tokens: dict[str, list[int]] = {}
     for (qid, name, sample), rec in sorted(records.items()):
         if name != method:
             continue
@@ -48,14 +60,15 @@ def _scores(folder: Path, method: str) -> tuple[dict[str, float], dict[str, list
             raise MarspecError(f"{folder}: method {method!r} has no task score (only graded tasks compare)")
         scores.setdefault(qid, []).append(float(rec["score"]))
         texts.setdefault(qid, []).append(" ".join(t["text"] for t in rec["turns"]) + f"#{sample}")
+        tokens.setdefault(qid, []).extend(i for t in rec["turns"] for i in t.get("token_ids") or ())
     if not scores:
         raise MarspecError(f"{folder} has no records of method {method!r}")
-    return {q: sum(v) / len(v) for q, v in scores.items()}, texts
+    return {q: sum(v) / len(v) for q, v in scores.items()}, texts, tokens
 
 
 def compare_runs(reference: tuple[Path, str], other: tuple[Path, str]) -> Comparison:
-    ref_scores, ref_texts = _scores(*reference)
-    scores, texts = _scores(*other)
+    ref_scores, ref_texts, ref_tokens = _scores(*reference)
+    scores, texts, tokens = _scores(*other)
     common = [q for q in ref_scores if q in scores]
     if not common:
         raise MarspecError("the two runs share no question: compare runs of the same task and questions")
@@ -69,4 +82,11 @@ def compare_runs(reference: tuple[Path, str], other: tuple[Path, str]) -> Compar
         changed=sum(texts[q] != ref_texts[q] for q in common),
         lost=sum(x < y for x, y in zip(a, b, strict=True)),
         won=sum(x > y for x, y in zip(a, b, strict=True)),
+        first_divergences=tuple(
+            d
+            for q in common
+            if tokens[q]
+            and ref_tokens[q]  # older records kept no token ids
+            and (d := first_difference(tokens[q], ref_tokens[q])) is not None
+        ),
     )

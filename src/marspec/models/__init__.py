@@ -6,11 +6,12 @@ local folders and files, and models by Hugging Face Hub id.
 - :mod:`~marspec.models.cache`: the cache folder and what a complete converted folder holds;
 - :mod:`~marspec.models.hub`: Hub id -> snapshot folder in the Hugging Face cache;
 - :mod:`~marspec.models.convert`: GGUF -> cached folder, and name, path or Hub id -> folder;
-- :mod:`~marspec.models.loading`: folder -> model and tokenizer.
+- :mod:`~marspec.models.loading`: folder -> model and tokenizer;
+- :mod:`~marspec.models.gguf_int4`: a known model's GGUF -> a model with 4-bit linear layers.
 """
 
 from marspec.models.cache import cache_dir
-from marspec.models.convert import resolve_model_dir
+from marspec.models.convert import float_model_dir, resolve_model_dir
 from marspec.models.loading import is_instruct, load_model, parse_dtype
 from marspec.models.registry import (
     DEFAULT_DRAFT,
@@ -27,6 +28,7 @@ __all__ = [
     "MODELS",
     "ModelSpec",
     "cache_dir",
+    "float_model_dir",
     "get_spec",
     "is_instruct",
     "load_model",

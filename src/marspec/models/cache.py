@@ -14,10 +14,13 @@ from pathlib import Path
 
 from marspec.errors import MarspecError
 
-# Bumped when the layout of a converted folder changes; folders of another format are reconverted.
-CACHE_FORMAT = 1
+# Bumped when the layout of a converted folder changes; folders of an unreadable format are reconverted.
+# 2: a known model's folder holds its GGUF (GGUF_FILE); the float32 weights are written on first need.
+CACHE_FORMAT = 2
+_READABLE_FORMATS = (1, 2)  # format 1 folders hold float32 weights only, which 2 reads as they are
 MARKER_FILE = "marspec.json"
 WEIGHTS_FILE = "model.safetensors"
+GGUF_FILE = "model.gguf"
 
 
 def cache_dir() -> Path:
@@ -60,6 +63,26 @@ def _safetensors_ok(path: Path) -> bool:
         return False
 
 
+def _gguf_ok(path: Path) -> bool:
+    """Whether ``path`` starts as a GGUF file does (its checksum was verified when it was assembled)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def has_float_weights(folder: Path) -> bool:
+    """Whether a converted folder holds its float32 weights already."""
+    return _safetensors_ok(folder / WEIGHTS_FILE)
+
+
+def held_gguf(folder: Path) -> Path | None:
+    """The GGUF a converted folder holds (a known model's), or None."""
+    path = folder / GGUF_FILE
+    return path if _gguf_ok(path) else None
+
+
 def check_cached_folder(folder: Path) -> None:
     """Raise MarspecError naming `folder` if a converted folder is incomplete or damaged."""
     problem = None
@@ -70,9 +93,9 @@ def check_cached_folder(folder: Path) -> None:
     except (OSError, ValueError) as exc:
         problem = f"unreadable metadata ({type(exc).__name__})"
     else:
-        if not isinstance(marker, dict) or marker.get("format") != CACHE_FORMAT:
+        if not isinstance(marker, dict) or marker.get("format") not in _READABLE_FORMATS:
             problem = "written by another marspec version"
-        elif not _safetensors_ok(folder / WEIGHTS_FILE):
+        elif not has_float_weights(folder) and held_gguf(folder) is None:
             problem = f"{WEIGHTS_FILE} is missing or truncated"
     if problem:
         raise MarspecError(

@@ -3,7 +3,9 @@ one.
 
 Loading a GGUF with transformers dequantizes every tensor, which takes tens of seconds, so each model is
 converted once into a plain folder in the cache (``config.json``, ``model.safetensors`` in float32,
-tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. Known names resolve to
+tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. A known model's folder
+keeps its GGUF (``model.gguf``) instead, until a float load first needs the float32 weights, which then
+replace it: its 4-bit path reads the GGUF and never needs them. Known names resolve to
 installed packages and paths to local files, without the network; any other ``ORG/NAME`` is a Hugging
 Face Hub id, resolved by :mod:`marspec.models.hub`.
 """
@@ -27,11 +29,14 @@ import torch
 from marspec.errors import MarspecError, one_line
 from marspec.models.cache import (
     CACHE_FORMAT,
+    GGUF_FILE,
     MARKER_FILE,
     WEIGHTS_FILE,
     check_cached_folder,
     file_lock,
     gguf_cache_key,
+    has_float_weights,
+    held_gguf,
     models_root,
 )
 from marspec.models.hub import hub_snapshot, names_hub_model
@@ -107,9 +112,16 @@ def read_gguf_metadata(path: Path, fix: str) -> dict[str, object]:
 
 
 def _convert_gguf(
-    gguf_path: Path, out_dir: Path, *, display_name: str, spec: ModelSpec | None, fix: str
+    gguf_path: Path,
+    out_dir: Path,
+    *,
+    display_name: str,
+    spec: ModelSpec | None,
+    fix: str,
+    float_weights: bool = True,
 ) -> None:
-    """Convert a GGUF file into a Hugging Face folder `out_dir` (float32 safetensors, tokenizer, configs)."""
+    """Convert a GGUF file into a Hugging Face folder `out_dir` (tokenizer, configs, and with
+    ``float_weights`` the float32 safetensors)."""
     from rich.console import Console
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -139,8 +151,9 @@ def _convert_gguf(
         if spec is not None and spec.eos_token_ids:
             config.eos_token_id = spec.eos_token_ids[0]
         out_dir.mkdir(parents=True)
-        with _phase(console, label, "dequantizing the GGUF weights into float32 safetensors"):
-            _write_weights(gguf_path, config, out_dir / WEIGHTS_FILE, fix)
+        if float_weights:
+            with _phase(console, label, "dequantizing the GGUF weights into float32 safetensors"):
+                _write_weights(gguf_path, config, out_dir / WEIGHTS_FILE, fix)
         with _phase(console, label, "writing the tokenizer and configuration files"):
             config.save_pretrained(out_dir)
             tokenizer.save_pretrained(out_dir)
@@ -159,10 +172,52 @@ def _convert_gguf(
                 "architecture": meta["general.architecture"],
             }
             (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
-    if not (out_dir / WEIGHTS_FILE).is_file():
+    if float_weights and not (out_dir / WEIGHTS_FILE).is_file():
         raise MarspecError(
             f"conversion of {display_name} did not produce {WEIGHTS_FILE}; report this as a bug"
         )
+
+
+def ensure_float_weights(folder: Path) -> None:
+    """Write the float32 weights of a converted folder that holds only its GGUF (a known model's), once,
+    in the GGUF's place.
+
+    A known model is prepared with its GGUF (its packaged size on disk); a model loaded in floats then
+    needs its float32 safetensors (7.1 GB for the default target), written here the first time. The
+    4-bit path reads the GGUF and never needs them (:mod:`marspec.models.gguf_int4`).
+    """
+    gguf = held_gguf(folder)
+    if gguf is None or has_float_weights(folder):
+        return
+    from rich.console import Console
+    from transformers import AutoConfig
+
+    fix = f"delete {folder} and it will be converted again"
+    with file_lock(folder.parent / ".locks" / f"{folder.name}.lock"):
+        if has_float_weights(folder):  # another process wrote them while we waited
+            return
+        partial_file = folder / f".{WEIGHTS_FILE}.tmp"
+        console = Console(stderr=True, soft_wrap=True)
+        try:
+            with quiet_transformers():
+                config = AutoConfig.from_pretrained(folder, local_files_only=True)
+                with _phase(
+                    console,
+                    f"marspec: converting {folder.name}",
+                    "dequantizing the GGUF weights into float32 safetensors",
+                ):
+                    _write_weights(gguf, config, partial_file, fix)
+            os.replace(partial_file, folder / WEIGHTS_FILE)
+            # The float32 weights replace the GGUF: the folder's disk stays what a float user needs (the
+            # 4-bit path then quantises them: the same model). A reader that opened it keeps its copy.
+            gguf.unlink()
+        except OSError as exc:
+            raise MarspecError(
+                f"writing the float32 weights into {folder} failed ({exc.strerror or exc}); free disk space "
+                "(or load with target_quant='int4', which needs none)"
+            ) from exc
+        finally:
+            partial_file.unlink(missing_ok=True)
 
 
 def _write_weights(gguf_path: Path, config: PretrainedConfig, out_file: Path, fix: str) -> None:
@@ -235,7 +290,13 @@ def _convert_locked(
                 ):
                     spec.write_gguf(gguf_file)
             out = work / "hf"
-            _convert_gguf(gguf_file, out, display_name=display_name, spec=spec, fix=fix)
+            if spec is None:  # a user's GGUF stays where it is: its float32 weights are written now
+                _convert_gguf(gguf_file, out, display_name=display_name, spec=spec, fix=fix)
+            else:  # a known model keeps its GGUF; its float32 weights wait for a float load
+                _convert_gguf(
+                    gguf_file, out, display_name=display_name, spec=spec, fix=fix, float_weights=False
+                )
+                os.rename(gguf_file, out / GGUF_FILE)
             _share_files(out)
             os.rename(out, target)
         finally:
@@ -266,7 +327,9 @@ def _known_names() -> str:
 def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
     """A local Hugging Face folder for a known model name, a HF folder, a .gguf file or a Hub id.
 
-    Known names convert once into ``cache_dir()/models/<name>``; a ``.gguf`` path converts once into
+    Known names are prepared once into ``cache_dir()/models/<name>`` (their GGUF, tokenizer and configs;
+    the float32 weights are written when a float load first needs them, :func:`ensure_float_weights`);
+    a ``.gguf`` path converts once into
     ``cache_dir()/models/gguf-<stem>-<hash>`` (keyed by resolved path, size and mtime); a folder holding
     ``config.json`` is returned as is; ``ORG/NAME`` that is no local path is a Hugging Face Hub id, whose
     snapshot in the Hugging Face cache is returned (downloaded first when online: see
@@ -316,3 +379,12 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
     fix = f"delete or replace {path} with a complete GGUF file"
     read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
     return _materialise(gguf_cache_key(path), path.name, None, path, fix)
+
+
+def float_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
+    """:func:`resolve_model_dir`, with a known model's float32 weights written if its folder holds only
+    its GGUF: for readers of the folder other than marspec's own loader (vLLM, another environment)."""
+    folder = resolve_model_dir(name_or_path)
+    if folder.resolve().parent == models_root().resolve():
+        ensure_float_weights(folder)
+    return folder

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from marspec.errors import MarspecError, one_line
-from marspec.models.cache import models_root
-from marspec.models.convert import quiet_transformers, resolve_model_dir
+from marspec.models.cache import held_gguf, models_root
+from marspec.models.convert import ensure_float_weights, quiet_transformers, resolve_model_dir
 from marspec.models.hub import names_hub_model
 from marspec.models.registry import MODELS, ModelSpec
 
@@ -39,10 +39,17 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def load_model(
-    name_or_path: str | os.PathLike[str], dtype: torch.dtype | str = torch.float32
+    name_or_path: str | os.PathLike[str],
+    dtype: torch.dtype | str = torch.float32,
+    int4_linears: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
     """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
     inference; ``name_or_path`` is resolved by :func:`~marspec.models.convert.resolve_model_dir`.
+
+    ``int4_linears``: the caller quantises the linear layers to 4 bits
+    (:func:`~marspec.backends.int4.quantize_int4`). A known model's folder holding its GGUF then loads
+    them straight in 4 bits from it (:mod:`marspec.models.gguf_int4`: the same model, without writing or
+    holding its float32 weights); any other loads in floats, for the caller to quantise.
 
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
@@ -53,19 +60,31 @@ def load_model(
     folder = resolve_model_dir(name_or_path)
     name = os.fspath(name_or_path)
     spec = MODELS.get(name)
-    if folder.resolve().parent == models_root().resolve():
+    cached = folder.resolve().parent == models_root().resolve()
+    if cached:
         fix = f"delete {folder} and it will be converted again"
     elif names_hub_model(name_or_path):
         fix = f"delete {folder} and load {name} again with network access to download it again"
     else:
         fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
+    gguf = held_gguf(folder) if cached and int4_linears else None
+    if gguf is None and cached:
+        ensure_float_weights(folder)
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-            model, info = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=torch_dtype, local_files_only=True, output_loading_info=True
-            )
-    except MemoryError:
+            if gguf is not None:
+                from marspec.models.gguf_int4 import load_gguf_int4
+
+                try:
+                    model, info = load_gguf_int4(gguf, folder, torch_dtype), {}
+                except FileNotFoundError:  # another process wrote the float32 weights in its place
+                    gguf = None
+            if gguf is None:
+                model, info = AutoModelForCausalLM.from_pretrained(
+                    folder, dtype=torch_dtype, local_files_only=True, output_loading_info=True
+                )
+    except (MemoryError, MarspecError):
         raise
     except Exception as exc:
         raise MarspecError(f"cannot load the model in {folder} ({one_line(exc)}); {fix}") from exc

@@ -1,0 +1,156 @@
+r"""The engines table (issue 57, item 5): llama.cpp plain and speculative against marspec plain, strict and
+MARS with the fp32, int8 and int4 target, on one machine and the same prompts, with each process's
+own peak memory.
+
+The demo's prompts (``marspec.demo.DEMO_PROMPTS``) through the target's chat template, greedy,
+``--max-new-tokens`` each. marspec's rows are ``marspec demo --json`` runs, one process per precision
+(the int4 one with the 4-bit draft: the laptop pair); llama.cpp's are benchmarks/llama_cpp_engine.py in
+an environment with llama-cpp-python (no marspec dependency), on the pair's own packaged Q4_K_M GGUFs,
+fed the very token ids marspec encodes. Peak memory is each process's own VmHWM. Tokens per second
+(per-prompt means, as the demo's) count the prompt's prefill, as marspec's statistics do.
+
+    python benchmarks/engines.py --llama-python /work/venv-llamacpp/bin/python \
+        --out docs/results/engines.json
+
+A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,fp32,int8,int4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from marspec.demo import DEMO_PROMPTS
+from marspec.eval.cpu import cpu_name
+from marspec.eval.peak_memory import run_measured
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, get_spec, resolve_model_dir
+from marspec.models.cache import held_gguf
+from marspec.models.tokenizers import read_tokenizer
+from marspec.prompting import encode_prompt
+
+HERE = Path(__file__).resolve().parent
+MARSPEC_ROWS = {
+    "fp32": [],
+    "int8": ["--target-quant", "int8"],
+    "int4": ["--target-quant", "int4", "--draft-quant", "int4"],
+}
+
+
+def gguf_of(name: str, scratch: Path) -> Path:
+    """The model's packaged GGUF: the one its cache folder keeps, else assembled from its packages."""
+    held = held_gguf(resolve_model_dir(name))
+    if held is not None:
+        return held
+    out = scratch / f"{name}.gguf"
+    get_spec(name).write_gguf(out)
+    return out
+
+
+def llama_cpp_rows(python: str, threads: int, n: int, k: int) -> dict[str, Any]:
+    tokenizer = read_tokenizer(DEFAULT_TARGET)
+    prompts = [encode_prompt(tokenizer, text, True, DEFAULT_TARGET).tolist() for _, text in DEMO_PROMPTS]
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        spec = {
+            "target": str(gguf_of(DEFAULT_TARGET, scratch)),
+            "draft": str(gguf_of(DEFAULT_DRAFT, scratch)),
+            "prompts": prompts,
+            "max_new_tokens": n,
+            "threads": threads,
+            "k": k,
+            "eos": list(get_spec(DEFAULT_TARGET).eos_token_ids),
+        }
+        (scratch / "spec.json").write_text(json.dumps(spec))
+        out = subprocess.run(
+            [python, str(HERE / "llama_cpp_engine.py"), str(scratch / "spec.json")],
+            capture_output=True,
+            text=True,
+        )
+    if out.returncode != 0:
+        raise SystemExit(f"llama.cpp run failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    plain = {r["prompt"]: r["tokens"] for r in result["runs"] if r["mode"] == "plain"}
+    rows = {}
+    for mode in ("plain", "speculative"):
+        runs = [r for r in result["runs"] if r["mode"] == mode]
+        rows[f"llama.cpp Q4_K_M {mode}"] = {
+            "tokens_per_s": statistics.mean(r["new_tokens"] / r["wall_s"] for r in runs),  # as the demo's
+            "same_as_plain": sum(r["tokens"] == plain[r["prompt"]] for r in runs),
+            "acceptance": (
+                sum(r["accepted"] for r in runs) / sum(r["drafted"] for r in runs)
+                if mode != "plain"
+                else None
+            ),
+            "peak_gib": result["peak_gib"] if mode != "plain" else result["peak_gib_target_only_loaded"],
+            "runs": runs,
+        }
+    return rows
+
+
+def marspec_rows(name: str, flags: list[str], threads: int, n: int) -> dict[str, Any]:
+    argv = ["demo", "--max-new-tokens", str(n), "--threads", str(threads), "--json", *flags]
+    measured = run_measured(argv)
+    if measured.returncode != 0:
+        raise SystemExit(f"marspec {' '.join(argv)} failed:\n{measured.stderr[-3000:]}")
+    summaries = json.loads(measured.stdout.strip().splitlines()[-1])
+    return {
+        f"marspec {name} {s['method']}": {
+            "tokens_per_s": s["tokens_per_s"],
+            "tau": s["tau"],
+            "same_as_plain": s["same_as_plain"],
+            "peak_gib": measured.peak_gib,
+            "process_wall_s": measured.wall_s,
+        }
+        for s in summaries
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--llama-python", help="a Python with llama-cpp-python (omit: no llama.cpp rows)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4, help="llama.cpp's draft length")
+    parser.add_argument("--only", default="llama.cpp,fp32,int8,int4")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    only = args.only.split(",")
+    rows: dict[str, Any] = {}
+    if args.out and args.out.exists():
+        rows = json.loads(args.out.read_text())["rows"]  # rows not rerun are kept
+    if "llama.cpp" in only and args.llama_python:
+        rows.update(llama_cpp_rows(args.llama_python, args.threads, args.max_new_tokens, args.k))
+    for name, flags in MARSPEC_ROWS.items():
+        if name in only:
+            rows.update(marspec_rows(name, flags, args.threads, args.max_new_tokens))
+            if args.out:  # each finished row is kept, should a later one fail
+                args.out.write_text(json.dumps({"rows": rows}, indent=1))
+    base = next((r["tokens_per_s"] for k, r in rows.items() if k.endswith("Q4_K_M plain")), None)
+    print("| engine | tok/s (mean of prompts) | vs llama.cpp plain | same as its plain | peak memory |")
+    print("|---|---|---|---|---|")
+    for key, r in rows.items():
+        ratio = "—" if base is None else f"{r['tokens_per_s'] / base:.2f}x"
+        peak = "—" if r.get("peak_gib") is None else f"{r['peak_gib'] * 2**30 / 1e9:.2f} GB"
+        same = f"{r['same_as_plain']}/{len(DEMO_PROMPTS)}"
+        print(f"| {key} | {r['tokens_per_s']:.2f} | {ratio} | {same} | {peak} |")
+    if args.out:
+        meta = {
+            "cpu": cpu_name(),
+            "threads": args.threads,
+            "max_new_tokens": args.max_new_tokens,
+            "k": args.k,
+        }
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
