@@ -9,7 +9,7 @@ an environment with llama-cpp-python (no marspec dependency), on the pair's own 
 fed the very token ids marspec encodes. Peak memory is each process's own VmHWM. Tokens per second
 (per-prompt means, as the demo's) count the prompt's prefill, as marspec's statistics do.
 
-    python benchmarks/engines.py --llama-python /work/venv-llamacpp/bin/python \
+    python benchmarks/engines.py --llama-python .venv-llamacpp/bin/python \
         --out docs/results/engines.json
 
 A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,fp32,int8,int4).

@@ -3,7 +3,7 @@ ids on two GGUFs, through llama-cpp-python's bindings of llama.cpp's C API.
 
 Runs in its own environment (llama-cpp-python is no marspec dependency; numpy is all else it needs):
 
-    /work/venv-llamacpp/bin/python benchmarks/llama_cpp_engine.py SPEC.json
+    .venv-llamacpp/bin/python benchmarks/llama_cpp_engine.py SPEC.json
 
 SPEC.json: {"target": GGUF, "draft": GGUF, "prompts": [[ids...], ...], "max_new_tokens": N,
 "threads": T, "k": K, "eos": [ids...]}. Prints one JSON object: per prompt and mode ("plain",

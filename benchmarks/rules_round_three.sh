@@ -8,7 +8,7 @@
 #   benchmarks/rules_round_three.sh greedy ROOT    # the ensembles beside strict and MARS, greedy
 #   benchmarks/rules_round_three.sh sampled ROOT   # T = 1, 3 samples: block, the ensembles, MARS, strict
 #   benchmarks/rules_round_three.sh tables ROOT    # tables and Pareto plots for docs/results.md
-#   MARSPEC=/path/to/marspec benchmarks/rules_round_three.sh greedy /work/runs/verify3
+#   MARSPEC=/path/to/marspec benchmarks/rules_round_three.sh greedy runs/round-three
 #
 # ROOT holds the run folders until they are whole (then they move to docs/results/). The greedy folders
 # start as copies of rivals-greedy-TASK-30 (strict and MARS's default decoded there, same configuration),
