@@ -43,7 +43,7 @@ def both(target_dir: str, draft_dir: str | None, tmp_path_factory: pytest.TempPa
         vllm_run = run_engine(spec, [plain_requests()]).batches[0]
         library, relaxed = [], 0
         for prompt in DEFAULT_PROMPTS:
-            result = decoder.generate(prompt, rule="mars", k=K, max_new_tokens=MAX_TOKENS, chat=False, **rule)
+            result = decoder.generate(prompt, k=K, max_new_tokens=MAX_TOKENS, chat=False, **rule)
             library.append(result.token_ids)
             relaxed += result.stats.accepted_relaxed
         results[name] = (vllm_run, library, relaxed)
