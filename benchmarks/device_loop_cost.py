@@ -43,6 +43,14 @@ self-test); alone:
 
     python benchmarks/device_loop_cost.py --device cuda --dtype bf16 --json out.json
 
+An EAGLE-3 head of the shape published for a target of the default's size (random weights, the
+published layout, loaded by path through ``Decoder`` beside a target of its own, which then keeps its
+hidden states) adds the head's one-token step and a chunk of them to the per-forward costs,
+``head_prediction`` (the speed-up over plain with graphs that a head drafting at each of
+:data:`HEAD_TAUS` tokens per step predicts: issue 53's goal) and a ``strict/head`` case: a random head's
+drafts are rejected, so that case shows the loop's cost per step with a head and checks that strict
+with a head gives plain's tokens on the device, not the speed a trained head gives.
+
 ``--small`` builds tiny models of the same shape family (and uses a byte-level tokenizer built in memory
 unless ``--tokenizer`` is given), to check the script end to end without a GPU.
 """
@@ -67,8 +75,11 @@ import marspec
 from marspec.api import Decoder, GenerationOptions
 from marspec.decode import decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
+from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
 from marspec.drafters.model import GRAPHS_STOP_CHUNK
+from marspec.eagle3_train import head_config, save_head, spec_of
 from marspec.models.convert import quiet_transformers
+from marspec.models.eagle3 import default_layers
 from marspec.profile import ForwardCosts
 from marspec.stats import GenerationStats
 
@@ -91,6 +102,13 @@ FULL_VOCAB = 151936
 # Small shapes of the same family (grouped key/value heads, untied target, tied draft) for --small.
 SMALL = {"target": shape(64, 2, 4, 128, tied=False), "draft": shape(32, 2, 4, 64, tied=True)}
 DRAFT_SIZES = (1, 2)
+# An EAGLE-3 head of the shape published for a target of the default's size (SpecForge's Qwen2.5 heads: the
+# target's width, an 8,960-wide MLP, 32,000 draft tokens); --small: a tiny one over the tiny vocabulary.
+HEAD = {"intermediate": 8960, "draft_vocab": 32000}
+SMALL_HEAD = {"intermediate": 128, "draft_vocab": 64}
+# Tokens per step an EAGLE-3 head could give the default target, for the head's prediction: the head
+# trained here (tau ~1.1 in its training evaluation, docs/results.md), break-even and published-head range.
+HEAD_TAUS = (1.1, 2.0, 3.0, 4.0, 5.0, 6.0)
 # The default pair's strict tau on HumanEval, measured on a CPU (docs/results.md, "Speed": 512 tokens,
 # k = 12, 30 questions): the prediction's tokens per step, and about its draft forwards per step.
 CPU_TAU = 10.75
@@ -160,6 +178,57 @@ def save(model, tokenizer, folder: Path, dtype: torch.dtype) -> Path:
         model.to(dtype).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return folder
+
+
+def build_head(target_dir: Path, folder: Path, sizes: dict) -> Path:
+    """A random EAGLE-3 head for the target in ``target_dir``, saved in the published layout (random
+    weights: it drafts nothing the target accepts, so its decodes show a head step's cost, not its tau)."""
+    target_config = json.loads((target_dir / "config.json").read_text())
+    n = target_config["num_hidden_layers"]
+    layers = default_layers(n) if n >= 8 else (0, n // 2, n)  # --small's 2-layer target: its 3 states
+    config = head_config(target_config, sizes["draft_vocab"], sizes["intermediate"], layers)
+    torch.manual_seed(2)
+    head = Eagle3Head(spec_of(config), len(layers), torch.nn.Identity())  # ~0.1 B weights: built on the CPU
+    head.t2d[: sizes["draft_vocab"]] = True  # the draft vocabulary is the first ids: d2t stays 0
+    save_head(head, config, folder)
+    return folder
+
+
+@torch.inference_mode()
+def head_costs(decoder: Decoder, chunk: int, context: int, repeats: int, device: torch.device) -> dict:
+    """Median wall ms of the head's one-token step (fc of a feature, the decoder layer over a cache of
+    ``context`` positions, the draft logits) and of ``chunk`` steps queued back to back, each fed the
+    previous step's token and stream as the drafter feeds them, synchronised only before and after."""
+    head = decoder.drafter.draft_model.head
+    cache = HeadCache(head)
+    width = head.fc.in_features
+    dtype = head.fc.weight.dtype
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(head.d2t.shape[0], (context,), generator=gen).to(device)
+    cache.step(tokens, head.fc(torch.randn(context, width, generator=gen).to(device, dtype)))
+    state = torch.randn(1, width, generator=gen).to(device, dtype)
+
+    def steps(count: int) -> float:
+        samples = []
+        for _ in range(repeats + 1):
+            token, stream = tokens[:1], head.fc(state)
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(count):
+                logits, stream = cache.step(token, stream)
+                token = logits[-1].argmax().view(1)
+            sync(device)
+            samples.append(time.perf_counter() - start)
+            cache.rollback(context)
+        return 1000 * statistics.median(samples[1:])
+
+    return {"step": steps(1), f"chunk_{chunk}": steps(chunk)}
+
+
+def predict_head(target_ms: dict[int, float], head_ms: float, k: int, taus) -> list[dict]:
+    """:func:`predict` for a head at each tau: a step is one verification of k + 1 tokens after about
+    tau head steps (the head's steps stop at its confidence stop as the draft model's do)."""
+    return [{**predict(target_ms, head_ms, k, tau), "head_step_ms": head_ms} for tau in taus]
 
 
 @torch.inference_mode()
@@ -350,7 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"[{report['total_s']:.0f}s] {part} written to {args.json}", file=sys.stderr)
 
-    decoders: dict[str, tuple[Decoder, Decoder]] = {}
+    decoders: dict[str, tuple[Decoder, Decoder, Decoder]] = {}
     with tempfile.TemporaryDirectory(prefix="marspec-loop-cost-") as tmp:
         # Built on the device (random init of 1.5B weights is seconds there, minutes on a CPU), saved in
         # the run's dtype, loaded back by path through Decoder.
@@ -360,6 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
         draft = build_model(shapes["draft"], vocab, 1, False, tokenizer, device)
         draft_dir = save(draft, tokenizer, Path(tmp) / "draft", dtype)
         del draft
+        head_dir = build_head(target_dir, Path(tmp) / "head", SMALL_HEAD if args.small else HEAD)
         for mode in modes:
             # No prompt lookup (random text repeats, and lookup would draft instead of the model), no int8
             # draft (the copy must be the target exactly); the draft's confidence stop as given.
@@ -373,7 +443,9 @@ def main(argv: list[str] | None = None) -> dict:
             )
             small = Decoder(str(target_dir), str(draft_dir), **common)
             copy = Decoder(small.target, str(target_dir), **common)  # the same target, a copy as draft
-            decoders[mode] = (small, copy)
+            # A target of its own: a head makes its target keep hidden states, which the others must not pay.
+            head = Decoder(str(target_dir), str(head_dir), **common)
+            decoders[mode] = (small, copy, head)
     report["build_load_s"] = time.perf_counter() - begun
 
     ids = tokenizer(PROMPT)["input_ids"]
@@ -386,9 +458,10 @@ def main(argv: list[str] | None = None) -> dict:
     chunk = GRAPHS_STOP_CHUNK
     target_sizes = sorted({1, 2, 4, 8, args.k + 1})
     costs: dict[str, ForwardCosts] = {}
+    head_step_costs: dict[str, ForwardCosts] = {}  # the head decoder's: its drafted token is a head step
     report["forward_ms"] = {}
     for mode in modes:  # part 1: what one forward costs on each path
-        small, _ = decoders[mode]
+        small, _, head = decoders[mode]
         draft_lm = small.drafter.draft_model
         cost = costs[mode] = ForwardCosts(context)
         cost.target = forward_costs(small.target, target_sizes, context, args.cost_repeats, device)
@@ -398,10 +471,25 @@ def main(argv: list[str] | None = None) -> dict:
             "draft": {n: 1000 * t for n, t in cost.draft.items()},
             f"draft_chunk_{chunk}": 1000 * chunk_cost(draft_lm, chunk, context, args.cost_repeats, device),
             "captures": _captures(small),
+            "head": head_costs(head, chunk, context, args.cost_repeats, device),
         }
+        head_step_costs[mode] = ForwardCosts(context)
+        head_step_costs[mode].target = cost.target
+        head_step_costs[mode].draft = {1: report["forward_ms"][mode]["head"]["step"] / 1000}
         report["prediction"] = {
             m: predict(
                 report["forward_ms"][m]["target"], report["forward_ms"][m]["draft"][1], args.k, args.tau
+            )
+            for m in report["forward_ms"]
+        }
+        # The head's speed-up is over plain decoding with graphs where that path ran: the goal's baseline.
+        baseline = report["forward_ms"]["on" if "on" in report["forward_ms"] else mode]["target"]
+        report["head_prediction"] = {
+            m: predict_head(
+                {1: baseline[1], args.k + 1: report["forward_ms"][m]["target"][args.k + 1]},
+                report["forward_ms"][m]["head"]["step"],
+                args.k,
+                HEAD_TAUS,
             )
             for m in report["forward_ms"]
         }
@@ -418,6 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("mars/copy", 1, "mars", conf, whole),
         ("strict/small", 0, "strict", conf, half),
         ("mars/small", 0, "mars", conf, half),
+        ("strict/head", 2, "strict", conf, half),
     ]
     if conf > 0:
         kinds += [
@@ -444,7 +533,7 @@ def main(argv: list[str] | None = None) -> dict:
         for case in cases:
             runs[case[0]].append(run(case, case[4]))
         for name, _, _, _, _, mode in cases:  # part 2, after each round: the decodes so far
-            result = summarise(runs[name], costs[mode])
+            result = summarise(runs[name], (head_step_costs if "/head" in name else costs)[mode])
             result["new_tokens"] = runs[name][-1][2].new_tokens
             tokens, plain_tokens = runs[name][-1][3], runs[f"plain@{mode}"][-1][3]
             if name.startswith("strict"):  # plain decoded the whole count: compare its start
@@ -468,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _captures(decoder: Decoder) -> list[dict]:
     """The CUDA graphs a decoder's models captured: each shape and whether its replay equalled eager."""
-    lms = [decoder.target, decoder.drafter.draft_model]
+    lms = [decoder.target, getattr(decoder.drafter, "draft_model", None)]
     graphs = [lm.graphs for lm in lms if getattr(lm, "graphs", None) is not None]
     return [
         {"model": i, "key": list(r.key), "passed": r.passed} for i, g in enumerate(graphs) for r in g.records
@@ -485,7 +574,13 @@ def render(report: dict) -> str:
         draft = ", ".join(f"{n}: {ms:.2f}" for n, ms in forward["draft"].items())
         chunk = next(v for key, v in forward.items() if key.startswith("draft_chunk"))
         predicted = report["prediction"][mode]
+        head = forward.get("head", {})
+        heads = ", ".join(
+            f"tau {p['tau']}: {p['speedup_vs_plain']:.2f}x" for p in report["head_prediction"][mode]
+        )
         lines += [
+            f"graphs={mode}: EAGLE-3 head step {head.get('step', float('nan')):.2f} ms; "
+            f"predicted over plain{'' if mode == 'on' else ' with graphs'}: {heads}",
             f"graphs={mode}: target forward ms by scored tokens: {target}; draft: {draft}; "
             f"draft chunk of {GRAPHS_STOP_CHUNK}: {chunk:.2f} ms",
             f"graphs={mode}: tau {predicted['tau']} predicts {predicted['speedup_vs_plain']:.2f}x plain",

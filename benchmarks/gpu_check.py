@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
     parser.add_argument("--small", action="store_true", help="tiny loop-cost models (a CPU check)")
     parser.add_argument("--tokenizer", help="a Qwen2.5 tokenizer folder for the loop-cost prompt")
-    parser.add_argument("--selftest-limit", type=float, default=150, help="seconds (default 150)")
-    parser.add_argument("--loop-cost-limit", type=float, default=330, help="seconds (default 330)")
+    parser.add_argument("--selftest-limit", type=float, default=120, help="seconds (default 120)")
+    parser.add_argument("--loop-cost-limit", type=float, default=360, help="seconds (default 360)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict = {

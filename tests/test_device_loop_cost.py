@@ -1,5 +1,6 @@
 """benchmarks/device_loop_cost.py end to end at small sizes on the CPU: the GPU run's script works, its
-copy draft really is the target (every draft accepted), and strict decoding reproduces plain's tokens."""
+copy draft really is the target (every draft accepted), and strict decoding reproduces plain's tokens,
+with a draft model and with an EAGLE-3 head."""
 
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ def test_small_run_end_to_end(tmp_path):
         assert set(forward["target"]) == {1, 2, 4, 8, 5} and set(forward["draft"]) == {1, 2}
         assert forward["draft_chunk_4"] > 0 and forward["captures"] == []  # no capture on a CPU
         assert report["prediction"][mode]["speedup_vs_plain"] > 0
+        assert forward["head"]["step"] > 0 and forward["head"]["chunk_4"] > 0
+        predicted = report["head_prediction"][mode]
+        assert [p["tau"] for p in predicted] == list(_script().HEAD_TAUS)
+        assert all(p["speedup_vs_plain"] > 0 for p in predicted)
     cases = report["cases"]
-    kinds = ["plain", "strict/copy", "mars/copy", "strict/small", "mars/small"]
+    kinds = ["plain", "strict/copy", "mars/copy", "strict/small", "mars/small", "strict/head"]
     kinds += ["strict/copy/conf0", "strict/small/conf0"]
     assert set(cases) == {f"{kind}@{mode}" for kind in kinds for mode in ("off", "on")}
     assert set(report["graphs_speedup"]) == set(kinds)
