@@ -75,8 +75,8 @@ import marspec
 from marspec.api import Decoder, GenerationOptions
 from marspec.decode import decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
+from marspec.drafters.eagle3_fixed import FixedHeadCache
 from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
-from marspec.drafters.model import GRAPHS_STOP_CHUNK
 from marspec.eagle3_train import head_config, save_head, spec_of
 from marspec.models.convert import quiet_transformers
 from marspec.models.eagle3 import default_layers
@@ -102,6 +102,9 @@ FULL_VOCAB = 151936
 # Small shapes of the same family (grouped key/value heads, untied target, tied draft) for --small.
 SMALL = {"target": shape(64, 2, 4, 128, tied=False), "draft": shape(32, 2, 4, 64, tied=True)}
 DRAFT_SIZES = (1, 2)
+# One-token forwards queued back to back for the chunk costs: against as many synchronised ones, what a
+# read of the confidence stop after every drafted token costs.
+CHUNK = 4
 # An EAGLE-3 head of the shape published for a target of the default's size (SpecForge's Qwen2.5 heads: the
 # target's width, an 8,960-wide MLP, 32,000 draft tokens); --small: a tiny one over the tiny vocabulary.
 HEAD = {"intermediate": 8960, "draft_vocab": 32000}
@@ -200,7 +203,8 @@ def head_costs(decoder: Decoder, chunk: int, context: int, repeats: int, device:
     ``context`` positions, the draft logits) and of ``chunk`` steps queued back to back, each fed the
     previous step's token and stream as the drafter feeds them, synchronised only before and after."""
     head = decoder.drafter.draft_model.head
-    cache = HeadCache(head)
+    fixed = isinstance(decoder.drafter.draft_model.cache, FixedHeadCache)
+    cache = FixedHeadCache(head, graphs=decoder.captured) if fixed else HeadCache(head)  # the decoder's kind
     width = head.fc.in_features
     dtype = head.fc.weight.dtype
     gen = torch.Generator().manual_seed(3)
@@ -317,7 +321,9 @@ def summarise(runs, costs: ForwardCosts) -> dict:
         steps = stats.steps[1:]
         if not steps:
             continue
-        forwards = [costs.target_s(s.drafted + s.siblings + 1) + s.drafted * costs.draft_s(1) for s in steps]
+        # Draft forwards per step as the run made them (a catch-up, chunks past a stop), at one token each.
+        per_step = stats.draft_forwards / len(stats.steps)
+        forwards = [costs.target_s(s.drafted + s.siblings + 1) + per_step * costs.draft_s(1) for s in steps]
         clocked = [b - a for a, b in itertools.pairwise(clock_s)]
         wall.append(statistics.fmean(step_s[1:]))
         model.append(statistics.fmean(forwards))
@@ -455,10 +461,11 @@ def main(argv: list[str] | None = None) -> dict:
     context = len(ids) + args.new_tokens // 2
     report["prompt_tokens"] = len(ids)
     report["cost_context"] = context
-    chunk = GRAPHS_STOP_CHUNK
+    chunk = CHUNK
     target_sizes = sorted({1, 2, 4, 8, args.k + 1})
     costs: dict[str, ForwardCosts] = {}
-    head_step_costs: dict[str, ForwardCosts] = {}  # the head decoder's: its drafted token is a head step
+    # By decoder (small draft, copy, head): what a draft forward costs in each ("draft" is a head step).
+    step_costs: dict[str, tuple[ForwardCosts, ForwardCosts, ForwardCosts]] = {}
     report["forward_ms"] = {}
     for mode in modes:  # part 1: what one forward costs on each path
         small, _, head = decoders[mode]
@@ -473,9 +480,12 @@ def main(argv: list[str] | None = None) -> dict:
             "captures": _captures(small),
             "head": head_costs(head, chunk, context, args.cost_repeats, device),
         }
-        head_step_costs[mode] = ForwardCosts(context)
-        head_step_costs[mode].target = cost.target
-        head_step_costs[mode].draft = {1: report["forward_ms"][mode]["head"]["step"] / 1000}
+        head_step = {1: report["forward_ms"][mode]["head"]["step"] / 1000}
+        step_costs[mode] = (
+            cost,
+            ForwardCosts(context, cost.target, cost.target),
+            ForwardCosts(context, cost.target, head_step),
+        )
         report["prediction"] = {
             m: predict(
                 report["forward_ms"][m]["target"], report["forward_ms"][m]["draft"][1], args.k, args.tau
@@ -514,13 +524,13 @@ def main(argv: list[str] | None = None) -> dict:
             ("strict/small/conf0", 0, "strict", 0.0, half),
         ]
     cases = [
-        (f"{name}@{mode}", decoders[mode][which], rule, c, n, mode)
+        (f"{name}@{mode}", decoders[mode][which], rule, c, n, mode, which)
         for mode in modes
         for name, which, rule, c, n in kinds
     ]
 
     def run(case, new_tokens):
-        _, decoder, rule, confidence, _, _ = case
+        _, decoder, rule, confidence, _, _, _ = case
         if decoder.drafter is not None:
             decoder.drafter.min_confidence = confidence  # the same drafter, its stop set per case
         return run_once(decoder, rule, prompt_ids, new_tokens, args.k)
@@ -532,8 +542,8 @@ def main(argv: list[str] | None = None) -> dict:
     for repeat in range(args.repeats):  # interleaved, so drift on a shared machine hits every case alike
         for case in cases:
             runs[case[0]].append(run(case, case[4]))
-        for name, _, _, _, _, mode in cases:  # part 2, after each round: the decodes so far
-            result = summarise(runs[name], (head_step_costs if "/head" in name else costs)[mode])
+        for name, _, _, _, _, mode, which in cases:  # part 2, after each round: the decodes so far
+            result = summarise(runs[name], step_costs[mode][which])
             result["new_tokens"] = runs[name][-1][2].new_tokens
             tokens, plain_tokens = runs[name][-1][3], runs[f"plain@{mode}"][-1][3]
             if name.startswith("strict"):  # plain decoded the whole count: compare its start
@@ -550,6 +560,7 @@ def main(argv: list[str] | None = None) -> dict:
         write(f"decodes (round {repeat + 1} of {args.repeats})")
     for mode in modes:
         report["forward_ms"][mode]["captures"] = _captures(decoders[mode][0])
+        report["forward_ms"][mode]["head_captures"] = _captures(decoders[mode][2])
     write("done")
     print(render(report))
     return report
@@ -557,10 +568,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _captures(decoder: Decoder) -> list[dict]:
     """The CUDA graphs a decoder's models captured: each shape and whether its replay equalled eager."""
-    lms = [decoder.target, getattr(decoder.drafter, "draft_model", None)]
-    graphs = [lm.graphs for lm in lms if getattr(lm, "graphs", None) is not None]
+    draft = getattr(decoder.drafter, "draft_model", None)
+    parts = {"target": decoder.target, "draft": draft, "head": getattr(draft, "cache", None)}
     return [
-        {"model": i, "key": list(r.key), "passed": r.passed} for i, g in enumerate(graphs) for r in g.records
+        {"model": name, "key": list(r.key), "passed": r.passed}
+        for name, part in parts.items()
+        if getattr(part, "graphs", None) is not None
+        for r in part.graphs.records
     ]
 
 
@@ -582,7 +596,7 @@ def render(report: dict) -> str:
             f"graphs={mode}: EAGLE-3 head step {head.get('step', float('nan')):.2f} ms; "
             f"predicted over plain{'' if mode == 'on' else ' with graphs'}: {heads}",
             f"graphs={mode}: target forward ms by scored tokens: {target}; draft: {draft}; "
-            f"draft chunk of {GRAPHS_STOP_CHUNK}: {chunk:.2f} ms",
+            f"draft chunk of {CHUNK}: {chunk:.2f} ms",
             f"graphs={mode}: tau {predicted['tau']} predicts {predicted['speedup_vs_plain']:.2f}x plain",
         ]
     lines += [

@@ -20,6 +20,8 @@ from marspec.backends.hf import HFCausalLM
 from marspec.backends.int4 import int4_available
 from marspec.backends.prepack import prepack_available, prepack_linears
 from marspec.backends.quantize import quantize_target, rowwise_int8_available
+from marspec.drafters.eagle3_fixed import FixedHeadCache
+from marspec.drafters.eagle3_head import Eagle3Head, HeadCache, TreeRows
 from marspec.drafters.model import ModelDrafter
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
@@ -204,12 +206,13 @@ _MOVES = ("cpu", "to", "copy_")
 
 
 @contextlib.contextmanager
-def _captured_regions_counted(*lms: FixedShapeLM):
-    """Run every forward a GPU captures with stand-ins for device inputs, counting host reads (a CUDA
-    graph cannot hold one): reads of any tensor's values (weights, caches and buffers included) and
-    copies to the host of anything computed from the inputs."""
+def _captured_regions_counted(*lms: FixedShapeLM | FixedHeadCache):
+    """Run every forward a GPU captures (a head's: every chain step) with stand-ins for device inputs,
+    counting host reads (a CUDA graph cannot hold one): reads of any tensor's values (weights, caches
+    and buffers included) and copies to the host of anything computed from the inputs."""
     counts: list[int] = []
-    originals = [lm._forward_on_device for lm in lms]
+    names = ["_chain" if isinstance(lm, FixedHeadCache) else "_forward_on_device" for lm in lms]
+    originals = [getattr(lm, name) for lm, name in zip(lms, names, strict=True)]
 
     def counted(original):
         def run(**inputs):
@@ -221,13 +224,13 @@ def _captured_regions_counted(*lms: FixedShapeLM):
 
         return run
 
-    for lm, original in zip(lms, originals, strict=True):
-        lm._forward_on_device = counted(original)
+    for lm, name, original in zip(lms, names, originals, strict=True):
+        setattr(lm, name, counted(original))
     try:
         yield counts
     finally:
-        for lm in lms:
-            del lm._forward_on_device
+        for lm, name in zip(lms, names, strict=True):
+            delattr(lm, name)
 
 
 def test_captured_regions_read_nothing_and_a_step_reads_once_per_draft_chunk(folders):
@@ -342,13 +345,65 @@ def test_the_fixed_path_keeps_the_hidden_states_the_eager_path_keeps():
     )
 
 
-def test_kept_hidden_states_add_no_host_read_inside_the_captured_forwards(head_folders):
+def test_kept_hidden_states_and_the_heads_steps_add_no_host_read_inside_the_captured_forwards(head_folders):
     target_dir, head_dir = head_folders
     decoder = Decoder(str(target_dir), str(head_dir), device="cpu", graphs="on", draft_confidence=0.0)
-    with _captured_regions_counted(decoder.target) as inside:
+    cache = decoder.drafter.draft_model.cache
+    assert isinstance(cache, FixedHeadCache)
+    with _captured_regions_counted(decoder.target, cache) as inside:
         decoder.generate(PROMPTS[0], rule="strict", k=4, max_new_tokens=12, chat=False)
         decoder.generate(PROMPTS[1], rule="strict", tree="3,2", k=4, max_new_tokens=12, chat=False)
-    assert inside and set(inside) == {0}
+    assert len(inside) > 12 and set(inside) == {0}
+
+
+def _random_head(hidden: int = 32, heads: int = 4, kv_heads: int = 2, vocab: int = 97) -> Eagle3Head:
+    from marspec.eagle3_train import head_config, spec_of
+
+    target = {
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "vocab_size": vocab,
+    }
+    torch.manual_seed(7)
+    embedding = torch.nn.Embedding(vocab, hidden)
+    return Eagle3Head(spec_of(head_config(target, 50, 64, (0, 1, 2))), 3, embedding).eval()
+
+
+def test_the_fixed_head_cache_steps_as_the_eager_cache_does():
+    """Chain steps padded to the next query size (1, 3 -> 4, 13 -> 16), a token-tree depth, a rollback,
+    and the buffers doubling past 256 positions: the logits and streams of the real rows are the eager
+    cache's, and the padded rows leave no trace in the positions kept."""
+    head = _random_head()
+    eager, fixed = HeadCache(head), FixedHeadCache(head)
+    g = torch.Generator().manual_seed(8)
+    hidden = head.fc.out_features
+
+    def both(tokens, features, tree=None):
+        a, b = eager.step(tokens, features, tree), fixed.step(tokens, features, tree)
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(y, x, rtol=0, atol=1e-5)
+        assert eager.length == fixed.length
+        return a
+
+    def rows(n):
+        return torch.randint(97, (n,), generator=g), torch.randn(n, hidden, generator=g)
+
+    both(*rows(200))
+    for n in (1, 3, 13, 1):
+        both(*rows(n))
+    eager.rollback(210)
+    fixed.rollback(210)
+    base = eager.length
+    sees = torch.zeros(2, base + 2, dtype=torch.bool)
+    sees[:, :base] = True
+    sees[0, base] = sees[1, base + 1] = True  # two siblings at one depth
+    both(*rows(2), TreeRows(position=base, sees=sees))
+    for n in (13, 13, 13, 13):  # past 256 positions: the buffers double, the cache kept
+        both(*rows(n))
+    assert fixed._capacity == 512 and fixed.length == 264
 
 
 # -- quantised targets on the fixed path ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from marspec.backends.fixed import fixed_shape_lm, graphs_plan
+from marspec.backends.fixed import FixedShapeLM, fixed_shape_lm, graphs_plan
 from marspec.backends.hf import HFCausalLM, use_grouped_attention
 from marspec.backends.prepack import prepack_linears
 from marspec.backends.quantize import (
@@ -37,8 +37,8 @@ from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.eagle3 import Eagle3Drafter
+from marspec.drafters.eagle3_fixed import FixedHeadCache
 from marspec.drafters.eagle3_head import load_head
-from marspec.drafters.model import GRAPHS_STOP_CHUNK
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
@@ -150,10 +150,14 @@ def _eagle3_drafter(
     head: HeadSpec, layers: tuple[int, ...], target: HFCausalLM, confidence: float
 ) -> Eagle3Drafter:
     """An EAGLE-3 head (checked to fit already) loaded to draft for ``target``, in its dtype and device
-    (the dtype its hidden states come in: a target passed in loaded keeps its own, whatever ``dtype``)."""
+    (the dtype its hidden states come in: a target passed in loaded keeps its own, whatever ``dtype``).
+    On the fixed-shape path the head's steps take it too, captured where the target's forwards are."""
     embedding = target.model.get_input_embeddings()
     module = load_head(head, len(layers), embedding, target.dtype, target.device)
-    return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence)
+    cache = None
+    if isinstance(target, FixedShapeLM):
+        cache = FixedHeadCache(module, graphs=target.graphs is not None)
+    return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence, cache=cache)
 
 
 def check_same_tokenizer(target: str | HFCausalLM, draft: str | HFCausalLM) -> None:
@@ -301,7 +305,6 @@ class Decoder:
                 draft_lm,
                 self.target.vocab_size,
                 min_confidence=draft_confidence,
-                stop_chunk=GRAPHS_STOP_CHUNK if self.captured else 1,
             )
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         self.eos_token_ids = self.target.eos_token_ids

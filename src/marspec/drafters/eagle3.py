@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from marspec.backends.timing import ForwardTimer
+from marspec.drafters.eagle3_fixed import FixedHeadCache
 from marspec.drafters.eagle3_head import Eagle3Head, HeadCache, TreeRows
 from marspec.drafters.tree import best_first_tree, node_budget
 from marspec.errors import MarspecError
@@ -29,11 +30,17 @@ class HeadModel:
     context's tokens up to ``p + 1``.
     """
 
-    def __init__(self, head: Eagle3Head, name: str, device: torch.device) -> None:
+    def __init__(
+        self,
+        head: Eagle3Head,
+        name: str,
+        device: torch.device,
+        cache: HeadCache | FixedHeadCache | None = None,
+    ) -> None:
         self.head = head
         self.name = name
         self.device = device
-        self.cache = HeadCache(head)
+        self.cache = cache if cache is not None else HeadCache(head)
         self.clock = ForwardClock()
         self._timer = ForwardTimer(device, self.clock)
         self.cached_len = 0
@@ -87,7 +94,9 @@ class Eagle3Drafter:
     """Drafts with an EAGLE-3 head coupled to ``target`` (which must keep hidden states).
 
     ``min_confidence`` ends a draft after a token whose probability under the head (at temperature 1,
-    over the draft vocabulary) is below it, as :class:`marspec.drafters.ModelDrafter` does.
+    over the draft vocabulary) is below it, as :class:`marspec.drafters.ModelDrafter` does. ``cache``
+    holds the head's keys and values (default a :class:`HeadCache`; the fixed-shape path passes a
+    :class:`FixedHeadCache`).
     """
 
     def __init__(
@@ -97,6 +106,7 @@ class Eagle3Drafter:
         layers: tuple[int, ...],
         name: str,
         min_confidence: float = 0.0,
+        cache: HeadCache | FixedHeadCache | None = None,
     ) -> None:
         if not isinstance(target, HiddenStates):
             raise MarspecError(
@@ -110,7 +120,7 @@ class Eagle3Drafter:
         self.layers = layers
         self.name = name
         self.min_confidence = min_confidence
-        self.draft_model = HeadModel(head, name, target.device)
+        self.draft_model = HeadModel(head, name, target.device, cache)
         self._target_ids = head.target_ids()  # long[draft vocab]
 
     def propose(
