@@ -33,11 +33,12 @@ drafts per step, all rejected.
 Each case runs on the eager path and on the fixed-shape path (``graphs="on"``: on CUDA its forwards are
 captured as CUDA graphs and replayed, :mod:`marspec.backends.fixed`), interleaved; ``--graphs off`` or
 ``--graphs on`` runs one of them. Per-forward costs are taken on both paths (the target at 1 and k + 1
-tokens, the draft at 1 token and a chunk of one-token forwards as the drafter queues them between reads
-of its confidence stop), and ``prediction`` gives the speed-up over plain that the default pair's tau,
-measured on a CPU (HumanEval, strict, docs/results.md "Speed"), predicts from each path's costs: a step
-scores k + 1 tokens after about tau draft forwards and yields tau tokens, where plain pays a 1-token
-forward per token. The JSON file is written after each part, so a run cut short keeps what it measured.
+tokens, the draft at 1 token and a chunk of one-token forwards queued with no read between them, which
+against as many synchronised forwards prices a read of the confidence stop), and ``prediction`` gives
+the speed-up over plain that the default pair's tau, measured on a CPU (HumanEval, strict,
+docs/results.md "Speed"), predicts from each path's costs: a step scores k + 1 tokens after about tau
+draft forwards and yields tau tokens, where plain pays a 1-token forward per token. The JSON file is
+written after each part, so a run cut short keeps what it measured.
 On a lent GPU it runs as the second part of benchmarks/gpu_check.py (the one command, with the
 self-test); alone:
 
@@ -260,9 +261,9 @@ def forward_costs(lm, sizes, context: int, repeats: int, device: torch.device) -
 
 @torch.inference_mode()
 def chunk_cost(lm, chunk: int, context: int, repeats: int, device: torch.device) -> float:
-    """Median wall seconds of ``chunk`` one-token forwards queued back to back as the drafter queues them
-    between two reads of its confidence stop (each token the argmax of the previous forward, on the
-    device), synchronised only before and after."""
+    """Median wall seconds of ``chunk`` one-token forwards queued back to back (each token the argmax of
+    the previous forward, on the device), synchronised only before and after: what they cost with no
+    read of the confidence stop between them."""
     gen = torch.Generator().manual_seed(1)
     lm.reset()
     lm.forward(torch.randint(lm.vocab_size, (context,), generator=gen).to(device), last_only=True)

@@ -7,7 +7,7 @@ each part. Needs marspec (run from the source tree), torch and transformers only
 tokenizer files (the loop-cost models are random; without ``--tokenizer`` the prompt is encoded with
 the self-test's byte-level tokenizer, the models keeping the Qwen vocabulary's 151,936 rows).
 
-    PYTHONPATH=src python3 benchmarks/gpu_check.py --out "$OUT"    # a lent GPU: about 4-7 minutes
+    PYTHONPATH=src python3 benchmarks/gpu_check.py --out "$OUT"    # an H200: 3.5-4.5 minutes
 
 ``--device cpu --small`` runs the same two parts at tiny sizes (about a minute), so the command is
 checked end to end where there is no GPU.

@@ -102,7 +102,7 @@ def tiny_decoder(folder: Path, device: torch.device, graphs: str = "off") -> Dec
     """A Decoder for a tiny target and its noisy draft, saved under ``folder`` (once) and loaded by path
     the way a user's models are (dtype fp32, the device's default kernels, ``graphs`` as given: eager by
     default). The draft's confidence stop and prompt lookup are off: both add host reads by design (one
-    per draft chunk, one per lookup)."""
+    per drafted token, one per lookup)."""
     from marspec.api import Decoder
 
     if not (folder / "target").exists():
