@@ -56,5 +56,5 @@ outputs_step --task humaneval --limit 100 --methods strict --dtype bf16 --out $R
 step --task humaneval --limit 30 --methods "plain,strict,$DEF,hf-assisted" --out $R/speed-humaneval-30
 step --task gsm8k --limit 30 --methods "plain,strict,$DEF,hf-assisted" --out $R/speed-gsm8k-30
 step --task mtbench --limit 30 --methods "plain,strict,$DEF,hf-assisted" --max-new-tokens 64 --out $R/speed-mtbench-30
-python benchmarks/time_budget.py $R/speed-humaneval-30 $R/speed-gsm8k-30 $R/speed-mtbench-30
+python -m marspec.eval.time_budget $R/speed-humaneval-30 $R/speed-gsm8k-30 $R/speed-mtbench-30
 echo "=== plan done $(date -u +%FT%TZ)"

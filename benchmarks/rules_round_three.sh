@@ -52,7 +52,7 @@ sampled)
 tables)
     for task in humaneval gsm8k; do
         for kind in greedy sampled-t1; do
-            python benchmarks/rules_table.py "$ROOT/$kind-$task-30"
+            python -m marspec.eval.rules_table "$ROOT/$kind-$task-30"
             "$MARSPEC" report "$ROOT/$kind-$task-30"
         done
     done

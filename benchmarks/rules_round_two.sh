@@ -66,16 +66,16 @@ gsm8k250)
     ;;
 tables)
     for task in humaneval gsm8k; do
-        python benchmarks/rules_table.py $R/rivals-greedy-$task-30 $R/sweep-greedy-$task-30
+        python -m marspec.eval.rules_table $R/rivals-greedy-$task-30 $R/sweep-greedy-$task-30
         "$MARSPEC" report $R/rivals-greedy-$task-30 $R/sweep-greedy-$task-30 \
             --combined $R/rivals-greedy-$task-30/pareto-with-sweep.png
     done
-    python benchmarks/rules_table.py --pooled $R/rivals-greedy-humaneval-30 $R/rivals-greedy-gsm8k-30
+    python -m marspec.eval.rules_table --pooled $R/rivals-greedy-humaneval-30 $R/rivals-greedy-gsm8k-30
     # GSM8K-250 and the decision rule's measure (docs/rules.md, "How `gsm8k250` decides"); then the first
     # 300 questions pooled, with greedy-gsm8k-50's strict and MARS.
-    python benchmarks/rules_table.py $R/greedy-gsm8k-250
-    python benchmarks/rules_table.py --pooled $R/greedy-gsm8k-250
-    python benchmarks/rules_table.py --pooled $R/greedy-gsm8k-50 $R/greedy-gsm8k-250
+    python -m marspec.eval.rules_table $R/greedy-gsm8k-250
+    python -m marspec.eval.rules_table --pooled $R/greedy-gsm8k-250
+    python -m marspec.eval.rules_table --pooled $R/greedy-gsm8k-50 $R/greedy-gsm8k-250
     python benchmarks/relaxed_token_classes.py $R/greedy-humaneval-100 $R/greedy-gsm8k-50 \
         $R/rivals-greedy-humaneval-30 $R/rivals-greedy-gsm8k-30 $R/sweep-greedy-humaneval-30 \
         $R/sweep-greedy-gsm8k-30

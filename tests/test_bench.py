@@ -3,17 +3,16 @@ peers, summary and plots."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from dataclasses import replace
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 from conftest import SMALL, bench_config
 
 from marspec import Decoder, MarspecError
+from marspec.eval import quality_table, rules_table, time_budget
 from marspec.eval.bench import BenchConfig
 from marspec.eval.calibrate import choice_from_runs
 from marspec.eval.cpu import cpu_from_cpuinfo, cpu_name
@@ -94,8 +93,8 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
             # Relaxed accepts at or after the end-of-sequence token are cut with it from the output.
             assert len(turn["relaxed"]) <= (turn["accepted_relaxed"] or 0)
 
-    # benchmarks/time_budget.py prices the same run: its drafting is the measured draft time.
-    budget = _time_budget_module()
+    # marspec.eval.time_budget prices the same run: its drafting is the measured draft time.
+    budget = time_budget
     seconds = budget.budget(tmp_path)
     assert set(seconds) == {"plain", "strict", "mars", "mars@0.5"}  # the peers record no steps
     assert seconds["strict"]["draft"] == pytest.approx(strict["draft_share"] * strict["wall_s"])
@@ -143,18 +142,6 @@ def test_tiny_bench_end_to_end_and_resume(decoder, tmp_path):
     assert budget.budget(tmp_path)["strict"]["tokens"] == sum(turn["new_tokens"] for turn in strict_first)
 
 
-def _benchmark_script(name: str):
-    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _time_budget_module():
-    return _benchmark_script("time_budget")
-
-
 def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     spec = "plain,strict"
     methods = parse_methods(spec, 0.9)
@@ -183,12 +170,12 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
     assert json.loads((tmp_path / SUMMARY_JSON).read_text()) == written
     assert "strict" in (tmp_path / SUMMARY_MD).read_text()
 
-    # benchmarks/quality_table.py tabulates a whole run and refuses one that lost a record.
-    table = _benchmark_script("quality_table")
+    # marspec.eval.quality_table tabulates a whole run and refuses one that lost a record.
+    table = quality_table
     assert [row.split(" | ")[2] for row in table.rows(tmp_path)] == ["plain", "strict"]
     lines = (tmp_path / RECORDS_FILE).read_text().splitlines()
     (tmp_path / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(SystemExit, match="not a whole run"):
+    with pytest.raises(MarspecError, match="not a whole run"):
         table.rows(tmp_path)
     summary_before = (tmp_path / SUMMARY_JSON).read_text()
     with pytest.raises(MarspecError, match="not a whole run"):
@@ -314,7 +301,7 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
         run_bench(decoder, questions, parse_methods(spec, 0.9), config(spec), tmp_path / name, length_score)
     plot = combined_pareto([tmp_path / "rivals", tmp_path / "sweep"], tmp_path / "both.png")
     assert plot.stat().st_size > 1000
-    # benchmarks/rules_table.py: the same runs as one table, a method shared by both taken from the first,
+    # marspec.eval.rules_table: the same runs as one table, a method shared by both taken from the first,
     # counting the decodes timed on a busy machine (here one, marked so whatever else this machine runs).
     for name in ("rivals", "sweep"):
         path = tmp_path / name / RECORDS_FILE
@@ -322,7 +309,7 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
         for i, rec in enumerate(marked):
             rec["other_cores"] = 1.0 if (name, i) == ("rivals", 0) else 0.0
         path.write_text("".join(json.dumps(rec) + "\n" for rec in marked))
-    lines, points, busy = _benchmark_script("rules_table").rows([tmp_path / "rivals", tmp_path / "sweep"])
+    lines, points, busy = rules_table.rows([tmp_path / "rivals", tmp_path / "sweep"])
     assert busy == 1
     assert [line.split(" (")[0].removeprefix("| ") for line in lines] == [
         "strict",
@@ -333,7 +320,7 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
     assert [p[0] for p in points] == ["typical@0.2", "topk@2", "mars-prob@0.3"]
     # --pooled: the rivals run twice over holds each question twice, so every count doubles.
     cells = {line.split(" (")[0].removeprefix("| "): line.split(" | ") for line in lines}
-    twice = _benchmark_script("rules_table").pooled([tmp_path / "rivals", tmp_path / "rivals"])
+    twice = rules_table.pooled([tmp_path / "rivals", tmp_path / "rivals"])
     names = [row.split(" | ")[0].removeprefix("| ") for row in twice[2:]]
     assert names == ["strict", "typical@0.2", "topk@2"]
     for name, row in zip(names, twice[2:], strict=True):

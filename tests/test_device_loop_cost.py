@@ -4,34 +4,33 @@ with a draft model and with an EAGLE-3 head."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
-def _script(name: str = "device_loop_cost"):
-    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def _run(name: str, *args: str) -> int:
+    """The script run as a lent GPU runs it: a process of its own, marspec imported as installed."""
+    return subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *args]).returncode
 
 
 def test_small_run_end_to_end(tmp_path):
     out = tmp_path / "cost.json"
     args = ["--small", "--device", "cpu", "--dtype", "fp32", "--new-tokens", "12", "--k", "4"]
-    report = _script().main([*args, "--repeats", "1", "--cost-repeats", "1", "--json", str(out)])
-    written = json.loads(out.read_text())
-    assert written["cases"].keys() == report["cases"].keys()
-    assert written["parts_done"][-1] == "done"
+    assert _run("device_loop_cost", *args, "--repeats", "1", "--cost-repeats", "1", "--json", str(out)) == 0
+    report = json.loads(out.read_text())
+    assert report["parts_done"][-1] == "done"
     for mode in ("off", "on"):
         forward = report["forward_ms"][mode]
-        assert set(forward["target"]) == {1, 2, 4, 8, 5} and set(forward["draft"]) == {1, 2}
+        assert set(forward["target"]) == {"1", "2", "4", "8", "5"} and set(forward["draft"]) == {"1", "2"}
         assert forward["draft_chunk_4"] > 0 and forward["captures"] == []  # no capture on a CPU
         assert report["prediction"][mode]["speedup_vs_plain"] > 0
         assert forward["head"]["step"] > 0 and forward["head"]["chunk_4"] > 0
         predicted = report["head_prediction"][mode]
-        assert [p["tau"] for p in predicted] == list(_script().HEAD_TAUS)
+        assert len(predicted) == 6 and [p["tau"] for p in predicted] == sorted(p["tau"] for p in predicted)
         assert all(p["speedup_vs_plain"] > 0 for p in predicted)
     cases = report["cases"]
     kinds = ["plain", "strict/copy", "mars/copy", "strict/small", "mars/small", "strict/head"]
@@ -55,7 +54,7 @@ def test_the_gpu_command_runs_each_part_under_its_limit_and_keeps_what_finished(
     its limit is recorded as such and the next part still runs and writes its JSON (the self-test part
     runs whole in tests/test_selftest.py; here it is cut at once to keep this short)."""
     args = ["--device", "cpu", "--small", "--out", str(tmp_path), "--selftest-limit", "0.1"]
-    assert _script("gpu_check").main(args) == 1
+    assert _run("gpu_check", *args) == 1
     summary = json.loads((tmp_path / "gpu-check.json").read_text())
     assert summary["parts"]["selftest"]["timed_out"]
     assert summary["parts"]["device_loop_cost"]["rc"] == 0

@@ -8,11 +8,10 @@ settling a generation's options in ``settings.py`` (where ``GenerationOptions`` 
 
 from __future__ import annotations
 
-import functools
 import secrets
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -27,12 +26,6 @@ from marspec.backends.quantize import (
     quantize_target,
 )
 from marspec.decode import DecodeConfig, decode
-from marspec.defaults import (
-    DEFAULT_DRAFT_CONFIDENCE,
-    DEFAULT_DRAFT_QUANT,
-    DEFAULT_LOOKUP,
-    DEFAULT_PREPACK,
-)
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
@@ -40,6 +33,7 @@ from marspec.drafters.eagle3 import Eagle3Drafter
 from marspec.drafters.eagle3_fixed import FixedHeadCache
 from marspec.drafters.eagle3_head import load_head
 from marspec.errors import MarspecError
+from marspec.load_settings import LoadSettings
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
 from marspec.models.tokenizers import check_draft_tokenizer
@@ -230,13 +224,13 @@ class Decoder:
         *,
         dtype: str | torch.dtype = "fp32",
         threads: int | None = None,
-        draft_quant: str = DEFAULT_DRAFT_QUANT,
-        draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-        lookup: bool = DEFAULT_LOOKUP,
-        prepack: bool = DEFAULT_PREPACK,
-        device: str | torch.device = "auto",
-        target_quant: str = "none",
-        graphs: str = "auto",
+        draft_quant: str = LoadSettings.draft_quant,
+        draft_confidence: float = LoadSettings.draft_confidence,
+        lookup: bool = LoadSettings.lookup,
+        prepack: bool = LoadSettings.prepack,
+        device: str | torch.device = LoadSettings.device,
+        target_quant: str = LoadSettings.target_quant,
+        graphs: str = LoadSettings.graphs,
     ) -> None:
         self.device = resolve_device(device)
         # (the fixed-shape path, captured as CUDA graphs), checked before any weight is loaded.
@@ -424,9 +418,34 @@ def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:
     return min(hits) if hits else None
 
 
-@functools.lru_cache(maxsize=1)
-def _cached_decoder(target: str, draft: str | None, dtype: str, threads: int | None) -> Decoder:
-    return Decoder(target, draft, dtype=dtype, threads=threads)
+_last_loaded: dict[tuple, Decoder] = {}  # the last pair loaded (one at a time), by its arguments
+
+
+def load_decoder(
+    target: str,
+    draft: str | None,
+    dtype: str = "fp32",
+    threads: int | None = None,
+    settings: LoadSettings | None = None,
+) -> Decoder:
+    """A :class:`Decoder` for these arguments: the one loaded last when they are the same, else a new one
+    (the old pair is let go first, so two pairs are never held at once). :func:`generate` and every
+    command of the CLI load through it, so repeated calls are cheap."""
+    settings = settings or LoadSettings()
+    held = loaded_decoder(target, draft, dtype, threads, settings)
+    if held is not None:
+        return held
+    _last_loaded.clear()
+    decoder = Decoder(target, draft, dtype=dtype, threads=threads, **asdict(settings))
+    _last_loaded[(target, draft, dtype, threads, settings)] = decoder
+    return decoder
+
+
+def loaded_decoder(
+    target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings
+) -> Decoder | None:
+    """The pair :func:`load_decoder` holds for these arguments, or None when it would have to load."""
+    return _last_loaded.get((target, draft, dtype, threads, settings))
 
 
 def generate(
@@ -443,4 +462,4 @@ def generate(
     ``kwargs`` are ``on_text`` and the fields of :class:`GenerationOptions`. ``threads``, when given, sets
     torch's process-wide thread count (see :class:`Decoder`).
     """
-    return _cached_decoder(target, draft, dtype, threads).generate(prompt, **kwargs)
+    return load_decoder(target, draft, dtype, threads).generate(prompt, **kwargs)

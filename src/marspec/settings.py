@@ -273,15 +273,21 @@ def _regime_setting(temperature: object, margin: object, theta: object) -> tuple
 
 def _calibration(pair: Pair) -> Callable[[float], Rule]:
     """The pair's stored MARS setting for a temperature (read when ``theta="auto"`` asks for it)."""
+    return calibration_of(pair.target, pair.draft, pair.target_quant)
+
+
+def calibration_of(target: str, draft: str | None, target_quant: str = "none") -> Callable[[float], Rule]:
+    """The stored MARS setting of the pair named so, for a temperature: what :func:`settle` reads for
+    ``theta="auto"``, available by name so a command can refuse a missing one before loading weights."""
 
     def calibrated(temperature: float) -> Rule:
-        if pair.target_quant != "none":
+        if target_quant != "none":
             raise MarspecError(
                 f"theta='auto' reads a calibration of the unquantised target, and this Decoder's target is "
-                f"{pair.target_quant}: give theta a number (or use target_quant='none')"
+                f"{target_quant}: give theta a number (or use target_quant='none')"
             )
-        assert pair.draft is not None  # settle refuses a lossy rule without a drafter first
-        return load_choice(pair.target, pair.draft, temperature)
+        assert draft is not None  # settle refuses a lossy rule without a drafter first
+        return load_choice(target, draft, temperature)
 
     return calibrated
 

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.text import Text
 
 from marspec.errors import MarspecError
-from marspec.eval.harness import LoadSettings, SamplingSettings, new_decoder
+from marspec.eval.harness import SamplingSettings
+from marspec.load_settings import LoadSettings
 from marspec.progress import status
 
 if TYPE_CHECKING:
@@ -43,30 +44,26 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-_loaded: dict[tuple, Any] = {}  # the last Decoder loaded, by its arguments (calibrate runs several tasks)
-
-
 def load_decoder(
     target: str, draft: str | None, dtype: str, threads: int | None, settings: LoadSettings
 ) -> Decoder:
-    """Load the models, or reuse the pair the last call loaded with the same arguments."""
-    key = (target, draft, dtype, threads, settings)
-    if key not in _loaded:
-        _loaded.clear()  # hold one pair of models at a time
-        from marspec.api import check_same_tokenizer
-        from marspec.models import resolve_model_dir
-        from marspec.models.hub import names_hub_model
+    """The library's :func:`marspec.api.load_decoder` (the last pair loaded is reused) under a spinner,
+    with a Hub model's tokenizer checked and its download shown before the weights load."""
+    from marspec.api import check_same_tokenizer, loaded_decoder
+    from marspec.api import load_decoder as load
+    from marspec.models import resolve_model_dir
+    from marspec.models.hub import names_hub_model
 
-        hub = [name for name in (target, draft) if name and names_hub_model(name)]
-        if hub and draft not in (None, "none", "ngram"):
-            check_same_tokenizer(
-                target, draft
-            )  # before downloading gigabytes of weights (Decoder checks too)
-        for name in hub:  # a download's progress bars show before the spinner, not under it
-            resolve_model_dir(name)
-        with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
-            _loaded[key] = new_decoder(target, draft, dtype, threads, settings)
-    return _loaded[key]
+    held = loaded_decoder(target, draft, dtype, threads, settings)
+    if held is not None:
+        return held
+    hub = [name for name in (target, draft) if name and names_hub_model(name)]
+    if hub and draft not in (None, "none", "ngram"):
+        check_same_tokenizer(target, draft)  # before downloading gigabytes of weights (Decoder checks too)
+    for name in hub:  # a download's progress bars show before the spinner, not under it
+        resolve_model_dir(name)
+    with status(err, f"loading {target}" + (f" and {draft}" if draft and draft != "none" else "")):
+        return load(target, draft, dtype, threads, settings)
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:

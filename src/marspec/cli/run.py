@@ -41,7 +41,7 @@ from marspec.defaults import (
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
-from marspec.rules import LOSSLESS_RULES, RIVALS, parse_theta
+from marspec.rules import AUTO, LOSSLESS_RULES, RIVALS, parse_theta
 
 
 @app.command()
@@ -101,6 +101,16 @@ def generate(
             stop=stop or None,
             tree=tree,
         )
+        if options.theta == AUTO and draft not in (None, "none"):  # refused before the weights load
+            from marspec.settings import calibration_of, settle_rule
+
+            settle_rule(
+                options.rule,
+                options.theta,
+                options.margin,
+                temperature=options.temperature,
+                calibrated=calibration_of(target, draft, target_quant),
+            )
         decoder = load_decoder(
             target,
             None if options.rule == "plain" else draft,

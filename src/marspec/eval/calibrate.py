@@ -25,9 +25,10 @@ from marspec.calibration import (
 )
 from marspec.defaults import DEFAULT_K
 from marspec.errors import MarspecError
-from marspec.eval.harness import DecoderLoader, LoadSettings, SamplingSettings, new_decoder, run_task
+from marspec.eval.harness import DecoderLoader, SamplingSettings, new_decoder, run_task
 from marspec.eval.methods import Method, parse_methods
 from marspec.eval.rundir import load_records, read_run
+from marspec.load_settings import LoadSettings
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.settings import settle_rule
 

@@ -21,14 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marspec.defaults import (
-    DEFAULT_DRAFT_CONFIDENCE,
-    DEFAULT_DRAFT_QUANT,
-    DEFAULT_K,
-    DEFAULT_LOOKUP,
-    DEFAULT_PREPACK,
-)
+from marspec.defaults import DEFAULT_K
 from marspec.errors import MarspecError
+from marspec.load_settings import LoadSettings
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 if TYPE_CHECKING:
@@ -36,20 +31,6 @@ if TYPE_CHECKING:
 
     from marspec.api import Decoder
     from marspec.progress import Advance
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """The drafter and kernel settings every model-loading command takes (Decoder's keyword arguments
-    of the same names)."""
-
-    draft_quant: str = DEFAULT_DRAFT_QUANT
-    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
-    lookup: bool = DEFAULT_LOOKUP
-    prepack: bool = DEFAULT_PREPACK
-    device: str = "auto"
-    target_quant: str = "none"
-    graphs: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ speed baseline (plain, on the questions it ran on when it was limited; else stri
 score and recovery with their 95% intervals, and the reference recovery is measured against. Runs still
 in progress are refused: a table never mixes a partial run into whole ones.
 
-    python benchmarks/quality_table.py docs/results/greedy-humaneval-100 docs/results/greedy-gsm8k-50 ...
+    python -m marspec.eval.quality_table docs/results/greedy-humaneval-100 docs/results/greedy-gsm8k-50 ...
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ HEADER = (
 
 
 def rows(run: Path) -> list[str]:
-    try:
-        config, summary = whole_run(run)
-    except MarspecError as exc:
-        raise SystemExit(str(exc)) from None
+    config, summary = whole_run(run)
     temp = config.temperature
     ref = summary["quality_reference"]
     out = []
@@ -63,4 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except MarspecError as exc:
+        sys.exit(f"error: {exc}")

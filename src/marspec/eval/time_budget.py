@@ -8,15 +8,17 @@ the same run: drafting at half its cost, and free drafting (the ceiling any chea
 this tau). Speedups here are aggregate (total tokens / total time), not the per-question mean of the
 bench summary, so they differ from it by a few percent.
 
-    python benchmarks/time_budget.py runs/humaneval-30-prepack runs/mtbench-30-prepack
+    python -m marspec.eval.time_budget runs/humaneval-30-prepack runs/mtbench-30-prepack
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+from marspec.errors import MarspecError
 from marspec.eval.rundir import load_costs, load_records
 from marspec.profile import verify_seconds
 
@@ -27,7 +29,7 @@ def budget(run: Path) -> dict[str, dict[str, float]]:
     ratios must compare the same questions)."""
     costs = load_costs(run)
     if costs is None:
-        raise SystemExit(f"{run} has no profile.json: run `marspec bench` to the end once")
+        raise MarspecError(f"{run} has no profile.json: run `marspec bench` to the end once")
     records = load_records(run)
     with_plain = {qid for qid, method, _ in records if method == "plain"}
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -52,7 +54,7 @@ def budget(run: Path) -> dict[str, dict[str, float]]:
 def report(run: Path) -> str:
     totals = budget(run)
     if "plain" not in totals:
-        raise SystemExit(f"{run} has no plain method to compare with")
+        raise MarspecError(f"{run} has no plain method to compare with")
     plain_s_per_token = totals["plain"]["wall"] / totals["plain"]["tokens"]
     lines = [
         f"## {run}",
@@ -92,4 +94,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MarspecError as exc:
+        sys.exit(f"error: {exc}")

@@ -4,7 +4,7 @@ Each run's speed is against its own strict (greedy strict equals plain, so stric
 reference and the speed baseline of a sweep or a rivals run). A method in several runs is taken from
 the first run listed, so list the run that has strict and the rivals side by side first:
 
-    python benchmarks/rules_table.py docs/results/rivals-greedy-humaneval-30 \
+    python -m marspec.eval.rules_table docs/results/rivals-greedy-humaneval-30 \
         docs/results/sweep-greedy-humaneval-30
 
 Per method: the summary's speedup (Spec-Bench mean of per-question tokens/s ratios), the median of the
@@ -20,7 +20,7 @@ table pools their questions, for the methods every run has: answers passed, lost
 strict, and the difference in answers per 100 questions with a paired bootstrap interval (the pooled
 questions resampled as one set), beside each run's own speedup:
 
-    python benchmarks/rules_table.py --pooled docs/results/rivals-greedy-humaneval-30 \
+    python -m marspec.eval.rules_table --pooled docs/results/rivals-greedy-humaneval-30 \
         docs/results/rivals-greedy-gsm8k-30
 """
 
@@ -64,12 +64,9 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
     other processes loaded the machine (their speed is suspect: ``marspec bench --redo-contended``)."""
     lines, points, seen, busy = [], [], set(), 0
     for run in runs:
-        try:
-            summary = summary_of(run)  # this version's metrics, whatever version wrote the summary file
-        except MarspecError as exc:
-            raise SystemExit(str(exc)) from None
+        summary = summary_of(run)  # this version's metrics, whatever version wrote the summary file
         if summary["baseline"] != "strict" or summary.get("quality_reference") != "strict":
-            raise SystemExit(f"{run}: speed and quality must both be against strict (a run without plain)")
+            raise MarspecError(f"{run}: speed and quality must both be against strict (a run without plain)")
         by_method = _records_by_method(run)
         strict = by_method["strict"]
         strict_tau = summary["methods"]["strict"]["tau"]
@@ -102,16 +99,13 @@ def pooled(runs: list[Path]) -> list[str]:
     """One row per method that every run has: its questions pooled across the runs (see the module doc)."""
     per_run = []
     for run in runs:
-        try:
-            summary = summary_of(run)
-        except MarspecError as exc:
-            raise SystemExit(str(exc)) from None
+        summary = summary_of(run)
         by_method = _records_by_method(run)
         scores = {m: {q: rec["score"] for q, rec in recs.items()} for m, recs in by_method.items()}
         per_run.append((run, summary, scores))
     shared = [m for m in per_run[0][1]["methods"] if all(m in s["methods"] for _, s, _ in per_run)]
     if "strict" not in shared:
-        raise SystemExit("--pooled needs strict in every run (it is the quality reference)")
+        raise MarspecError("--pooled needs strict in every run (it is the quality reference)")
     names = " | ".join(f"speedup ({run.name})" for run, _, _ in per_run)
     lines = [
         f"| method | {names} | passed | lost / won | difference per 100 questions [95% CI] |",
@@ -177,4 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except MarspecError as exc:
+        sys.exit(f"error: {exc}")
