@@ -12,7 +12,7 @@ each (tests/test_rules.py), and an unset setting means the same everywhere.
 
 This module sits below the layers that call it and above the ones it reads (rules, defaults,
 calibration, the loop's config type): settling never calls back up (tests/test_import_graph.py,
-``python -m marspec.settings`` lists its imports).
+``python tests/test_import_graph.py`` lists the calls each entry point makes while settling).
 """
 
 from __future__ import annotations
