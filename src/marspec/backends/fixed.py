@@ -47,6 +47,15 @@ INITIAL_CAPACITY = 256  # cache positions; doubled when a forward would not fit
 ATTENTIONS = ("sdpa", "eager", "marspec_grouped_sdpa", "marspec_row_by_row")  # take an additive 4D mask
 
 
+def capacity_for(capacity: int, needed: int) -> int:
+    """A fixed buffer's next capacity for ``needed`` positions: :data:`INITIAL_CAPACITY`, doubled until it
+    fits (few sizes, so few captures)."""
+    capacity = max(capacity, INITIAL_CAPACITY)
+    while capacity < needed:
+        capacity *= 2
+    return capacity
+
+
 class _Slots:
     """The cache slots the running forward writes (long[m], on the device), shared by every layer."""
 
@@ -167,9 +176,7 @@ class FixedShapeLM(HFCausalLM):
             self.graphs.clear()
 
     def _grow(self, needed: int) -> None:
-        capacity = max(self._capacity, INITIAL_CAPACITY)
-        while capacity < needed:
-            capacity *= 2
+        capacity = capacity_for(self._capacity, needed)
         old = self._fixed_cache
         shape = (1, self._kv_heads, capacity, self._head_dim)
         layers = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from marspec.backends.fixed import INITIAL_CAPACITY, QUERY_SIZES
+from marspec.backends.fixed import QUERY_SIZES, capacity_for
 from marspec.backends.graphs import GraphCache
 from marspec.drafters.eagle3_head import Eagle3Head, TreeRows
 
@@ -77,9 +77,7 @@ class FixedHeadCache:
         return out[:n, :width], out[:n, width:].to(self.dtype)
 
     def _grow(self, needed: int) -> None:
-        capacity = max(self._capacity, INITIAL_CAPACITY)
-        while capacity < needed:
-            capacity *= 2
+        capacity = capacity_for(self._capacity, needed)
         head = self.head
         shape = (1, head.num_kv_heads, capacity, head.head_dim)
         keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
