@@ -1,19 +1,23 @@
-"""Shared fixtures: tiny random-weight models for fast loop tests (real weights are in test_real.py), and
-the small benchmark configuration the bench tests share."""
+"""Shared fixtures: tiny random-weight models for fast loop tests, the small benchmark configuration the
+bench tests share, and the real default pair's loaded forms (fp32, int8 and int4 targets), each loaded
+once per session for the real-weights modules that use them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from marspec import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
 from marspec.eval.bench import BenchConfig
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.rules import Rule
 from marspec.stats import GenerationStats
 
@@ -94,3 +98,46 @@ def target() -> HFCausalLM:
 @pytest.fixture
 def prompt() -> torch.Tensor:
     return torch.tensor([5, 17, 42, 8, 63, 5, 17, 42], dtype=torch.long)
+
+
+# The real-weights modules that share the loaded pairs below, in the order they run: after every other test
+# (a failure in the fast tests shows first, and the shared models take memory only while they are used),
+# the EAGLE-3 module last because a head keeps hooks on the fp32 target's layers.
+REAL_MODULES = ("test_real.py", "test_real_fixed.py", "test_eagle3_real.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def place(item: pytest.Item) -> int:
+        name = item.path.name
+        return REAL_MODULES.index(name) + 1 if name in REAL_MODULES else 0
+
+    items.sort(key=place)  # stable: each module's own order is kept
+
+
+# Each load of the fp32 pair costs CI ~30 s and each quantised target more (quantising, or reading the
+# GGUF); the eager and the fixed-shape tests of each target share one load.
+@pytest.fixture(scope="session")
+def fp32_pair() -> Decoder:
+    """The default pair in fp32, the target's linear layers oneDNN-prepacked (the default kernels)."""
+    return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def int8_pair() -> Decoder:
+    """The default pair with an int8 target and an int8 draft."""
+    return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int8", draft_quant="int8")
+
+
+@pytest.fixture(scope="session")
+def gguf_only_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model cache of its own for :func:`int4_pair`, as fresh as a new user's."""
+    return tmp_path_factory.mktemp("gguf-only-cache")
+
+
+@pytest.fixture(scope="session")
+def int4_pair(gguf_only_cache: Path) -> Decoder:
+    """The default pair in 4 bits, target and draft, loaded as a new user's cache loads it: straight from
+    the packaged GGUFs into :func:`gguf_only_cache` (no float32 weights written)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MARSPEC_CACHE_DIR", str(gguf_only_cache))
+        return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int4", draft_quant="int4")

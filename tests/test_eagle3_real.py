@@ -1,7 +1,7 @@
 """EAGLE-3 heads on the REAL default target (Qwen2.5-Coder-1.5B-Instruct, fp32): heads in the published
 format built here from the target's own output rows (tests/eagle3_heads.py says how they draft), loaded
-from a folder and by Hub id from an offline cache. One prompt, few tokens: the target is loaded once and
-shared by every Decoder here.
+from a folder and by Hub id from an offline cache. One prompt, few tokens: the target is the one the other
+real-weights modules use (loaded once, tests/conftest.py), shared by every Decoder here.
 
 Checked: strict verification of the head's drafts (chains and dynamic trees) equals plain decoding token
 for token, with drafts accepted; MARS at theta 1 equals strict; MARS relaxes a head that drafts the
@@ -30,8 +30,8 @@ K = 4
 
 
 @pytest.fixture(scope="module")
-def plain() -> Decoder:
-    return Decoder(DEFAULT_TARGET, None, dtype="fp32")
+def plain(fp32_pair: Decoder) -> Decoder:
+    return Decoder(fp32_pair.target, None)  # tests/conftest.py loads the target once per session
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import torch
 from marspec import Decoder, MarspecError
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.quantize import RowwiseInt8Linear, rowwise_int8_available
-from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 pytestmark = pytest.mark.real
 
@@ -33,8 +32,8 @@ FLY_ON = {"rule": "fly", "theta": 0.3, "window": 1}  # the source's threshold; a
 
 
 @pytest.fixture(scope="module")
-def decoder() -> Decoder:
-    return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32")
+def decoder(fp32_pair: Decoder) -> Decoder:
+    return fp32_pair  # tests/conftest.py: loaded once, shared with the fixed-shape and EAGLE-3 modules
 
 
 # Every setting the tests below compare, each decoded on every prompt.
@@ -238,7 +237,7 @@ def test_wall_time_splits_into_forwards_and_overhead(runs):
 def test_greedy_output_does_not_depend_on_what_ran_before(decoder, runs):
     """The same greedy request gives the same tokens after other requests and after transformers'
     assisted generation borrowed the (int8) draft model, as in a benchmark that runs hf-assisted between
-    marspec's methods. The "before" decodes are the ``runs`` fixture's, made on a fresh decoder."""
+    marspec's methods. The "before" decodes are the ``runs`` fixture's."""
     from marspec.eval.methods import parse_methods, run_method
 
     before = {name: runs[PROMPTS[0], name] for name in ("strict", "mars09")}  # decoded now if not yet
@@ -305,11 +304,11 @@ def test_a_chats_next_turn_keeps_its_cache_and_decodes_as_a_fresh_prefill(decode
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
-def test_an_int8_target_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding():
+def test_an_int8_target_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding(int8_pair):
     """The invariants hold for the int8 target (a different model from the fp32 one): its strict and
     MARS(theta=1) decodes equal its own plain decoding, and a chat's next turn on the kept cache equals a
     fresh prefill, because each token row is quantised on its own."""
-    decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int8")
+    decoder = int8_pair
     layers = list(decoder.target.model.modules())
     assert any(isinstance(m, RowwiseInt8Linear) for m in layers)
     assert not any(type(m) is torch.nn.Linear for m in layers)
@@ -330,15 +329,15 @@ def test_an_int8_target_keeps_strict_and_mars_theta_one_equal_to_its_plain_decod
 
 
 @pytest.mark.skipif(not int4_available(), reason="this torch build has no int4 CPU kernels")
-def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding(tmp_path, monkeypatch):
+def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding(int4_pair, gguf_only_cache):
     """The 4-bit target (and a 4-bit draft) is another model again: its strict and MARS(theta=1) decodes
     equal its own plain decoding, 13-token verifications included. Loaded as a new user's cache loads
     it, straight from the packaged GGUFs (no float32 weights written). One prompt, kept short: the
     property rests on each layer's rows being independent, which tests/test_int4.py checks directly,
     and the GGUF path builds the quantised float model bit for bit (tests/test_gguf_int4.py)."""
-    monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path))
-    decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int4", draft_quant="int4")
-    assert not list(tmp_path.rglob("*.safetensors")) and len(list(tmp_path.rglob("model.gguf"))) == 2
+    decoder = int4_pair
+    assert not list(gguf_only_cache.rglob("*.safetensors"))
+    assert len(list(gguf_only_cache.rglob("model.gguf"))) == 2
     assert not any(type(m) is torch.nn.Linear for m in decoder.target.model.modules())
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     new_tokens = 24

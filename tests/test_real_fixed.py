@@ -14,7 +14,7 @@ from marspec import Decoder
 from marspec.backends.fixed import FixedShapeLM
 from marspec.backends.int4 import int4_available
 from marspec.backends.quantize import rowwise_int8_available
-from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
+from marspec.models import DEFAULT_TARGET, resolve_model_dir
 
 pytestmark = pytest.mark.real
 
@@ -32,14 +32,17 @@ QUANTS = [
 ]
 
 
-# First in the file, so each quantised target is loaded and freed before the fp32 pair below is loaded.
+def on_the_fixed_path(pair: Decoder) -> Decoder:
+    """A loaded pair's models (tests/conftest.py loads each once) behind the fixed-shape backend: the same
+    weights, the fixed path's own caches."""
+    decoder = Decoder(pair.target, pair.drafter.draft_model, graphs="on")
+    assert isinstance(decoder.target, FixedShapeLM) and isinstance(decoder.drafter.draft_model, FixedShapeLM)
+    return decoder
+
+
 @pytest.mark.parametrize("quant", QUANTS)
-def test_a_quantised_target_on_the_fixed_path_keeps_strict_equal_to_its_plain_decoding(quant):
-    draft_quant = "int4" if quant == "int4" else "int8"
-    decoder = Decoder(
-        DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant=quant, draft_quant=draft_quant, graphs="on"
-    )
-    assert isinstance(decoder.target, FixedShapeLM)
+def test_a_quantised_target_on_the_fixed_path_keeps_strict_equal_to_its_plain_decoding(quant, request):
+    decoder = on_the_fixed_path(request.getfixturevalue(f"{quant}_pair"))
     plain = decoder.generate(PROMPT, rule="plain", max_new_tokens=16).token_ids
     for name in ("strict", "mars1"):
         run = decoder.generate(PROMPT, k=5, max_new_tokens=16, **SETTINGS[name])
@@ -48,10 +51,8 @@ def test_a_quantised_target_on_the_fixed_path_keeps_strict_equal_to_its_plain_de
 
 
 @pytest.fixture(scope="module")
-def decoder() -> Decoder:
-    decoder = Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", graphs="on")
-    assert isinstance(decoder.target, FixedShapeLM) and isinstance(decoder.drafter.draft_model, FixedShapeLM)
-    return decoder
+def decoder(fp32_pair: Decoder) -> Decoder:
+    return on_the_fixed_path(fp32_pair)
 
 
 @pytest.fixture(scope="module")
