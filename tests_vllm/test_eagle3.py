@@ -27,7 +27,8 @@ at theta 1.0, and MARS at a relaxing setting (prob_ratio 0.3: the runner-up has 
 top token's probability). Checked: shipped == plain and theta 1 == shipped token for token, with
 drafts accepted; MARS relaxes at least once; each request's output equals strict's up to its first
 difference, where it holds the target's runner-up at a close call of the strict run (read from the
-plain run's logprobs), as only a relaxed accept can make it; counters add up.
+plain run's logprobs), as only a relaxed accept can make it; counters add up. And marspec's library,
+given the same head and prompts, decodes each rule's tokens as its engine does.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ INTERMEDIATE = 256  # the head's MLP width (random, so kept small)
 # MARS relaxing where the runner-up has at least 0.3 of the top token's probability (marspec's default is
 # 0.5: these four prompts have fewer close calls above it that a runner-up draft can reach).
 RELAXING = {"rule": "mars", "theta": 0.3, "margin": "prob_ratio"}
+# The plugin's rules, each an engine of its own beside vLLM's EAGLE-3 as shipped.
+RULES = {"theta=1.0": {"rule": "mars", "theta": 1.0, "margin": "prob_ratio"}, "relaxing": RELAXING}
 # The head proposes a runner-up only where the plain run's p2/p1 clears the threshold by this much, so
 # that the verification's logits (another batch shape, another rounding) make the same close call.
 DESIGN_MARGIN = 0.1
@@ -168,32 +171,64 @@ def eagle_free_ram() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(
+def head(
     eagle_target_dir: str, eagle_free_ram: None, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, BatchResult]:
-    target = eagle_target_dir
-    plain = EngineSpec(target, method="none", kv_cache_gib=KV_CACHE_GIB, eager=True)
-    results = {"plain": run_engine(plain, [plain_requests(logprobs=2)]).batches[0]}
-    head = tmp_path_factory.mktemp("eagle3") / "head"
-    proposals, designed = bigram_drafts(results["plain"], RELAXING["theta"])
+) -> tuple[BatchResult, Path]:
+    """The plain run (with the target's top-2 at every position) and the head built from it."""
+    plain = EngineSpec(eagle_target_dir, method="none", kv_cache_gib=KV_CACHE_GIB, eager=True)
+    plain_run = run_engine(plain, [plain_requests(logprobs=2)]).batches[0]
+    folder = tmp_path_factory.mktemp("eagle3") / "head"
+    proposals, designed = bigram_drafts(plain_run, RELAXING["theta"])
     assert designed, "no close call on these prompts that a runner-up draft could reach: change the prompts"
     print(
         f"EAGLE-3 head: {len(proposals)} draft tokens; runner-up drafts reach (request: position) {designed}"
     )
-    write_eagle3_head(target, head, proposals)
+    write_eagle3_head(eagle_target_dir, folder, proposals)
+    return plain_run, folder
+
+
+@pytest.fixture(scope="module")
+def runs(eagle_target_dir: str, head: tuple[BatchResult, Path]) -> dict[str, BatchResult]:
+    plain_run, folder = head
 
     def spec(**kwargs: object) -> EngineSpec:
         return EngineSpec(
-            target, str(head), k=K, method="eagle3", kv_cache_gib=KV_CACHE_GIB, eager=True, **kwargs
+            eagle_target_dir,
+            str(folder),
+            k=K,
+            method="eagle3",
+            kv_cache_gib=KV_CACHE_GIB,
+            eager=True,
+            **kwargs,
         )  # type: ignore[arg-type]
 
+    results = {"plain": plain_run}
     configs = {
         "shipped": spec(load_plugin=False),
-        "theta=1.0": spec(marspec={"rule": "mars", "theta": 1.0}),
-        "relaxing": spec(marspec=RELAXING),
+        **{name: spec(marspec=rule) for name, rule in RULES.items()},
     }
     for name, config in configs.items():
         results[name] = run_engine(config, [plain_requests()]).batches[0]
+    return results
+
+
+@pytest.fixture(scope="module")
+def library(eagle_target_dir: str, head: tuple[BatchResult, Path]) -> dict[str, tuple[list[list[int]], int]]:
+    """The library's tokens for each rule's engine, with the same head and prompts: {rule: (tokens of each
+    request, relaxed accepts)}."""
+    from marspec import Decoder
+
+    decoder = Decoder(
+        eagle_target_dir, str(head[1]), dtype="fp32", device="cpu", draft_confidence=0.0, lookup=False
+    )
+    results = {}
+    for name, rule in RULES.items():
+        tokens, relaxed = [], 0
+        for prompt in DEFAULT_PROMPTS:
+            result = decoder.generate(prompt, k=K, max_new_tokens=MAX_TOKENS, chat=False, **rule)
+            tokens.append(result.token_ids)
+            relaxed += result.stats.accepted_relaxed
+        results[name] = (tokens, relaxed)
     return results
 
 
@@ -248,3 +283,14 @@ def test_mars_counters_add_up_with_eagle3(runs: dict[str, BatchResult]) -> None:
         # Each request's output is one token per verification step plus its accepted drafts (plus the
         # prefill's first token), so the accepted drafts can never reach the tokens generated.
         assert accepted < runs[name].new_tokens
+
+
+def test_the_library_gives_vllms_tokens_with_the_same_head_and_rule(runs, library) -> None:
+    """marspec's own Decoder with the head (folder) on the same target gives each engine's tokens:
+    strict's (MARS at theta 1, nothing relaxed) and the relaxing rule's (relaxed in both)."""
+    tokens, relaxed = library["theta=1.0"]
+    assert tokens == runs["theta=1.0"].tokens and relaxed == 0
+    tokens, relaxed = library["relaxing"]
+    assert runs["relaxing"].counters is not None and runs["relaxing"].counters["accepted_relaxed"] > 0
+    assert relaxed > 0
+    assert tokens == runs["relaxing"].tokens
