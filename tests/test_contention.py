@@ -27,17 +27,28 @@ def test_another_busy_process_is_seen():
     assert load.other_cores is not None and load.other_cores > 0.5  # one spinning core, about 1.0
 
 
-def test_the_watching_process_own_work_is_not_counted():
+def _idle_then_spinning() -> tuple[float | None, float | None]:
     with LoadWatch() as idle:
         time.sleep(1.0)
     with LoadWatch() as load:
         end = time.perf_counter() + 1.0
         while time.perf_counter() < end:
             pass
-    # This process kept a core busy; only what the rest of the machine did (measured just before, in
-    # case something else runs) is reported.
-    assert idle.other_cores is not None and load.other_cores is not None
-    assert load.other_cores < idle.other_cores + 0.5
+    return idle.other_cores, load.other_cores
+
+
+def test_the_watching_process_own_work_is_not_counted():
+    # This process keeps a core busy; only what the rest of the machine did (measured just before, in
+    # case something else runs) may be reported. Counting its own work would add about 1.0 on every
+    # try; other work starting between the two windows adds to one try, hence up to three tries.
+    tries = []
+    for _ in range(3):
+        idle, load = _idle_then_spinning()
+        assert idle is not None and load is not None
+        tries.append((idle, load))
+        if load < idle + 0.5:
+            return
+    raise AssertionError(f"own work counted: (idle, spinning) other cores per try {tries}")
 
 
 def test_a_block_too_short_to_measure_gives_none():
