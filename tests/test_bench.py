@@ -326,7 +326,8 @@ def test_runs_on_the_same_questions_share_one_pareto_plot(decoder, tmp_path):
     for name, row in zip(names, twice[2:], strict=True):
         _, _, _, passed, lost_won, _ = row.split(" | ")
         passed_once, n_once = cells[name][4].split("/")
-        assert passed == f"{2 * float(passed_once):g}/{2 * int(n_once)}"
+        assert float(passed.split("/")[0]) == pytest.approx(2 * float(passed_once), rel=1e-3)
+        assert passed.split("/")[1] == str(2 * int(n_once))
         assert lost_won == " / ".join(str(2 * int(x)) for x in cells[name][5].split(" / "))
 
     spec = "strict,mars-prob@0.3"
@@ -548,6 +549,32 @@ def test_sampled_bench_shares_seeds_limits_plain_and_reports_intervals(decoder, 
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(MarspecError, match="--resummarize"):
         choice_from_runs([tmp_path], 0.99)
+
+
+def test_the_rules_table_scores_a_sampled_question_by_its_mean_over_samples(decoder, tmp_path):
+    spec = "strict,mars-prob@0.3"
+    cfg = replace(config(spec), temperature=1.0, samples=2)
+    questions = load_task("gsm8k", 2)
+
+    def length_score(question, texts):  # 12 tokens solve no GSM8K question: a score that varies per sample
+        return {"score": min(1.0, len(texts[0]) / 100)}
+
+    run_bench(decoder, questions, parse_methods(spec, 0.9), cfg, tmp_path, length_score)
+    records = load_records(tmp_path)
+    means = {
+        m: {q.qid: (records[q.qid, m, 0]["score"] + records[q.qid, m, 1]["score"]) / 2 for q in questions}
+        for m in ("strict", "mars-prob@0.3")
+    }
+    # The samples must differ somewhere, or a table reading one sample per question would pass too.
+    assert any(len({records[q.qid, "strict", s]["score"] for s in (0, 1)}) == 2 for q in questions)
+    lines, _, _ = rules_table.rows([tmp_path])
+    cells = {line.split(" (")[0].removeprefix("| "): line.split(" | ") for line in lines}
+    for m, by_q in means.items():
+        passed, n = cells[m][4].split("/")
+        assert float(passed) == pytest.approx(sum(by_q.values()), rel=1e-3) and n == "2"
+        lost = sum(means["strict"][q] > by_q[q] for q in by_q)
+        won = sum(means["strict"][q] < by_q[q] for q in by_q)
+        assert cells[m][5] == f"{lost} / {won}"
 
 
 @pytest.mark.parametrize(

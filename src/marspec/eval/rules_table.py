@@ -10,10 +10,10 @@ the first run listed, so list the run that has strict and the rivals side by sid
 Per method: the summary's speedup (Spec-Bench mean of per-question tokens/s ratios), the median of the
 per-question tokens/s ratio against strict's decode of the same question on the same CPU model (the two
 ran back to back unless strict was decoded again elsewhere; a question without one is left out),
-tau and its ratio to strict's, answers kept, lost and won against strict, recovery with its 95%
-interval, and relaxed accepts per 1,000 emitted tokens. Then the fastest rule at recovery >= 100%, at
->= 95% (point estimates; the intervals say how far 30 questions can be trusted) and among those that
-lost no answer strict had.
+tau and its ratio to strict's, answers kept, lost and won against strict (a sampled question scores the
+mean over its samples, as the summary scores it), recovery with its 95% interval, and relaxed accepts per
+1,000 emitted tokens. Then the fastest rule at recovery >= 100%, at >= 95% (point estimates; the
+intervals say how far 30 questions can be trusted) and among those that lost no answer strict had.
 
 With --pooled, the runs are of different tasks (each with strict and the rivals side by side) and the
 table pools their questions, for the methods every run has: answers passed, lost and won against
@@ -51,12 +51,17 @@ def _speed(value: float | None, apart: int = 0) -> str:
     return "—" if value is None else f"{value:.2f}x{'†' if apart else ''}"
 
 
-def _records_by_method(run: Path) -> dict[str, dict[str, dict]]:
-    """method -> question id -> its newest record (greedy runs: one sample per question)."""
-    by_method: dict[str, dict[str, dict]] = {}
-    for (qid, method, _), rec in load_records(run).items():
-        by_method.setdefault(method, {})[qid] = rec
+def _records_by_method(run: Path) -> dict[str, dict[str, list[dict]]]:
+    """method -> question id -> its newest record of each sample (one sample per question when greedy)."""
+    by_method: dict[str, dict[str, list[dict]]] = {}
+    for (qid, method, _), rec in sorted(load_records(run).items(), key=lambda item: item[0][2]):
+        by_method.setdefault(method, {}).setdefault(qid, []).append(rec)
     return by_method
+
+
+def _score(recs: list[dict]) -> float:
+    """A question's score: the mean over its samples, as the bench's summary scores it."""
+    return sum(rec["score"] for rec in recs) / len(recs)
 
 
 def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
@@ -75,18 +80,19 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
                 continue
             seen.add(name)
             mine = by_method[name]
-            busy += sum(contended(rec) for rec in mine.values())
-            lost = sum(strict[q]["score"] > mine[q]["score"] for q in mine)
-            won = sum(strict[q]["score"] < mine[q]["score"] for q in mine)
-            passed = sum(mine[q]["score"] for q in mine)
-            tokens = sum(t["new_tokens"] for rec in mine.values() for t in rec["turns"])
-            relaxed = sum(t["accepted_relaxed"] for rec in mine.values() for t in rec["turns"])
+            decodes = [rec for recs in mine.values() for rec in recs]
+            busy += sum(contended(rec) for rec in decodes)
+            lost = sum(_score(strict[q]) > _score(mine[q]) for q in mine)
+            won = sum(_score(strict[q]) < _score(mine[q]) for q in mine)
+            passed = sum(_score(mine[q]) for q in mine)
+            tokens = sum(t["new_tokens"] for rec in decodes for t in rec["turns"])
+            relaxed = sum(t["accepted_relaxed"] for rec in decodes for t in rec["turns"])
             lo, hi = m["recovery_ci"]
             lines.append(
                 f"| {name} ({run.name}) | {_speed(m['speedup'], m['speed_apart'])} "
                 f"| {_speed(m['speedup_median'], m['speed_apart'])} "
                 f"| {m['tau']:.2f} "
-                f"({m['tau'] / strict_tau:.2f}x) | {passed:g}/{len(mine)} | {lost} / {won} "
+                f"({m['tau'] / strict_tau:.2f}x) | {passed:.4g}/{len(mine)} | {lost} / {won} "
                 f"| {m['recovery']:.1%} [{lo:.1%}, {hi:.1%}] | {1000 * relaxed / tokens:.1f} |"
             )
             if name != "strict" and m["speedup"] is not None:
@@ -101,7 +107,7 @@ def pooled(runs: list[Path]) -> list[str]:
     for run in runs:
         summary = summary_of(run)
         by_method = _records_by_method(run)
-        scores = {m: {q: rec["score"] for q, rec in recs.items()} for m, recs in by_method.items()}
+        scores = {m: {q: _score(recs) for q, recs in by_q.items()} for m, by_q in by_method.items()}
         per_run.append((run, summary, scores))
     shared = [m for m in per_run[0][1]["methods"] if all(m in s["methods"] for _, s, _ in per_run)]
     if "strict" not in shared:
@@ -123,7 +129,7 @@ def pooled(runs: list[Path]) -> list[str]:
         diff = difference_interval(mine, reference)
         speeds = " | ".join(_speed(s["methods"][name]["speedup"]) for _, s, _ in per_run)
         lines.append(
-            f"| {name} | {speeds} | {sum(mine):g}/{len(mine)} | {lost} / {won} "
+            f"| {name} | {speeds} | {sum(mine):.4g}/{len(mine)} | {lost} / {won} "
             f"| {100 * diff.value:+.1f} [{100 * diff.lo:+.1f}, {100 * diff.hi:+.1f}] |"
         )
     return lines
