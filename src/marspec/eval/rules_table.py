@@ -35,7 +35,7 @@ from marspec.errors import MarspecError
 from marspec.eval.contention import contended
 from marspec.eval.intervals import difference_interval
 from marspec.eval.rundir import load_records
-from marspec.eval.summary import summary_of
+from marspec.eval.summary import question_score, summary_of
 
 HEADER = (
     "| method (run) | speedup vs strict | paired median | tau (vs strict) | passed | lost / won "
@@ -54,14 +54,9 @@ def _speed(value: float | None, apart: int = 0) -> str:
 def _records_by_method(run: Path) -> dict[str, dict[str, list[dict]]]:
     """method -> question id -> its newest record of each sample (one sample per question when greedy)."""
     by_method: dict[str, dict[str, list[dict]]] = {}
-    for (qid, method, _), rec in sorted(load_records(run).items(), key=lambda item: item[0][2]):
+    for (qid, method, _), rec in load_records(run).items():
         by_method.setdefault(method, {}).setdefault(qid, []).append(rec)
     return by_method
-
-
-def _score(recs: list[dict]) -> float:
-    """A question's score: the mean over its samples, as the bench's summary scores it."""
-    return sum(rec["score"] for rec in recs) / len(recs)
 
 
 def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
@@ -82,9 +77,9 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             mine = by_method[name]
             decodes = [rec for recs in mine.values() for rec in recs]
             busy += sum(contended(rec) for rec in decodes)
-            lost = sum(_score(strict[q]) > _score(mine[q]) for q in mine)
-            won = sum(_score(strict[q]) < _score(mine[q]) for q in mine)
-            passed = sum(_score(mine[q]) for q in mine)
+            lost = sum(question_score(strict[q]) > question_score(mine[q]) for q in mine)
+            won = sum(question_score(strict[q]) < question_score(mine[q]) for q in mine)
+            passed = sum(question_score(mine[q]) for q in mine)
             tokens = sum(t["new_tokens"] for rec in decodes for t in rec["turns"])
             relaxed = sum(t["accepted_relaxed"] for rec in decodes for t in rec["turns"])
             lo, hi = m["recovery_ci"]
@@ -107,7 +102,7 @@ def pooled(runs: list[Path]) -> list[str]:
     for run in runs:
         summary = summary_of(run)
         by_method = _records_by_method(run)
-        scores = {m: {q: _score(recs) for q, recs in by_q.items()} for m, by_q in by_method.items()}
+        scores = {m: {q: question_score(recs) for q, recs in by_q.items()} for m, by_q in by_method.items()}
         per_run.append((run, summary, scores))
     shared = [m for m in per_run[0][1]["methods"] if all(m in s["methods"] for _, s, _ in per_run)]
     if "strict" not in shared:

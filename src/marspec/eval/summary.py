@@ -241,6 +241,12 @@ def _rate(recs: list[Record]) -> float:
     )
 
 
+def question_score(recs: list[Record]) -> float | None:
+    """A graded question's score: the mean over its samples (None while a sample has no score)."""
+    values = [r.get("score") for r in recs]
+    return None if None in values else _mean([float(v) for v in values])
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -274,8 +280,7 @@ def _method_metrics(
     ]
     if graded:
         for q, rs in by_q.items():
-            values = [r.get("score") for r in rs]
-            q_scores[q] = None if None in values else _mean([float(v) for v in values])
+            q_scores[q] = question_score(rs)
     elif pairs:
         # No task score (MT-Bench): agreement with the quality reference's text is the quality measure.
         per_pair = [
