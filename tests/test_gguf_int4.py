@@ -29,7 +29,11 @@ def known(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     layer, so its head reads the input embedding."""
     monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path / "cache"))
     skip = "output.weight" if request.param == "tied" else None
-    source = write_tiny_gguf(tmp_path / "source.gguf", skip=skip)
+    return register_known(monkeypatch, write_tiny_gguf(tmp_path / "source.gguf", skip=skip))
+
+
+def register_known(monkeypatch: pytest.MonkeyPatch, source: Path) -> str:
+    """Make the GGUF file ``source`` the known model NAME for the test, and return NAME."""
     spec = ModelSpec(
         name=NAME,
         description="tiny test llama",

@@ -7,7 +7,8 @@ local folders and files, and models by Hugging Face Hub id.
 - :mod:`~marspec.models.hub`: Hub id -> snapshot folder in the Hugging Face cache;
 - :mod:`~marspec.models.convert`: GGUF -> cached folder, and name, path or Hub id -> folder;
 - :mod:`~marspec.models.loading`: folder -> model and tokenizer;
-- :mod:`~marspec.models.gguf_int4`: a known model's GGUF -> a model with 4-bit linear layers.
+- :mod:`~marspec.models.gguf_int4`: a known model's GGUF -> a model with 4-bit linear layers;
+- :mod:`~marspec.models.gguf_parse`: each GGUF's header parsed once per conversion or load.
 """
 
 from marspec.models.cache import cache_dir

@@ -39,6 +39,7 @@ from marspec.models.cache import (
     held_gguf,
     models_root,
 )
+from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
 from marspec.models.hub import hub_snapshot, names_hub_model
 from marspec.models.packaged import reinstall_hint
 from marspec.models.registry import MODELS, ModelSpec, missing_requirements
@@ -96,9 +97,7 @@ def read_gguf_metadata(path: Path, fix: str) -> dict[str, object]:
     if magic != b"GGUF":
         raise MarspecError(f"{path} is not a GGUF file (bad magic bytes); {fix}")
     try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(path)
+        reader = gguf_reader(path)
         meta: dict[str, object] = {}
         for key in ("general.architecture", "tokenizer.chat_template"):
             if key in reader.fields:
@@ -128,10 +127,10 @@ def _convert_gguf(
 
     console = Console(stderr=True, soft_wrap=True)
     label = f"marspec: converting {display_name}"
-    meta = read_gguf_metadata(gguf_path, fix)
     folder, filename = str(gguf_path.parent), gguf_path.name
 
-    with quiet_transformers():
+    with one_parse_per_gguf(), quiet_transformers():
+        meta = read_gguf_metadata(gguf_path, fix)
         try:
             with _phase(console, label, "loading the tokenizer and configuration from the GGUF"):
                 tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
@@ -223,13 +222,12 @@ def ensure_float_weights(folder: Path) -> None:
 def _write_weights(gguf_path: Path, config: PretrainedConfig, out_file: Path, fix: str) -> None:
     """Dequantize the GGUF's weights into ``out_file`` one tensor at a time (see
     :mod:`marspec.models.gguf_weights`) and check that every weight the model needs is there."""
-    from gguf import GGUFReader
-
     from marspec.models.gguf_weights import gguf_tensors, parameter_names, write_safetensors
 
     try:
-        count = len(GGUFReader(gguf_path).tensors)
-        written = set(write_safetensors(out_file, gguf_tensors(gguf_path, config), count))
+        with one_parse_per_gguf():
+            count = len(gguf_reader(gguf_path).tensors)
+            written = set(write_safetensors(out_file, gguf_tensors(gguf_path, config), count))
     except (MemoryError, OSError):
         raise
     except Exception as exc:  # gguf and numpy raise assorted errors on damaged tensors
@@ -377,8 +375,9 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
             f"file {path} is not a .gguf file; pass a .gguf file or a Hugging Face model folder"
         )
     fix = f"delete or replace {path} with a complete GGUF file"
-    read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
-    return _materialise(gguf_cache_key(path), path.name, None, path, fix)
+    with one_parse_per_gguf():  # the conversion reuses this parse
+        read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
+        return _materialise(gguf_cache_key(path), path.name, None, path, fix)
 
 
 def float_model_dir(name_or_path: str | os.PathLike[str]) -> Path:

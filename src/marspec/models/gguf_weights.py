@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from marspec.backends.memory import release_range
+from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +35,6 @@ _HEADER_BYTES_PER_TENSOR = 256
 def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face parameter name, float32 array) for every weight of the GGUF, one at a time, exactly
     as transformers' GGUF loader maps and processes them for a model of ``config``."""
-    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
@@ -42,7 +42,9 @@ def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[st
         load_gguf_checkpoint,
     )
 
-    parsed: dict[str, Any] = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
+    with one_parse_per_gguf():  # transformers' read of the configuration and ours of the tensors
+        parsed: dict[str, Any] = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
+        tensors = gguf_reader(gguf_path).tensors
     architecture = parsed["config"]["model_type"]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
     skeleton = _skeleton(config)
@@ -52,7 +54,7 @@ def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[st
     # Processors of mixture-of-experts models put the experts they assemble here instead of returning
     # them; they are handed on as soon as they appear.
     parsed["tensors"] = {}
-    for tensor in GGUFReader(gguf_path).tensors:
+    for tensor in tensors:
         mapped = key_mapping.get(tensor.name)
         if mapped is not None and mapped not in wanted:
             continue  # e.g. an output layer the model ties to its input embedding: not even dequantized

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from marspec.errors import MarspecError, one_line
 from marspec.models.cache import gguf_cache_key, models_root
 from marspec.models.convert import quiet_transformers, read_gguf_metadata, resolve_model_dir
+from marspec.models.gguf_parse import one_parse_per_gguf
 from marspec.models.hub import hub_snapshot, names_hub_model
 from marspec.models.registry import MODELS
 
@@ -28,14 +29,20 @@ if TYPE_CHECKING:
 def read_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """The tokenizer of a model named as :func:`~marspec.models.resolve_model_dir` takes it, read without
     loading, converting or downloading its weights (see the module's docstring for each form)."""
-    from transformers import AutoTokenizer
-
     text = os.fspath(name_or_path)
     if text not in MODELS and names_hub_model(name_or_path):
-        folder, gguf = hub_snapshot(text, weights=False), None
-    else:
+        return _read_tokenizer(text, hub_snapshot(text, weights=False), None)
+    # An unconverted GGUF is opened by its check and again by the tokenizer's read: one parse serves both.
+    with one_parse_per_gguf():
         gguf = _unconverted_gguf(text)
         folder = gguf.parent if gguf is not None else resolve_model_dir(name_or_path)
+        return _read_tokenizer(text, folder, gguf)
+
+
+def _read_tokenizer(text: str, folder: Path, gguf: Path | None) -> PreTrainedTokenizerBase:
+    """The tokenizer in ``folder`` (from its file ``gguf`` if given), or a one-line error naming ``text``."""
+    from transformers import AutoTokenizer
+
     where = gguf if gguf is not None else folder
     try:
         with quiet_transformers():

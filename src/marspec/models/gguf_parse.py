@@ -1,0 +1,87 @@
+"""A GGUF's header parsed once per conversion or load, by marspec's reads and transformers' alike.
+
+gguf-py's ``GGUFReader`` parses every metadata field when it opens a file, one numpy memory-map slice per
+string, so opening a Qwen2.5 GGUF (151,936 tokens and 151,387 merges in its tokenizer) costs ~10 s of one
+core here whatever is read from it afterwards (the reader's known slowness, llama.cpp #13378).
+transformers opens the file again for each thing it reads (the configuration, the tokenizer, the
+configuration its tensor processors need), and marspec's own reads add to those: preparing a known model
+reads its metadata, configuration and tokenizer, writing its float32 weights its tensor count,
+configuration and tensors, a 4-bit load its configuration and tensors.
+
+Inside :func:`one_parse_per_gguf`, ``gguf.GGUFReader`` (the name transformers imports when it reads a
+GGUF, and marspec's readers too) answers a file the block has opened already with that reader. A file is
+known by device, inode, size and modification time, so a renamed file (a conversion renames its folder
+into place) is the same and a rewritten one is read again. The readers are read-only views of the file
+and nothing in them changes as they are read. Each thread's block has its own readers and opens outside
+a block parse as before; the name is gguf's own again when the last open block ends. No lock is held
+across a block, so a block never waits on another (a conversion holds a file lock around one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_blocks = threading.local()  # .readers: this thread's open block's readers by file, or absent
+_install_lock = threading.Lock()  # guards the two below, held only to swap the name
+_open_blocks = 0  # blocks open in all threads; the name is swapped while there are any
+_parse: Any = None  # gguf's own GGUFReader while the name is swapped
+
+
+@contextlib.contextmanager
+def one_parse_per_gguf() -> Iterator[None]:
+    """Within the block (in this thread), opening a GGUF file it has opened already returns that reader."""
+    if getattr(_blocks, "readers", None) is not None:  # a block inside a block shares its readers
+        yield
+        return
+    _blocks.readers = {}
+    _swap_name(+1)
+    try:
+        yield
+    finally:
+        _blocks.readers = None
+        _swap_name(-1)
+
+
+def _swap_name(change: int) -> None:
+    """Count a block opening (+1) or ending (-1): the first swaps gguf's name, the last restores it."""
+    global _open_blocks, _parse
+    import gguf
+
+    with _install_lock:
+        if change > 0 and _open_blocks == 0:
+            _parse = gguf.GGUFReader
+            gguf.GGUFReader = _reader_class(_parse)
+        _open_blocks += change
+        if _open_blocks == 0:
+            gguf.GGUFReader = _parse
+            _parse = None
+
+
+def _reader_class(parse: Any) -> Any:
+    class ParsedOnce(parse):  # type: ignore[misc, valid-type]
+        # A subclass, so that isinstance checks and subclasses made meanwhile still work; __new__ returns
+        # a plain GGUFReader, so Python does not run __init__ (the parse) again on a reader served twice.
+        def __new__(cls, path: os.PathLike[str] | str, mode: str = "r") -> Any:
+            readers = getattr(_blocks, "readers", None)
+            if readers is None or mode != "r":  # outside a block, or a writable view: not shared
+                return parse(path, mode)
+            st = os.stat(path)
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if key not in readers:
+                readers[key] = parse(path)
+            return readers[key]
+
+    return ParsedOnce
+
+
+def gguf_reader(path: os.PathLike[str] | str) -> Any:
+    """A ``gguf.GGUFReader`` of ``path``: inside :func:`one_parse_per_gguf`, the block's one parse of it
+    (the name is looked up at each call, so that a caller's import made before the block does not
+    bypass it)."""
+    import gguf
+
+    return gguf.GGUFReader(path)

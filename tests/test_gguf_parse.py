@@ -1,0 +1,118 @@
+"""A GGUF's header is parsed once per conversion, float32 write, 4-bit load or tokenizer read, by marspec's
+reads and transformers' alike (each parse of a real Qwen2.5 GGUF costs ~10 s here), and only within one
+of those: a file rewritten meanwhile is read again and the gguf package is left as it was."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import pytest
+from test_gguf_int4 import register_known
+from test_models import write_tiny_gguf
+
+from marspec.backends.int4 import int4_available
+from marspec.models.cache import WEIGHTS_FILE
+from marspec.models.convert import float_model_dir, resolve_model_dir
+from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
+from marspec.models.loading import load_model
+from marspec.models.tokenizers import read_tokenizer
+
+READER = gguf.GGUFReader
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Path]]:
+    """The files whose header gguf's reader parses, one entry a parse."""
+    seen: list[Path] = []
+    parse = READER.__init__
+
+    def counted(self: gguf.GGUFReader, path: str | Path, *args: object, **kwargs: object) -> None:
+        seen.append(Path(path))
+        parse(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(READER, "__init__", counted)
+    yield seen
+    assert gguf.GGUFReader is READER  # no block left the package's name changed
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_a_users_gguf_is_parsed_once_to_be_checked_converted_and_written_in_float32(
+    cache: Path, parses: list[Path]
+) -> None:
+    source = write_tiny_gguf(cache / "user.gguf")
+    folder = resolve_model_dir(source)
+    assert (folder / WEIGHTS_FILE).is_file()
+    assert parses == [source]  # before: the check, the metadata, tokenizer, configuration, and three writing
+
+
+def test_a_known_models_gguf_is_parsed_once_per_preparation_4bit_load_and_float32_write(
+    cache: Path, parses: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = register_known(monkeypatch, write_tiny_gguf(cache / "source.gguf"))
+    folder = resolve_model_dir(known)
+    assert len(parses) == 1  # the metadata, tokenizer and configuration (three before)
+    if int4_available():
+        load_model(known, int4_linears=True)
+        assert len(parses) == 2  # its tensors and the configuration that processes them (two before)
+    float_model_dir(known)
+    assert (folder / WEIGHTS_FILE).is_file()
+    assert len(parses) == 2 + int4_available()  # the count, the configuration and the tensors (three before)
+
+
+def test_reading_an_unconverted_ggufs_tokenizer_parses_it_once(cache: Path, parses: list[Path]) -> None:
+    source = write_tiny_gguf(cache / "user.gguf")
+    assert "hell" in read_tokenizer(source).get_vocab()
+    assert parses == [source]  # its check and the tokenizer's read (two before)
+
+
+def test_a_block_serves_a_file_it_has_parsed_and_parses_a_rewritten_one_again(
+    cache: Path, parses: list[Path]
+) -> None:
+    path = write_tiny_gguf(cache / "a.gguf")
+    with one_parse_per_gguf():
+        first = gguf_reader(path)
+        assert gguf.GGUFReader(path) is first  # transformers' reads go through the package's name
+        assert isinstance(first, READER)
+        with one_parse_per_gguf():  # a block inside a block shares its parses
+            assert gguf_reader(path) is first
+        write_tiny_gguf(path, seed=1)  # a file of another size or time is another file
+        second = gguf_reader(path)
+        assert second is not first and gguf_reader(path) is second
+    assert gguf.GGUFReader is READER
+    assert len(parses) == 2
+    gguf_reader(path)  # outside a block every open parses
+    with one_parse_per_gguf():
+        gguf_reader(path)  # a block keeps nothing from the one before
+    assert len(parses) == 4
+
+
+def test_each_threads_block_has_its_own_readers_and_waits_on_no_other(
+    cache: Path, parses: list[Path]
+) -> None:
+    path = write_tiny_gguf(cache / "a.gguf")
+    seen: dict[str, gguf.GGUFReader] = {}
+
+    def other() -> None:
+        seen["outside"], seen["outside again"] = gguf_reader(path), gguf_reader(path)  # not in a block
+        with one_parse_per_gguf():
+            seen["inside"], seen["inside again"] = gguf_reader(path), gguf_reader(path)
+
+    with one_parse_per_gguf():
+        mine = gguf_reader(path)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive()  # its block opened and ended while this one is open
+        assert gguf_reader(path) is mine
+    assert seen["outside"] is not seen["outside again"]
+    assert seen["inside"] is seen["inside again"]
+    assert mine not in seen.values()
+    assert len(parses) == 4  # this block's, the two outside a block, the other block's
