@@ -129,16 +129,21 @@ def _convert_gguf(
     label = f"marspec: converting {display_name}"
     folder, filename = str(gguf_path.parent), gguf_path.name
 
-    with one_parse_per_gguf(), quiet_transformers():
-        meta = read_gguf_metadata(gguf_path, fix)
-        try:
-            with _phase(console, label, "loading the tokenizer and configuration from the GGUF"):
-                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-                config = AutoConfig.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-        except MemoryError:
-            raise
-        except Exception as exc:
-            raise MarspecError(f"cannot load GGUF file {gguf_path} ({one_line(exc)}); {fix}") from exc
+    with quiet_transformers():
+        # One parse for the three reads, released before the weights are written (a parsed Qwen2.5 header
+        # holds ~0.5 GB of small arrays).
+        with one_parse_per_gguf():
+            meta = read_gguf_metadata(gguf_path, fix)
+            try:
+                with _phase(console, label, "loading the tokenizer and configuration from the GGUF"):
+                    tokenizer = AutoTokenizer.from_pretrained(
+                        folder, gguf_file=filename, local_files_only=True
+                    )
+                    config = AutoConfig.from_pretrained(folder, gguf_file=filename, local_files_only=True)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise MarspecError(f"cannot load GGUF file {gguf_path} ({one_line(exc)}); {fix}") from exc
 
         template = meta.get("tokenizer.chat_template")
         if not getattr(tokenizer, "chat_template", None) and isinstance(template, str) and template:
@@ -224,17 +229,16 @@ def _write_weights(gguf_path: Path, config: PretrainedConfig, out_file: Path, fi
     :mod:`marspec.models.gguf_weights`) and check that every weight the model needs is there."""
     from marspec.models.gguf_weights import gguf_tensors, parameter_names, write_safetensors
 
+    needed = parameter_names(config)  # what gguf_tensors yields at most: it sizes the file's header
     try:
-        with one_parse_per_gguf():
-            count = len(gguf_reader(gguf_path).tensors)
-            written = set(write_safetensors(out_file, gguf_tensors(gguf_path, config), count))
+        written = set(write_safetensors(out_file, gguf_tensors(gguf_path, config), len(needed)))
     except (MemoryError, OSError):
         raise
     except Exception as exc:  # gguf and numpy raise assorted errors on damaged tensors
         raise MarspecError(
             f"cannot read the weights of GGUF file {gguf_path} ({one_line(exc)}); {fix}"
         ) from exc
-    missing = sorted(parameter_names(config) - written)
+    missing = sorted(needed - written)
     if missing:
         raise MarspecError(
             f"GGUF file {gguf_path} lacks {len(missing)} weights the model needs (e.g. {missing[0]}); {fix}"
@@ -375,9 +379,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str]) -> Path:
             f"file {path} is not a .gguf file; pass a .gguf file or a Hugging Face model folder"
         )
     fix = f"delete or replace {path} with a complete GGUF file"
-    with one_parse_per_gguf():  # the conversion reuses this parse
-        read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
-        return _materialise(gguf_cache_key(path), path.name, None, path, fix)
+    read_gguf_metadata(path, fix)  # fail fast, before taking locks or showing progress
+    return _materialise(gguf_cache_key(path), path.name, None, path, fix)
 
 
 def float_model_dir(name_or_path: str | os.PathLike[str]) -> Path:

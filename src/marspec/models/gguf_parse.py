@@ -5,16 +5,18 @@ string, so opening a Qwen2.5 GGUF (151,936 tokens and 151,387 merges in its toke
 core here whatever is read from it afterwards (the reader's known slowness, llama.cpp #13378).
 transformers opens the file again for each thing it reads (the configuration, the tokenizer, the
 configuration its tensor processors need), and marspec's own reads add to those: preparing a known model
-reads its metadata, configuration and tokenizer, writing its float32 weights its tensor count,
-configuration and tensors, a 4-bit load its configuration and tensors.
+reads its metadata, configuration and tokenizer, and writing its float32 weights or loading it in 4
+bits reads the configuration that processes its tensors, and the tensors.
 
 Inside :func:`one_parse_per_gguf`, ``gguf.GGUFReader`` (the name transformers imports when it reads a
 GGUF, and marspec's readers too) answers a file the block has opened already with that reader. A file is
 known by device, inode, size and modification time, so a renamed file (a conversion renames its folder
 into place) is the same and a rewritten one is read again. The readers are read-only views of the file
-and nothing in them changes as they are read. Each thread's block has its own readers and opens outside
-a block parse as before; the name is gguf's own again when the last open block ends. No lock is held
-across a block, so a block never waits on another (a conversion holds a file lock around one).
+and nothing in them changes as they are read. A parsed Qwen2.5 header holds ~0.5 GB of small arrays
+until its block ends, so a block spans the reads, not the writing of weights. Each thread's block has
+its own readers and opens outside a block parse as before; the name is gguf's own again when the last
+open block ends. No lock is held across a block, so a block never waits on another (a conversion holds
+a file lock around one).
 """
 
 from __future__ import annotations

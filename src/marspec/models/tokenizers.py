@@ -35,8 +35,9 @@ def read_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerB
     # An unconverted GGUF is opened by its check and again by the tokenizer's read: one parse serves both.
     with one_parse_per_gguf():
         gguf = _unconverted_gguf(text)
-        folder = gguf.parent if gguf is not None else resolve_model_dir(name_or_path)
-        return _read_tokenizer(text, folder, gguf)
+        if gguf is not None:
+            return _read_tokenizer(text, gguf.parent, gguf)
+    return _read_tokenizer(text, resolve_model_dir(name_or_path), None)
 
 
 def _read_tokenizer(text: str, folder: Path, gguf: Path | None) -> PreTrainedTokenizerBase:
