@@ -86,15 +86,17 @@ def test_a_block_serves_a_file_it_has_parsed_and_parses_a_rewritten_one_again(
         assert isinstance(first, READER)
         with one_parse_per_gguf():  # a block inside a block shares its parses
             assert gguf_reader(path) is first
+        mine = type("Mine", (gguf.GGUFReader,), {})  # a subclass made meanwhile is its own
+        assert type(mine(path)) is mine
         write_tiny_gguf(path, seed=1)  # a file of another size or time is another file
         second = gguf_reader(path)
         assert second is not first and gguf_reader(path) is second
     assert gguf.GGUFReader is READER
-    assert len(parses) == 2
+    assert len(parses) == 3
     gguf_reader(path)  # outside a block every open parses
     with one_parse_per_gguf():
         gguf_reader(path)  # a block keeps nothing from the one before
-    assert len(parses) == 4
+    assert len(parses) == 5
 
 
 def test_each_threads_block_has_its_own_readers_and_waits_on_no_other(

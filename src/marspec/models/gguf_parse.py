@@ -65,12 +65,13 @@ def _swap_name(change: int) -> None:
 
 def _reader_class(parse: Any) -> Any:
     class ParsedOnce(parse):  # type: ignore[misc, valid-type]
-        # A subclass, so that isinstance checks and subclasses made meanwhile still work; __new__ returns
-        # a plain GGUFReader, so Python does not run __init__ (the parse) again on a reader served twice.
+        # A subclass, so that isinstance checks and subclasses made meanwhile still work. A shared reader is
+        # a plain GGUFReader, which Python does not __init__ (parse) again when __new__ returns it.
         def __new__(cls, path: os.PathLike[str] | str, mode: str = "r") -> Any:
             readers = getattr(_blocks, "readers", None)
-            if readers is None or mode != "r":  # outside a block, or a writable view: not shared
-                return parse(path, mode)
+            if cls is not ParsedOnce or readers is None or mode != "r":
+                # Another's subclass, outside a block, or a writable view: an ordinary reader, not shared.
+                return super().__new__(cls)
             st = os.stat(path)
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if key not in readers:
