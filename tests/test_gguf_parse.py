@@ -1,5 +1,5 @@
 """A GGUF's header is parsed once per conversion, float32 write, 4-bit load or tokenizer read, by marspec's
-reads and transformers' alike (each parse of a real Qwen2.5 GGUF costs ~10 s here), and only within one
+reads and transformers' alike (each parse of a real Qwen2.5 GGUF costs ~13 s here), and only within one
 of those: a file rewritten meanwhile is read again and the gguf package is left as it was."""
 
 from __future__ import annotations

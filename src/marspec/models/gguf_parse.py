@@ -1,7 +1,7 @@
 """A GGUF's header parsed once per conversion or load, by marspec's reads and transformers' alike.
 
 gguf-py's ``GGUFReader`` parses every metadata field when it opens a file, one numpy memory-map slice per
-string, so opening a Qwen2.5 GGUF (151,936 tokens and 151,387 merges in its tokenizer) costs ~10 s of one
+string, so opening a Qwen2.5 GGUF (151,936 tokens and 151,387 merges in its tokenizer) costs ~13 s of one
 core here whatever is read from it afterwards (the reader's known slowness, llama.cpp #13378).
 transformers opens the file again for each thing it reads (the configuration, the tokenizer, the
 configuration its tensor processors need), and marspec's own reads add to those: preparing a known model
