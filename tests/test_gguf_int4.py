@@ -1,20 +1,24 @@
 """A known model's 4-bit path reads its GGUF and never writes or loads its float32 weights, and builds the
-same 4-bit model, bit for bit, as quantising the float32 conversion (issue 57, item 4)."""
+same 4-bit model, bit for bit, as quantising the float32 conversion (issue 57, item 4); a later 4-bit load
+reads back the model the first one stored in the folder (:mod:`marspec.models.int4_cache`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from test_models import write_tiny_gguf
+from transformers import PreTrainedTokenizerBase
 
 from marspec.api import Decoder
 from marspec.backends.int4 import Int4Linear, int4_available, quantize_int4
-from marspec.models import MODELS
-from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
+from marspec.models import MODELS, gguf_int4, int4_cache, loading
+from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE, held_gguf
 from marspec.models.convert import float_model_dir, resolve_model_dir
+from marspec.models.int4_cache import int4_model_file, read_int4_model
 from marspec.models.loading import load_model
 from marspec.models.registry import ModelSpec
 
@@ -70,21 +74,103 @@ def test_the_gguf_path_builds_the_same_4bit_model_as_quantising_the_float32_one(
     assert not any(type(m) is torch.nn.Linear for m in direct.modules())
     floats, _, _ = load_model(known, dtype=dtype)  # a float load writes them now, once
     assert (folder / WEIGHTS_FILE).is_file() and not (folder / GGUF_FILE).exists()
-    quantized = quantize_int4(floats)
-    a, b = _int4_layers(direct), _int4_layers(quantized)
-    assert a.keys() == b.keys() and "lm_head" in a
-    for name in a:
-        assert torch.equal(a[name].packed_weight, b[name].packed_weight), name
-        assert torch.equal(a[name].scale_and_zeros, b[name].scale_and_zeros), name
-    for (name, p), (_, q) in zip(direct.named_parameters(), quantized.named_parameters(), strict=True):
-        assert p.dtype == q.dtype == dtype and torch.equal(p, q), name
+    assert_same_4bit_model(direct, quantize_int4(floats), tokenizer, dtype)
+
+
+def assert_same_4bit_model(
+    a: torch.nn.Module, b: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype
+) -> None:
+    """``a`` and ``b`` hold the same 4-bit layers and other weights, bit for bit, and answer alike."""
+    assert_same_4bit_weights(a, b, dtype)
     ids = tokenizer("hello world", return_tensors="pt").input_ids
     with torch.no_grad():
-        assert torch.equal(direct(ids).logits, quantized(ids).logits)
-    assert direct.generation_config.eos_token_id == quantized.generation_config.eos_token_id
-    # From then on the 4-bit path loads the float32 weights, for the caller to quantise: the same model.
-    again, _, _ = load_model(known, dtype=dtype, int4_linears=True)
-    assert torch.equal(quantize_int4(again).lm_head.packed_weight, a["lm_head"].packed_weight)
+        assert torch.equal(a(ids).logits, b(ids).logits)
+    assert a.generation_config.eos_token_id == b.generation_config.eos_token_id
+
+
+def assert_same_4bit_weights(a: torch.nn.Module, b: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``a`` and ``b`` hold the same 4-bit layers and other weights (in ``dtype``), bit for bit."""
+    a_layers, b_layers = _int4_layers(a), _int4_layers(b)
+    assert a_layers.keys() == b_layers.keys() and "lm_head" in a_layers
+    for name, layer in a_layers.items():
+        theirs = b_layers[name].tensors
+        assert layer.tensors.keys() == theirs.keys(), name
+        assert all(torch.equal(t, theirs[leaf]) for leaf, t in layer.tensors.items()), name
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert p.dtype == q.dtype == dtype and torch.equal(p, q), name
+
+
+def _fail(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the stored 4-bit model should have been read")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_later_4bit_load_reads_the_model_the_first_one_stored(
+    known: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, tokenizer, _ = load_model(known, dtype=dtype, int4_linears=True)
+    folder = resolve_model_dir(known)
+    assert int4_model_file(folder, dtype).is_file() and held_gguf(folder) is not None
+    umask = os.umask(0)
+    os.umask(umask)
+    assert int4_model_file(folder, dtype).stat().st_mode & 0o777 == 0o666 & ~umask  # safetensors writes 0o600
+    with monkeypatch.context() as patched:
+        patched.setattr(gguf_int4, "load_gguf_int4", _fail)
+        patched.setattr(loading, "quantize_int4", _fail)
+        stored, _, _ = load_model(known, dtype=dtype, int4_linears=True)
+    assert_same_4bit_model(built, stored, tokenizer, dtype)
+    assert not stored.training and not any(p.requires_grad for p in stored.parameters())
+    # A float load puts the float32 weights in the GGUF's place; the 4-bit model stored stays the one read.
+    load_model(known, dtype=dtype)
+    assert held_gguf(folder) is None
+    with monkeypatch.context() as patched:
+        patched.setattr(loading, "quantize_int4", _fail)
+        again, _, _ = load_model(known, dtype=dtype, int4_linears=True)
+    assert_same_4bit_model(built, again, tokenizer, dtype)
+
+
+def test_a_4bit_model_stored_by_another_torch_or_damaged_is_built_and_stored_again(
+    known: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, tokenizer, _ = load_model(known, int4_linears=True)
+    path = int4_model_file(resolve_model_dir(known), torch.float32)
+    this_key = int4_cache._key()
+    with monkeypatch.context() as patched:  # what another torch release would have written
+        patched.setattr(int4_cache, "_key", lambda: this_key | {"torch": "0.0.1"})
+        load_model(known, int4_linears=True)
+    assert read_int4_model(path.parent, torch.float32) is None
+    again, _, _ = load_model(known, int4_linears=True)
+    assert read_int4_model(path.parent, torch.float32) is not None  # written again, by this torch
+    assert_same_4bit_model(built, again, tokenizer, torch.float32)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    again, _, _ = load_model(known, int4_linears=True)
+    assert_same_4bit_model(built, again, tokenizer, torch.float32)
+    assert read_int4_model(path.parent, torch.float32) is not None
+
+
+def test_a_failed_store_is_logged_and_the_load_goes_on(
+    known: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", disk_full)
+    model, _, _ = load_model(known, int4_linears=True)
+    assert _int4_layers(model)
+    folder = resolve_model_dir(known)
+    assert not list(folder.glob("*int4*"))  # neither the file nor a partial one
+    assert "could not store the 4-bit model" in caplog.text and "No space left on device" in caplog.text
+
+
+def test_a_folder_outside_the_cache_is_quantised_and_nothing_is_written_in_it(
+    known: str, tmp_path: Path
+) -> None:
+    user_folder = shutil.copytree(float_model_dir(known), tmp_path / "user-model")
+    before = sorted(user_folder.iterdir())
+    model, tokenizer, _ = load_model(user_folder, int4_linears=True)
+    assert sorted(user_folder.iterdir()) == before
+    built, _, _ = load_model(known, int4_linears=True)
+    assert_same_4bit_model(built, model, tokenizer, torch.float32)
 
 
 def test_a_4bit_pair_of_a_known_model_needs_no_float_weights_and_strict_equals_plain(known: str) -> None:

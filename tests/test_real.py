@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_gguf_int4 import assert_same_4bit_weights
 
 from marspec import Decoder, MarspecError
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.quantize import RowwiseInt8Linear, rowwise_int8_available
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
+from marspec.models.int4_cache import int4_model_file, read_int4_model
 
 pytestmark = pytest.mark.real
 
@@ -336,8 +340,8 @@ def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decodin
     property rests on each layer's rows being independent, which tests/test_int4.py checks directly,
     and the GGUF path builds the quantised float model bit for bit (tests/test_gguf_int4.py)."""
     decoder = int4_pair
-    assert not list(gguf_only_cache.rglob("*.safetensors"))
-    assert len(list(gguf_only_cache.rglob("model.gguf"))) == 2
+    assert not list(gguf_only_cache.rglob(WEIGHTS_FILE))
+    assert len(list(gguf_only_cache.rglob(GGUF_FILE))) == 2
     assert not any(type(m) is torch.nn.Linear for m in decoder.target.model.modules())
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     new_tokens = 24
@@ -347,3 +351,20 @@ def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decodin
         run = decoder.generate(PROMPTS[0], max_new_tokens=new_tokens, **opts)
         assert run.token_ids == plain.token_ids, opts
         assert run.stats.target_forwards < plain.stats.target_forwards
+
+
+@pytest.mark.skipif(not int4_available(), reason="this torch build has no int4 CPU kernels")
+def test_the_int4_pair_stores_its_4bit_models_and_a_later_load_reads_them_back(int4_pair, gguf_only_cache):
+    """The first 4-bit load of each model (from its packaged GGUF) stored what it built in its folder; read
+    back, it is the same model bit for bit, Qwen2.5's attention biases included (one model at a time, to
+    keep the memory of one more copy of the target)."""
+    for name, loaded in (
+        (DEFAULT_TARGET, int4_pair.target.model),
+        (DEFAULT_DRAFT, int4_pair.drafter.draft_model.model),
+    ):
+        folder = gguf_only_cache / "models" / name
+        assert int4_model_file(folder, torch.float32).is_file()
+        stored = read_int4_model(folder, torch.float32)
+        assert stored is not None
+        assert_same_4bit_weights(loaded, stored, torch.float32)
+        del stored

@@ -99,8 +99,9 @@ def load_lm(
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
     oneDNN's layout, and on the CPU its attention groups key/value heads under masks (both CPU kernel
-    choices: not applied on another device). ``int4_linears``: the caller quantises them to 4 bits, which
-    a known model then loads straight from its GGUF (:func:`~marspec.models.loading.load_model`)."""
+    choices: not applied on another device). ``int4_linears``: its linear layers come back in 4 bits
+    (:func:`~marspec.models.loading.load_model`: a known model builds them from its GGUF, or reads them
+    back once stored)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
     hf_model, tokenizer, spec = load_model(model, dtype=dtype, int4_linears=int4_linears)

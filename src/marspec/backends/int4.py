@@ -108,6 +108,28 @@ class Int4Linear(torch.nn.Module):
         """The 4-bit form of ``linear``."""
         return cls(linear.weight, linear.bias)
 
+    @classmethod
+    def packed(
+        cls,
+        in_features: int,
+        out_features: int,
+        packed_weight: torch.Tensor,
+        scale_and_zeros: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> Int4Linear:
+        """A layer from the :attr:`tensors` of one quantised before (kept, not copied)."""
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = in_features, out_features
+        layer.packed_weight, layer.scale_and_zeros, layer.bias = packed_weight, scale_and_zeros, bias
+        return layer
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What the layer holds, by name (what :meth:`packed` takes back)."""
+        held = {"packed_weight": self.packed_weight, "scale_and_zeros": self.scale_and_zeros}
+        return held if self.bias is None else held | {"bias": self.bias}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], x's dtype
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, in]
         padded_in = self.packed_weight.shape[1] * 2

@@ -103,6 +103,14 @@ def check_cached_folder(folder: Path) -> None:
         )
 
 
+def share_file(path: Path) -> None:
+    """Give a written file the usual permissions (some writers, safetensors' among them, create files
+    owner-only), so a cache shared by several users stays readable."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path.chmod(0o666 & ~mask)
+
+
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock, so two processes never convert the same model at once."""

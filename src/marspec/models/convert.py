@@ -38,6 +38,7 @@ from marspec.models.cache import (
     has_float_weights,
     held_gguf,
     models_root,
+    share_file,
 )
 from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
 from marspec.models.hub import hub_snapshot, names_hub_model
@@ -314,12 +315,9 @@ def _convert_locked(
 
 
 def _share_files(folder: Path) -> None:
-    """Give written files the usual permissions (some writers create them owner-only)."""
-    mask = os.umask(0)
-    os.umask(mask)
     for item in folder.iterdir():
         if item.is_file():
-            item.chmod(0o666 & ~mask)
+            share_file(item)
 
 
 def _known_names() -> str:

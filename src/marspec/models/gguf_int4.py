@@ -35,11 +35,8 @@ def load_gguf_int4(gguf: Path, folder: Path, dtype: torch.dtype) -> PreTrainedMo
     rounded to ``dtype`` before it is quantised, as loading in ``dtype`` rounds it. Memory: the model
     being built plus one float32 tensor.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = empty_model(folder, dtype)
+    config = model.config
     linears = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
     pending: dict[str, dict[str, torch.Tensor]] = {}  # a linear's weight and bias, until both are read
     with torch.no_grad():
@@ -62,17 +59,34 @@ def load_gguf_int4(gguf: Path, folder: Path, dtype: torch.dtype) -> PreTrainedMo
         if type(head) is torch.nn.Linear and getattr(config, "tie_word_embeddings", False):
             # A tied head reads the input embedding's weight: a 4-bit copy, the embedding keeps its own.
             model.set_submodule(_name_of(model, head), Int4Linear(model.get_input_embeddings().weight))
-    _computed_buffers(model, config)
     left = [n for n, p in model.named_parameters() if p.is_meta] + sorted(pending)
     if left:
         raise MarspecError(
             f"GGUF file {gguf} lacks {len(left)} weights the model needs (e.g. {left[0]}); delete {folder} "
             "and it will be prepared again"
         )
-    model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
-    model.eval()
+    complete(model, folder)
     trim_heap()
     return model
+
+
+def empty_model(folder: Path, dtype: torch.dtype) -> PreTrainedModel:
+    """The causal LM of ``folder``'s configuration on the meta device, in ``dtype``: nothing allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def complete(model: PreTrainedModel, folder: Path) -> None:
+    """Finish a model whose weights were filled in on the meta device: its computed buffers, ``folder``'s
+    generation settings, eval mode."""
+    from transformers import GenerationConfig
+
+    _computed_buffers(model, model.config)
+    model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    model.eval()
 
 
 def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
 import torch
 
+from marspec.backends.int4 import quantize_int4
 from marspec.errors import MarspecError, one_line
 from marspec.models.cache import held_gguf, models_root
 from marspec.models.convert import ensure_float_weights, quiet_transformers, resolve_model_dir
 from marspec.models.hub import names_hub_model
+from marspec.models.int4_cache import read_int4_model, write_int4_model
 from marspec.models.registry import MODELS, ModelSpec
 
 if TYPE_CHECKING:
@@ -46,10 +49,11 @@ def load_model(
     """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
     inference; ``name_or_path`` is resolved by :func:`~marspec.models.convert.resolve_model_dir`.
 
-    ``int4_linears``: the caller quantises the linear layers to 4 bits
-    (:func:`~marspec.backends.int4.quantize_int4`). A known model's folder holding its GGUF then loads
-    them straight in 4 bits from it (:mod:`marspec.models.gguf_int4`: the same model, without writing or
-    holding its float32 weights); any other loads in floats, for the caller to quantise.
+    ``int4_linears``: the linear layers come back in 4 bits
+    (:func:`~marspec.backends.int4.quantize_int4`). A known model's folder holding its GGUF builds them
+    straight from it (:mod:`marspec.models.gguf_int4`: the same model, without writing or holding its
+    float32 weights); any other quantises its float weights. A folder in marspec's cache stores the 4-bit
+    model it built and later loads read it back (:mod:`marspec.models.int4_cache`).
 
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
@@ -67,20 +71,24 @@ def load_model(
         fix = f"delete {folder} and load {name} again with network access to download it again"
     else:
         fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
-    gguf = held_gguf(folder) if cached and int4_linears else None
-    if gguf is None and cached:
+    model = stored = None
+    if cached and int4_linears:
+        with quiet_transformers():
+            model = stored = read_int4_model(folder, torch_dtype)
+    gguf = held_gguf(folder) if cached and int4_linears and stored is None else None
+    if stored is None and gguf is None and cached:
         ensure_float_weights(folder)
+    info: dict[str, list[str]] = {}
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             if gguf is not None:
                 from marspec.models.gguf_int4 import load_gguf_int4
 
-                try:
-                    model, info = load_gguf_int4(gguf, folder, torch_dtype), {}
-                except FileNotFoundError:  # another process wrote the float32 weights in its place
-                    gguf = None
-            if gguf is None:
+                # Gone if another process wrote the float32 weights in its place: they load below.
+                with contextlib.suppress(FileNotFoundError):
+                    model = load_gguf_int4(gguf, folder, torch_dtype)
+            if model is None:
                 model, info = AutoModelForCausalLM.from_pretrained(
                     folder, dtype=torch_dtype, local_files_only=True, output_loading_info=True
                 )
@@ -92,6 +100,10 @@ def load_model(
     if missing:
         shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
         raise MarspecError(f"model folder {folder} lacks {len(missing)} weights ({shown}); {fix}")
+    if int4_linears and stored is None:
+        quantize_int4(model)  # nothing to do if built from the GGUF
+        if cached:
+            write_int4_model(model, folder, torch_dtype)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer, spec

@@ -1,0 +1,97 @@
+"""A converted folder's 4-bit model, stored beside its weights so that a later 4-bit load reads it back
+instead of building it again.
+
+Building a 4-bit model (from the GGUF, :mod:`marspec.models.gguf_int4`, or by quantising the float32
+weights, :func:`~marspec.backends.int4.quantize_int4`) dequantizes and repacks every weight and, from a
+GGUF, parses its header: ~100 s for the default pair on 2 cores (docs/models.md). What it builds is
+written once to ``int4-<dtype>.safetensors`` in the folder and read back in seconds. The packed layout is
+ATen's, so a file is read back only by the torch release and CPU capability that wrote it (and this
+module's format); any other rebuilds it and writes it again. A converted folder never changes its model
+in place (a conversion renames a new folder into place), so the folder needs no other key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from marspec.backends.int4 import GROUP_SIZE, Int4Linear
+from marspec.models.cache import share_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger("marspec")
+
+# Bumped when what the file holds changes; a file of another format is built again.
+_FORMAT = "1"
+
+
+def int4_model_file(folder: Path, dtype: torch.dtype) -> Path:
+    """Where ``folder``'s 4-bit model with its other weights in ``dtype`` is stored."""
+    return folder / f"int4-{str(dtype).removeprefix('torch.')}.safetensors"
+
+
+def _key() -> dict[str, str]:
+    """What a stored model must have been written by to be read back here."""
+    return {
+        "marspec_int4_format": _FORMAT,
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "group_size": str(GROUP_SIZE),
+    }
+
+
+def read_int4_model(folder: Path, dtype: torch.dtype) -> PreTrainedModel | None:
+    """``folder``'s stored 4-bit model in eval mode, or None if none was stored by this torch and CPU
+    (or the file is damaged: the caller builds it again)."""
+    from safetensors import SafetensorError, safe_open
+
+    from marspec.models.gguf_int4 import complete, empty_model
+
+    path = int4_model_file(folder, dtype)
+    try:
+        with safe_open(path, framework="pt") as stored:
+            if stored.metadata() != _key():
+                return None
+            tensors = {name: stored.get_tensor(name) for name in stored.keys()}  # noqa: SIM118
+    except (OSError, SafetensorError):
+        return None
+    model = empty_model(folder, dtype)
+    try:
+        for name, module in list(model.named_modules()):
+            if type(module) is torch.nn.Linear:
+                leaves = ("packed_weight", "scale_and_zeros") + (("bias",) if module.bias is not None else ())
+                parts = {leaf: tensors.pop(f"{name}.{leaf}") for leaf in leaves}
+                model.set_submodule(name, Int4Linear.packed(module.in_features, module.out_features, **parts))
+        model.load_state_dict(tensors, strict=True, assign=True)
+    except (KeyError, RuntimeError) as exc:  # a layer or weight missing, or of another shape
+        log.warning("marspec: the 4-bit model stored in %s does not fit (%s): building it again", folder, exc)
+        return None
+    complete(model, folder)
+    return model
+
+
+def write_int4_model(model: PreTrainedModel, folder: Path, dtype: torch.dtype) -> None:
+    """Store ``model`` (its linear layers :class:`Int4Linear`, the rest in ``dtype``) in ``folder``. Best
+    effort: a failed write (a full disk) is logged and leaves no file; the next load builds it again."""
+    from safetensors.torch import save_file
+
+    tensors = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear):
+            tensors |= {f"{name}.{leaf}": tensor for leaf, tensor in module.tensors.items()}
+    path = int4_model_file(folder, dtype)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a process of its own: no lock needed
+    try:
+        save_file(tensors, partial, metadata=_key())
+        share_file(partial)
+        os.replace(partial, path)
+    except OSError as exc:
+        log.warning("marspec: could not store the 4-bit model in %s (%s): built again next time", folder, exc)
+    finally:
+        partial.unlink(missing_ok=True)
