@@ -4,15 +4,17 @@
 # GSM8K-30. Every step resumes from its records.jsonl, so it can be stopped and rerun; a whole step only
 # rewrites its summary. Many hours of CPU on 2 cores, over several sittings.
 #
-#   benchmarks/rules_round_three.sh seed ROOT      # copy the committed runs whose records it reuses
+#   benchmarks/rules_round_three.sh seed ROOT      # copy the committed greedy runs whose records it reuses
 #   benchmarks/rules_round_three.sh greedy ROOT    # the ensembles beside strict and MARS, greedy
-#   benchmarks/rules_round_three.sh sampled ROOT   # T = 1, 3 samples: block, the ensembles, MARS, strict
-#   benchmarks/rules_round_three.sh tables ROOT    # tables and Pareto plots for docs/results.md
+#   benchmarks/rules_round_three.sh sampled [TASK] # T = 1, 3 samples: block, the ensembles, MARS, strict
+#   benchmarks/rules_round_three.sh tables         # tables and Pareto plots of the whole runs
 #   MARSPEC=/path/to/marspec benchmarks/rules_round_three.sh greedy runs/round-three
 #
-# ROOT holds the run folders until they are whole (then they move to docs/results/). The greedy folders
-# start as copies of rivals-greedy-TASK-30 (strict and MARS's default decoded there, same configuration),
-# the sampled ones as copies of sweep-sampled-t1-TASK-30 (strict at T = 1, 3 samples, same configuration).
+# ROOT holds the greedy run folders until they are whole (then they move to docs/results/); they start as
+# copies of rivals-greedy-TASK-30 (strict and MARS's default decoded there, same configuration). A sampled
+# run takes ~6 quiet hours and a sitting's machine is not kept, so it grows in docs/results/in-progress/
+# (committed at the end of each sitting), starting as a copy of sweep-sampled-t1-TASK-30 (strict at T = 1,
+# 3 samples, same configuration), and moves to docs/results/round-three-sampled-t1-TASK-30 once whole.
 set -u
 MARSPEC=${MARSPEC:-.venv/bin/marspec}
 R=docs/results
@@ -24,18 +26,21 @@ COMMON=(--margin prob_ratio --theta 0.5 --threads 2 --limit 30)
 
 bench() { echo "=== $(date -u +%FT%TZ) bench $*"; "$MARSPEC" bench "$@" "${COMMON[@]}"; echo "=== rc $?"; }
 # Twice with --redo-contended: the second pass decodes again what the first timed under load; strict is
-# decoded again where its records were made on another CPU (a speed ratio pairs decodes of one CPU).
-step() { bench "$@" --redo-other-cpu --redo-contended; bench "$@" --redo-contended; }
+# decoded again where its records were made on another CPU (a speed ratio pairs decodes of one CPU). The
+# second pass also decodes again, back to back, a question whose methods were timed in different sittings.
+step() { bench "$@" --redo-other-cpu --redo-contended; bench "$@" --redo-contended --redo-apart; }
 
-if [ -z "$ROOT" ]; then
-    echo "usage: $0 seed | greedy | sampled | tables ROOT" >&2
+usage() {
+    echo "usage: $0 seed ROOT | greedy ROOT | sampled [humaneval|gsm8k] | tables" >&2
     exit 2
-fi
+}
+case "${1:-}" in
+seed | greedy) [ -n "$ROOT" ] || usage ;;
+esac
 case "${1:-}" in
 seed)
     for task in humaneval gsm8k; do
         [ -d "$ROOT/greedy-$task-30" ] || cp -r "$R/rivals-greedy-$task-30" "$ROOT/greedy-$task-30"
-        [ -d "$ROOT/sampled-t1-$task-30" ] || cp -r "$R/sweep-sampled-t1-$task-30" "$ROOT/sampled-t1-$task-30"
     done
     ;;
 greedy)
@@ -44,21 +49,26 @@ greedy)
     done
     ;;
 sampled)
-    for task in humaneval gsm8k; do
-        step --task $task --temperature 1 --samples 3 --methods "strict,block,$DEF,$ENSEMBLES" \
-            --out "$ROOT/sampled-t1-$task-30"
+    for task in ${2:-humaneval gsm8k}; do
+        WHOLE=$R/round-three-sampled-t1-$task-30
+        PART=$R/in-progress/round-three-sampled-t1-$task-30
+        ARGS=(--task $task --temperature 1 --samples 3 --methods "strict,block,$DEF,$ENSEMBLES")
+        if [ -d "$WHOLE" ]; then
+            bench "${ARGS[@]}" --out "$WHOLE"  # decodes nothing: rewrites the summary
+        else
+            mkdir -p "$R/in-progress"
+            [ -d "$PART" ] || cp -r "$R/sweep-sampled-t1-$task-30" "$PART"
+            rm -f "$PART"/summary.* "$PART"/*.png  # the seed's, not this run's: written again once whole
+            step "${ARGS[@]}" --out "$PART"
+            if [ -f "$PART/summary.json" ]; then mv "$PART" "$WHOLE"; fi
+        fi
     done
     ;;
 tables)
-    for task in humaneval gsm8k; do
-        for kind in greedy sampled-t1; do
-            python -m marspec.eval.rules_table "$ROOT/$kind-$task-30"
-            "$MARSPEC" report "$ROOT/$kind-$task-30"
-        done
+    for run in "$R"/round-three-*-30; do
+        python -m marspec.eval.rules_table "$run"
+        "$MARSPEC" report "$run"
     done
     ;;
-*)
-    echo "usage: $0 seed | greedy | sampled | tables ROOT" >&2
-    exit 2
-    ;;
+*) usage ;;
 esac
