@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,7 @@ def _key() -> dict[str, str]:
     """What a stored model must have been written by to be read back here."""
     return {
         "marspec_int4_format": _FORMAT,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "group_size": str(GROUP_SIZE),
     }
@@ -86,12 +87,17 @@ def write_int4_model(model: PreTrainedModel, folder: Path, dtype: torch.dtype) -
         if isinstance(module, Int4Linear):
             tensors |= {f"{name}.{leaf}": tensor for leaf, tensor in module.tensors.items()}
     path = int4_model_file(folder, dtype)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a process of its own: no lock needed
+    partial = None
     try:
+        # A file of its own, renamed into place: two loads storing at once need no lock.
+        handle, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(handle)
+        partial = Path(name)
         save_file(tensors, partial, metadata=_key())
         share_file(partial)
         os.replace(partial, path)
     except OSError as exc:
         log.warning("marspec: could not store the 4-bit model in %s (%s): built again next time", folder, exc)
     finally:
-        partial.unlink(missing_ok=True)
+        if partial is not None:
+            partial.unlink(missing_ok=True)
