@@ -167,7 +167,9 @@ def quantize_int4(model: torch.nn.Module) -> torch.nn.Module:
             "cannot quantise {name} with {dtype} weights to 4 bits: load the model in fp32 or bf16",
             trim=True,
         )
-    if rewritten:  # else loaded in 4 bits already (models.gguf_int4): nothing views a checkpoint file
+    # Else loaded in 4 bits already: built in memory from the GGUF (models.gguf_int4), or read back as
+    # views of its stored file (models.int4_cache), every page of which the model uses.
+    if rewritten:
         own_remaining_tensors(model)
     trim_heap()
     return model

@@ -8,6 +8,10 @@ written once to ``int4-<dtype>.safetensors`` in the folder and read back in seco
 ATen's, so a file is read back only by the torch release and CPU capability that wrote it (and this
 module's format); any other rebuilds it and writes it again. A converted folder never changes its model
 in place (a conversion renames a new folder into place), so the folder needs no other key.
+
+A model read back views its file, memory-mapped as safetensors maps it: its pages are read on first use
+and shared by every process that loads the same model. A file is only ever replaced by a rename, never
+rewritten in place, so a model already loaded keeps the file it mapped.
 """
 
 from __future__ import annotations
