@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -186,6 +187,9 @@ def test_interrupted_run_resumes_from_the_last_whole_record(decoder, tmp_path):
         resummarize(tmp_path)
 
 
+BUSY = float(os.cpu_count() or 1) + 1.0
+
+
 def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, tmp_path):
     spec = "plain,strict"
     methods = parse_methods(spec, 0.9)
@@ -193,12 +197,13 @@ def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, 
     run_bench(decoder, questions, methods, config(spec), tmp_path, grader_for("gsm8k"))
     records = load_records(tmp_path)
     assert all("other_cores" in r and r["started"].endswith("+00:00") for r in records.values())
-    # Mark one record as made while another process kept a core busy (what LoadWatch measures), the
-    # others as made on a quiet machine (this test may itself run beside other work).
+    # Mark one record as made while other processes kept cores busy, the others as made on a quiet machine
+    # (this test may itself run beside other work). BUSY is more cores than the machine has, a load no
+    # measurement gives, so the record decoded again is told apart by its own.
     path = tmp_path / RECORDS_FILE
     marked = [json.loads(line) for line in path.read_text().splitlines()]
     for i, rec in enumerate(marked):
-        rec["other_cores"] = 1.0 if i == 1 else 0.0
+        rec["other_cores"] = BUSY if i == 1 else 0.0
     path.write_text("".join(json.dumps(rec) + "\n" for rec in marked))
     busy = marked[1]
     summary = run_bench(decoder, questions, methods, config(spec), tmp_path, grader_for("gsm8k"))
@@ -219,7 +224,7 @@ def test_records_timed_on_a_busy_machine_are_flagged_and_can_be_redone(decoder, 
     assert redone == [(busy["qid"], busy["method"])]
     assert len(path.read_text().splitlines()) == len(marked) + 1  # appended; the newest line wins
     latest = load_records(tmp_path)[busy["qid"], busy["method"], 0]
-    assert latest["other_cores"] != 1.0 and latest["turns"][0]["text"] == busy["turns"][0]["text"]
+    assert latest["other_cores"] != BUSY and latest["turns"][0]["text"] == busy["turns"][0]["text"]
 
 
 def test_records_from_another_cpu_are_flagged_and_can_be_redone(decoder, tmp_path):
