@@ -127,25 +127,38 @@ def test_a_later_4bit_load_reads_the_model_the_first_one_stored(
         patched.setattr(loading, "quantize_int4", _fail)
         again, _, _ = load_model(known, dtype=dtype, int4_linears=True)
     assert_same_4bit_model(built, again, tokenizer, dtype)
+    # vLLM reads every *.safetensors at a checkpoint folder's top level as weights: only the float32 ones.
+    assert [p.name for p in folder.glob("*.safetensors")] == [WEIGHTS_FILE]
+
+
+def test_a_4bit_model_stored_beside_the_weights_is_moved_into_its_own_folder(known: str) -> None:
+    """Where marspec stored it before, `vllm serve` took it for a weights file: the next store removes it."""
+    folder = float_model_dir(known)
+    beside = folder / "int4-float32.safetensors"
+    beside.write_bytes(b"stored by an earlier marspec")
+    load_model(known, int4_linears=True)
+    assert not beside.exists() and int4_model_file(folder, torch.float32).is_file()
+    assert [p.name for p in folder.glob("*.safetensors")] == [WEIGHTS_FILE]
 
 
 def test_a_4bit_model_stored_by_another_torch_or_damaged_is_built_and_stored_again(
     known: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built, tokenizer, _ = load_model(known, int4_linears=True)
-    path = int4_model_file(resolve_model_dir(known), torch.float32)
+    folder = resolve_model_dir(known)
+    path = int4_model_file(folder, torch.float32)
     this_key = int4_cache._key()
     with monkeypatch.context() as patched:  # what another torch release would have written
         patched.setattr(int4_cache, "_key", lambda: this_key | {"torch": "0.0.1"})
         load_model(known, int4_linears=True)
-    assert read_int4_model(path.parent, torch.float32) is None
+    assert read_int4_model(folder, torch.float32) is None
     again, _, _ = load_model(known, int4_linears=True)
-    assert read_int4_model(path.parent, torch.float32) is not None  # written again, by this torch
+    assert read_int4_model(folder, torch.float32) is not None  # written again, by this torch
     assert_same_4bit_model(built, again, tokenizer, torch.float32)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     again, _, _ = load_model(known, int4_linears=True)
     assert_same_4bit_model(built, again, tokenizer, torch.float32)
-    assert read_int4_model(path.parent, torch.float32) is not None
+    assert read_int4_model(folder, torch.float32) is not None
 
 
 def test_a_failed_store_is_logged_and_the_load_goes_on(
@@ -158,7 +171,7 @@ def test_a_failed_store_is_logged_and_the_load_goes_on(
     model, _, _ = load_model(known, int4_linears=True)
     assert _int4_layers(model)
     folder = resolve_model_dir(known)
-    assert not list(folder.glob("*int4*"))  # neither the file nor a partial one
+    assert not list(int4_model_file(folder, torch.float32).parent.iterdir())  # no file, nor a partial one
     assert "could not store the 4-bit model" in caplog.text and "No space left on device" in caplog.text
 
 

@@ -4,7 +4,9 @@ instead of building it again.
 Building a 4-bit model (from the GGUF, :mod:`marspec.models.gguf_int4`, or by quantising the float32
 weights, :func:`~marspec.backends.int4.quantize_int4`) dequantizes and repacks every weight and, from a
 GGUF, parses its header: ~100 s for the default pair on 2 cores (docs/models.md). What it builds is
-written once to ``int4-<dtype>.safetensors`` in the folder and read back in seconds. The packed layout is
+written once to ``int4/<dtype>.safetensors`` in the folder and read back in seconds: in a folder of its
+own, because vLLM, like other loaders of a checkpoint without an index, reads every ``*.safetensors`` at a
+folder's top level as its weights (``vllm serve <folder>`` would fail on the 4-bit file). The packed layout is
 ATen's, so a file is read back only by the torch release and CPU capability that wrote it (and this
 module's format); any other rebuilds it and writes it again. A converted folder never changes its model
 in place (a conversion renames a new folder into place), so the folder needs no other key.
@@ -38,6 +40,12 @@ _FORMAT = "1"
 
 def int4_model_file(folder: Path, dtype: torch.dtype) -> Path:
     """Where ``folder``'s 4-bit model with its other weights in ``dtype`` is stored."""
+    return folder / "int4" / f"{str(dtype).removeprefix('torch.')}.safetensors"
+
+
+def _top_level_file(folder: Path, dtype: torch.dtype) -> Path:
+    """Where marspec stored it before it had a folder of its own: beside the weights, where vLLM takes it
+    for a weights file, so it is removed once the model is stored in its place."""
     return folder / f"int4-{str(dtype).removeprefix('torch.')}.safetensors"
 
 
@@ -93,13 +101,15 @@ def write_int4_model(model: PreTrainedModel, folder: Path, dtype: torch.dtype) -
     path = int4_model_file(folder, dtype)
     partial = None
     try:
+        path.parent.mkdir(exist_ok=True)
         # A file of its own, renamed into place: two loads storing at once need no lock.
-        handle, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(handle)
         partial = Path(name)
         save_file(tensors, partial, metadata=_key())
         share_file(partial)
         os.replace(partial, path)
+        _top_level_file(folder, dtype).unlink(missing_ok=True)
     except OSError as exc:
         log.warning("marspec: could not store the 4-bit model in %s (%s): built again next time", folder, exc)
     finally:
