@@ -136,11 +136,11 @@ install-browser:
 # (they take minutes each). --durations lists the slowest.
 TEST_WORKERS ?= 2
 FAST_TESTS = -m "not real" -n $(TEST_WORKERS) --dist loadfile
-# The vLLM, compatibility and newest environments install one after another while the suite runs (pip:
-# ~5 min alone for the first two, ~11 min for the newest with nothing cached, mostly waiting on downloads;
-# beside the first two the suite took 30 min from a clean clone, model conversions included, against 28
-# warm); their output goes to a log, shown if they fail. The suite's exit status is kept and reported after
-# they finish.
+# The vLLM, compatibility and newest environments install one after another while the suite runs (pip
+# with nothing cached, mostly downloading: 8 min for the three on a fast day, 29 Nov., ~11 min for the
+# newest alone on a slow one; beside them the suite took 27 min from a clean clone, model conversions
+# included: the fast tests 8, the real-weights ones 18.5); their output goes to a log, shown if they fail.
+# The suite's exit status is kept and reported after they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 # Each stage's start, so that a CI log shows where its time went.
 stage = @echo "== $$(date -u +%T) UTC: $(1)"
