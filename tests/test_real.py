@@ -28,7 +28,7 @@ PROMPTS = (
 )
 # Test ids of the prompts, the same on every pytest version (the compatibility pass selects by them).
 PROMPT_IDS = ("prompt_code", "prompt_arithmetic", "prompt_prose")
-NEW_TOKENS = 64
+NEW_TOKENS = 48
 PAPER = {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}  # MARS as the paper sets it
 RIVALS_OFF = {"typical": 0.0, "pthresh": 1.0, "topk": 1}  # each rival's setting that never relaxes
 FLY_OFF = {"rule": "fly", "theta": 2.0}  # above ln 3, the largest top-3 entropy: never defers
@@ -98,7 +98,7 @@ def test_strict_and_mars_theta_one_reproduce_plain(runs, prompt):
 
 
 # Each rival on one prompt, a different one each (every branch of their rules is tested on hand-made
-# logits in test_verify.py; here the real pair in fp32): nine 64-token decodes cost CI three minutes.
+# logits in test_verify.py; here the real pair in fp32): nine 48-token decodes cost CI two minutes.
 @pytest.mark.parametrize(
     ("rule", "prompt"),
     list(zip(RIVALS_OFF, PROMPTS, strict=True)),
