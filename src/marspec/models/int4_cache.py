@@ -40,13 +40,17 @@ _FORMAT = "1"
 
 def int4_model_file(folder: Path, dtype: torch.dtype) -> Path:
     """Where ``folder``'s 4-bit model with its other weights in ``dtype`` is stored."""
-    return folder / "int4" / f"{str(dtype).removeprefix('torch.')}.safetensors"
+    return folder / "int4" / f"{_dtype_name(dtype)}.safetensors"
 
 
 def _top_level_file(folder: Path, dtype: torch.dtype) -> Path:
     """Where marspec stored it before it had a folder of its own: beside the weights, where vLLM takes it
     for a weights file, so it is removed once the model is stored in its place."""
-    return folder / f"int4-{str(dtype).removeprefix('torch.')}.safetensors"
+    return folder / f"int4-{_dtype_name(dtype)}.safetensors"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _key() -> dict[str, str]:
