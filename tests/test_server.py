@@ -8,6 +8,7 @@ SIGTERM while requests are in flight.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -21,9 +22,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from marspec.api import Decoder, GenerationOptions
 from marspec.cli import app
 from marspec.defaults import DEFAULT_K, MAX_K
+from marspec.serve.engine import Engine, Event, Failed, Finished, Job
+from marspec.serve.errors import ApiError
 from marspec.serve.process import ServerProcess, launch
+from marspec.serve.schemas import CompletionRequest, parse_request
+from marspec.serve.settings import ServerSettings
 
 MODEL = "smollm2-135m-instruct"
 BASE_FLAGS = ["--target", MODEL, "--draft", "ngram", "--threads", "1", "--port", "0"]
@@ -858,22 +864,28 @@ def test_the_api_key_is_read_from_the_environment() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Time limit and SIGTERM, on a server with a 3 s limit and a 2 s shutdown grace
+# Time limit and SIGTERM, on a server with a 2 s shutdown grace
+
+# The time-limit tests' own limit (marspec.timeout goes the way of --request-timeout: the job's deadline).
+SHORT_LIMIT_S = 3.0
 
 
 @pytest.fixture(scope="module")
 def short_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    flags = [*BASE_FLAGS, "--request-timeout", "3", "--shutdown-grace", "2", "--max-queue", "4"]
+    # The server-wide limit outlasts the SIGTERM test's grace, so that a request's own limit never ends
+    # it first, whatever the machine's load.
+    flags = [*BASE_FLAGS, "--request-timeout", "60", "--shutdown-grace", "2", "--max-queue", "4"]
     proc = launch(flags, tmp_path_factory.mktemp("short") / "server.log")
     yield proc
     proc.stop()  # normally already stopped by the SIGTERM test
 
 
 def test_time_limit_returns_text_so_far(short_server: ServerProcess) -> None:
+    body = {**LONG_BODY, "marspec": {"rule": "plain", "timeout": SHORT_LIMIT_S}}
     start = time.monotonic()
-    res = httpx.post(f"{short_server.url}{TEXT}", json=LONG_BODY, timeout=120)
-    # timing-guard: a lower bound the server's own 3 s limit sets; a slower machine only waits longer
-    assert time.monotonic() - start >= 3
+    res = httpx.post(f"{short_server.url}{TEXT}", json=body, timeout=120)
+    # timing-guard: a lower bound the request's own limit sets; a slower machine only waits longer
+    assert time.monotonic() - start >= SHORT_LIMIT_S
     assert res.status_code == 200
     answer = res.json()
     assert answer["choices"][0]["finish_reason"] == "length" and answer["choices"][0]["text"].startswith(
@@ -891,7 +903,7 @@ def test_time_limit_in_a_stream(short_server: ServerProcess) -> None:
             prompt=LONG_BODY["prompt"],
             max_tokens=400,
             stream=True,
-            extra_body={"marspec": {"rule": "plain"}},
+            extra_body={"marspec": {"rule": "plain", "timeout": SHORT_LIMIT_S}},
         )
     )
     assert "".join(ch.choices[0].text for ch in chunks).startswith(" 4,")
@@ -900,33 +912,76 @@ def test_time_limit_in_a_stream(short_server: ServerProcess) -> None:
 
 
 def test_sigterm_drains_then_exits_0(short_server: ServerProcess) -> None:
-    """SIGTERM with a short generation running and a long one queued: the short one completes, the long one
-    gets a clean error when the 2 s grace ends, new connections are refused, and the process exits 0."""
+    """SIGTERM with a long generation streaming and a short one queued: new connections are refused at
+    once, the stream runs on until the 2 s grace ends and then gets a clean error event, the queued
+    request (behind it all the grace) gets a 503, and the process exits 0. That work ending within the
+    grace finishes normally is the engine test below, with a grace no machine's load outlasts."""
     url = short_server.url
-    short = Background(url, TEXT, SHORT_BODY)
-    wait_until(lambda: metric(url, "marspec_busy") == 1)
-    long = Background(url, TEXT, {**LONG_BODY, "stream": True})
+    # ~1,000 tokens of counting: minutes of decoding, so it is still running when the grace ends.
+    running = OpenStream(url, {**LONG_BODY, "max_tokens": 1000})
+    queued = Background(url, TEXT, SHORT_BODY)
     wait_until(lambda: metric(url, "marspec_queue_depth") == 1)
 
+    terminated = time.monotonic()
     short_server.proc.terminate()
     wait_until(lambda: not accepts_connections(url))  # it stops listening at once
 
-    status, answer, _ = short.join()
-    # It ran on to its end or to the server's 3 s limit (a slow machine), never cut by the shutdown.
-    assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
-    assert answer["choices"][0]["text"]
-    status, events, _ = long.join()
-    if status == 200:  # it started within the grace: the stream ends with an error event, then [DONE]
-        assert events[-1] == "data: [DONE]"
-        error = json.loads(events[-2].removeprefix("data: "))["error"]
-        assert all(json.loads(e.removeprefix("data: "))["choices"] for e in events[:-2])
-    else:  # still queued at the end of the grace
-        assert status == 503
-        error = events["error"]
+    events = [line for line in running.lines if line]
+    # timing-guard: a lower bound the server's grace sets (it was not cut at the signal); slower only waits
+    assert time.monotonic() - terminated >= 2
+    running.close()
+    assert events[-1] == "data: [DONE]"
+    assert all(json.loads(e.removeprefix("data: "))["choices"] for e in events[:-2])
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["code"] == "shutting_down" and error["type"] == "service_unavailable"
+    status, answer, _ = queued.join()
+    assert status == 503 and answer["error"]["code"] == "shutting_down"
 
     assert short_server.proc.wait(120) == 0
     assert "Traceback" not in short_server.log()
+
+
+def test_a_drain_lets_running_and_queued_work_finish_within_the_grace() -> None:
+    """After begin_shutdown the engine refuses new jobs with a 503 and lets the running and the queued
+    job run to their ends within the grace, as on SIGTERM (the server calls begin_shutdown then)."""
+    decoder = Decoder(MODEL, "ngram")
+
+    async def drain() -> list[Event]:
+        engine = Engine(decoder, max_queue=4, shutdown_grace=600.0)
+        engine.start()
+        try:
+            options = GenerationOptions(max_new_tokens=SHORT_BODY["max_tokens"])
+            jobs = [Job(SHORT_BODY["prompt"], options, timeout=None) for _ in range(2)]
+            for job in jobs:
+                engine.submit(job)
+            while not engine.busy:  # the first one is running, the second one queued
+                await asyncio.sleep(0.01)
+            engine.begin_shutdown()
+            with pytest.raises(ApiError) as refused:
+                engine.submit(Job(SHORT_BODY["prompt"], options, timeout=None))
+            assert refused.value.status == 503 and refused.value.code == "shutting_down"
+            return [await last_event(job) for job in jobs]
+        finally:
+            engine.close()
+
+    for event in asyncio.run(drain()):
+        assert isinstance(event, Finished), event
+        assert event.outcome.finish_reason == "length" and not event.outcome.timed_out
+        assert event.outcome.completion_tokens == SHORT_BODY["max_tokens"]
+
+
+async def last_event(job: Job) -> Event:
+    while not isinstance(event := await job.events.get(), (Finished, Failed)):
+        pass
+    return event
+
+
+def test_a_request_naming_no_time_limit_takes_the_servers() -> None:
+    body = CompletionRequest.model_validate(SHORT_BODY)
+    for limit in (3.0, None):
+        settings = ServerSettings(MODEL, request_timeout=limit)
+        gen = parse_request(body, settings, context_length=8192, has_drafter=True)
+        assert gen.timeout == limit
 
 
 def test_theta_auto_server_uses_the_pairs_calibration(tmp_path, monkeypatch) -> None:
