@@ -285,6 +285,42 @@ def test_records_from_another_cpu_are_flagged_and_can_be_redone(decoder, tmp_pat
     assert run(redo_apart=True)[1] == []  # resumable: what is back to back stays
 
 
+def test_a_sample_whole_on_another_cpu_is_kept_and_one_decoded_here_moves_here(decoder, tmp_path):
+    """--redo-other-cpu decodes again only what a speed ratio would pair across CPUs: a question's sample
+    whose methods all ran on another CPU stays; one that gets a decode here (a method added) moves here."""
+    spec = "plain,strict"
+    questions = load_task("gsm8k", 2)
+    run_bench(decoder, questions, parse_methods(spec, 0.9), config(spec), tmp_path, grader_for("gsm8k"))
+    path = tmp_path / RECORDS_FILE
+    moved = [{**json.loads(line), "cpu": "Another CPU"} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in moved))
+
+    def run(spec: str) -> tuple[dict, list]:
+        redone = []
+        summary = run_bench(
+            decoder,
+            questions,
+            parse_methods(spec, 0.9),
+            config(spec),
+            tmp_path,
+            grader_for("gsm8k"),
+            lambda q, m, sample, skipped: redone.append((q.qid, m.name)) if not skipped else None,
+            redo_other_cpu=True,
+        )
+        return summary, redone
+
+    summary, redone = run(spec)
+    assert redone == [] and summary["cpus"] == {"Another CPU": 4}
+    assert summary["methods"]["strict"]["speed_questions"] == 2  # paired on the CPU they ran on
+    # MARS joins the run on this CPU: each question's plain and strict are decoded again beside it.
+    spec += ",mars"
+    lines = path.read_text().splitlines()
+    summary, redone = run(spec)
+    assert redone == [(q.qid, m) for q in questions for m in ("plain", "strict", "mars")]
+    assert summary["cpus"] == {cpu_name(): 6}
+    assert len(path.read_text().splitlines()) == len(lines) + 6
+
+
 def test_cpu_names_tell_generations_apart():
     zen5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
     zen5 += "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\nmodel name\t: other\n"

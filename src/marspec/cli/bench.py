@@ -118,7 +118,9 @@ def bench(
         typer.Option(
             "--redo-other-cpu",
             help="Decode again the records made on another processor model (a run resumed on another "
-            "machine), so each question's speed ratios come from one CPU.",
+            "machine) where their question's sample is also decoded here (a method added, a record "
+            "redone), so each question's speed ratios come from one CPU; a sample whole on another CPU "
+            "is kept.",
         ),
     ] = False,
     redo_apart: Annotated[

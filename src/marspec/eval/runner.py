@@ -47,28 +47,43 @@ def run_bench(
     least ``{"score": float | None}``; ``on_done(question, method, sample, skipped)`` reports progress.
     With ``redo_contended``, records decoded while other processes loaded the machine are decoded again,
     and with ``redo_other_cpu`` those decoded on another processor model than this machine's (a run
-    resumed elsewhere), so every question's speed ratios come from one CPU. With ``redo_apart``, a question
+    resumed elsewhere) wherever their question's sample is decoded here too (a method still to decode, a
+    record to redo, or one already made here), so every question's speed ratios come from one CPU; a
+    sample whole on another CPU keeps its records, whose ratios pair decodes of that CPU. With
+    ``redo_apart``, a question
     whose methods' records were not timed back to back (:func:`~marspec.eval.summary.timed_apart`: a
     baseline decoded again in a later sitting, or a method added then) has all of them decoded again, one
     after another. A new record is appended and supersedes the old one (the summary keeps an old one as
     the baseline of the decodes made on its CPU)."""
 
-    def redo(record: Record) -> bool:
-        other_cpu = record["cpu"] is not None and record["cpu"] != cpu_name()
-        return (redo_contended and contended(record)) or (redo_other_cpu and other_cpu)
+    here = cpu_name()
+
+    def elsewhere(record: Record) -> bool:
+        return record["cpu"] is not None and record["cpu"] != here
 
     records = prepare_out_dir(out_dir, config)
     with (out_dir / RECORDS_FILE).open("a") as sink:
         for index, question in enumerate(questions):
             for sample in range(config.samples):
                 # Decided before any of the question's decodes: a redo makes its records back to back.
+                keys = [(question.qid, m.name, sample) for m in methods if runs_on(m.name, index, config)]
                 have = [records[k] for m in methods if (k := (question.qid, m.name, sample)) in records]
                 apart = redo_apart and timed_apart(have)
+                busy = [k for k in keys if k in records and redo_contended and contended(records[k])]
+                # Every method's records of this sample, listed or not: a baseline decoded again alone
+                # (--methods strict) joins the methods already decoded on this CPU.
+                sample_records = [r for (q, _, s), r in records.items() if (q, s) == (question.qid, sample)]
+                gather = redo_other_cpu and (
+                    bool(busy)
+                    or any(k not in records for k in keys)
+                    or any(r["cpu"] == here for r in sample_records)
+                )
                 for method in methods:
                     if not runs_on(method.name, index, config):
                         continue
                     key = (question.qid, method.name, sample)
-                    if key in records and not (apart or redo(records[key])):
+                    moved = gather and key in records and elsewhere(records[key])
+                    if key in records and not (apart or key in busy or moved):
                         if on_done:
                             on_done(question, method, sample, True)
                         continue
