@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from marspec.api import Decoder, GenerationOptions
 from marspec.cli import app
 from marspec.defaults import DEFAULT_K, MAX_K
-from marspec.serve.engine import Engine, Event, Failed, Finished, Job
+from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job
 from marspec.serve.errors import ApiError
 from marspec.serve.process import ServerProcess, launch
 from marspec.serve.schemas import CompletionRequest, parse_request
@@ -954,8 +954,8 @@ def test_a_drain_lets_running_and_queued_work_finish_within_the_grace() -> None:
             jobs = [Job(SHORT_BODY["prompt"], options, timeout=None) for _ in range(2)]
             for job in jobs:
                 engine.submit(job)
-            while not engine.busy:  # the first one is running, the second one queued
-                await asyncio.sleep(0.01)
+            started = await jobs[0].events.get()
+            assert isinstance(started, Delta), started  # the first one is running, the second queued
             engine.begin_shutdown()
             with pytest.raises(ApiError) as refused:
                 engine.submit(Job(SHORT_BODY["prompt"], options, timeout=None))
