@@ -50,11 +50,10 @@ def run_bench(
     resumed elsewhere) wherever their question's sample is decoded here too (a method still to decode, a
     record to redo, or one already made here), so every question's speed ratios come from one CPU; a
     sample whole on another CPU keeps its records, whose ratios pair decodes of that CPU. With
-    ``redo_apart``, a question
-    whose methods' records were not timed back to back (:func:`~marspec.eval.summary.timed_apart`: a
-    baseline decoded again in a later sitting, or a method added then) has all of them decoded again, one
-    after another. A new record is appended and supersedes the old one (the summary keeps an old one as
-    the baseline of the decodes made on its CPU)."""
+    ``redo_apart``, a question whose methods' records were not timed back to back
+    (:func:`~marspec.eval.summary.timed_apart`: a baseline decoded again in a later sitting, or a method
+    added then) has all of them decoded again, one after another. A new record is appended and
+    supersedes the old one (the summary keeps an old one as the baseline of the decodes made on its CPU)."""
 
     here = cpu_name()
 
@@ -69,7 +68,7 @@ def run_bench(
                 keys = [(question.qid, m.name, sample) for m in methods if runs_on(m.name, index, config)]
                 have = [records[k] for m in methods if (k := (question.qid, m.name, sample)) in records]
                 apart = redo_apart and timed_apart(have)
-                busy = [k for k in keys if k in records and redo_contended and contended(records[k])]
+                busy = {k for k in keys if redo_contended and k in records and contended(records[k])}
                 # Every method's records of this sample, listed or not: a baseline decoded again alone
                 # (--methods strict) joins the methods already decoded on this CPU.
                 sample_records = [r for (q, _, s), r in records.items() if (q, s) == (question.qid, sample)]
