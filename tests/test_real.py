@@ -184,9 +184,15 @@ def test_block_and_ensemble_weight_one_are_strict_and_the_thinking_guard_follows
     guarded = {**PAPER, "guard": "thinking", "thinking": SPAN}
     outside = run(prompt, **guarded)  # no marker in the prompt: no span, so strict
     assert outside.token_ids == plain and outside.stats.accepted_relaxed == 0
-    opened = f"{prompt} {SPAN[0]}"  # the span opens in the prompt and the answer never closes it
-    free = run(opened, **PAPER)
+    # The span opens in the prompt and the answer never closes it. Which prompts relax within SHORT
+    # tokens depends on the CPU's rounding, so the first that does is compared (code relaxed on a Xeon,
+    # not on an AMD EPYC; prose and arithmetic did there).
     end = decoder.tokenizer.convert_tokens_to_ids(SPAN[1])
+    for text in (PROMPTS[2], PROMPTS[1], PROMPTS[0]):
+        opened = f"{text} {SPAN[0]}"
+        free = run(opened, **PAPER)
+        if free.stats.accepted_relaxed > 0:
+            break
     assert free.stats.accepted_relaxed > 0 and end not in free.token_ids  # relaxed, and the span stays open
     inside = run(opened, **guarded)
     assert inside.token_ids == free.token_ids and inside.relaxed_positions == free.relaxed_positions

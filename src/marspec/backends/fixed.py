@@ -18,12 +18,14 @@ that changes between steps must reach it as a device tensor and every shape must
   are never returned. Longer forwards (prefills) run at their own size, uncaptured.
 
 The rows that count are what the same forward gives without padding: a row's keys and queries never
-meet a padded row, and the linear layers compute each row alone. ``tests/test_fixed.py`` checks this bit
-for bit on the CPU; at each capture :mod:`marspec.backends.graphs` checks replay against the uncaptured
-forward bit for bit on the GPU. A model whose rows are not computed alone (dynamically quantised int8
-linears scale a whole forward's activations at once) is never padded. The int8 and int4 targets compute
-rows alone, attention included (:mod:`marspec.backends.row_attention`), so they are padded like any model;
-being CPU kernels they are never captured.
+meet a padded row. Where every row is also computed alone (oneDNN's prepacked linears, attention one
+query row at a time) they are equal bit for bit, which ``tests/test_fixed.py`` checks on the CPU; SDPA's
+CPU kernel rounds by the forward's row count on some CPUs (~2e-6 between 3 rows and 4 on an AMD EPYC),
+as between any two forward lengths. At each capture :mod:`marspec.backends.graphs` checks replay
+against the uncaptured forward bit for bit on the GPU. A model whose rows are not computed alone
+(dynamically quantised int8 linears scale a whole forward's activations at once) is never padded. The
+int8 and int4 targets compute rows alone, attention included (:mod:`marspec.backends.row_attention`), so
+they are padded like any model; being CPU kernels they are never captured.
 
 An EAGLE-3 head's feature layers (:class:`~marspec.interfaces.HiddenStates`) are kept in a buffer beside
 the KV buffers, written inside the forward at the same device slots.
