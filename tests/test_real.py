@@ -188,7 +188,7 @@ def test_block_and_ensemble_weight_one_are_strict_and_the_thinking_guard_follows
     # tokens depends on the CPU's rounding, so the first that does is compared (code relaxed on a Xeon,
     # not on an AMD EPYC; prose and arithmetic did there).
     end = decoder.tokenizer.convert_tokens_to_ids(SPAN[1])
-    for text in (PROMPTS[2], PROMPTS[1], PROMPTS[0]):
+    for text in reversed(PROMPTS):
         opened = f"{text} {SPAN[0]}"
         free = run(opened, **PAPER)
         if free.stats.accepted_relaxed > 0:
