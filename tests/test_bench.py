@@ -19,6 +19,7 @@ from marspec.eval.calibrate import choice_from_runs
 from marspec.eval.cpu import cpu_from_cpuinfo, cpu_name
 from marspec.eval.datasets import load_task
 from marspec.eval.grading import grader_for
+from marspec.eval.intervals import exchange_p_value
 from marspec.eval.methods import parse_methods
 from marspec.eval.report import combined_pareto, make_report
 from marspec.eval.rundir import RECORDS_FILE, SUMMARY_JSON, SUMMARY_MD, load_records, prepare_out_dir
@@ -616,6 +617,10 @@ def test_the_rules_table_scores_a_sampled_question_by_its_mean_over_samples(deco
         lost = sum(means["strict"][q] > by_q[q] for q in by_q)
         won = sum(means["strict"][q] < by_q[q] for q in by_q)
         assert cells[m][5] == f"{lost} / {won}"
+        # The exchange test reads each sample, not only each question's mean.
+        qids = sorted(q.qid for q in questions)
+        samples = {name: [[records[q, name, s]["score"] for s in (0, 1)] for q in qids] for name in means}
+        assert cells[m][7] == f"{exchange_p_value(samples[m], samples['strict']):.2g}"
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,13 @@
-"""Bootstrap intervals over questions: point values, coverage of the obvious, pairing."""
+"""Bootstrap intervals over questions: point values, coverage of the obvious, pairing; and the exchange
+test against its exact enumeration."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from marspec.eval.intervals import difference_interval, mean_interval, ratio_interval
+from marspec.eval.intervals import difference_interval, exchange_p_value, mean_interval, ratio_interval
 
 
 def test_mean_interval_brackets_the_mean_and_shrinks_with_more_questions():
@@ -43,3 +46,42 @@ def test_zero_reference_and_mismatched_lengths():
     assert ratio_interval([1, 0], [0, 0]).value is None
     with pytest.raises(ValueError, match="same questions"):
         ratio_interval([1], [1, 0])
+
+
+def exact_exchange_p(samples: list[list[float]], reference: list[list[float]]) -> float:
+    """The exchange test's p-value by enumerating every reassignment of every question's pooled samples."""
+    per_question = []
+    observed = 0.0
+    for mine, theirs in zip(samples, reference, strict=True):
+        pool, n = [*mine, *theirs], len(mine)
+        observed += sum(mine) / n - sum(theirs) / len(theirs)
+        splits = []
+        for chosen in itertools.combinations(range(len(pool)), n):
+            rest = [pool[i] for i in range(len(pool)) if i not in chosen]
+            splits.append(sum(pool[i] for i in chosen) / n - sum(rest) / len(rest))
+        per_question.append(splits)
+    totals = [sum(parts) for parts in itertools.product(*per_question)]
+    return sum(abs(t) >= abs(observed) - 1e-9 for t in totals) / len(totals)
+
+
+@pytest.mark.parametrize(
+    ("samples", "reference"),
+    [
+        ([[1.0], [0.0], [1.0], [1.0]], [[0.0], [0.0], [1.0], [0.0]]),  # greedy: a sign flip, exactly 0.5
+        ([[1, 1, 0], [0, 1, 1], [1, 1, 1]], [[0, 0, 0], [0, 1, 0], [1, 0, 1]]),  # 3 samples each
+        ([[1, 0], [1, 1], [0, 0], [1, 1]], [[0, 1], [0, 0], [0, 1], [1, 0]]),
+    ],
+)
+def test_the_exchange_test_matches_its_exact_enumeration(samples, reference):
+    exact = exact_exchange_p(samples, reference)
+    assert exchange_p_value(samples, reference) == pytest.approx(exact, abs=0.01)
+
+
+def test_the_exchange_test_tells_one_distribution_from_two():
+    same = [[1, 0, 1]] * 10
+    assert exchange_p_value(same, same) == 1.0
+    assert exchange_p_value([[1, 1, 1]] * 10, [[0, 0, 0]] * 10) < 0.001
+    with pytest.raises(ValueError, match="same questions"):
+        exchange_p_value([[1]], [])
+    with pytest.raises(ValueError, match="at least one sample"):
+        exchange_p_value([[1], []], [[0], [1]])

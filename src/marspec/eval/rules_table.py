@@ -11,7 +11,10 @@ Per method: the summary's speedup (Spec-Bench mean of per-question tokens/s rati
 per-question tokens/s ratio against strict's decode of the same question on the same CPU model (the two
 ran back to back unless strict was decoded again elsewhere; a question without one is left out),
 tau and its ratio to strict's, answers kept, lost and won against strict (a sampled question scores the
-mean over its samples, as the summary scores it), recovery with its 95% interval, and relaxed accepts per
+mean over its samples, as the summary scores it), recovery with its 95% interval, the exchange test's
+p-value against strict (:func:`marspec.eval.intervals.exchange_p_value`: how often samples reassigned at
+random between the two, question by question, differ as much; under sampling a lossless rule's p is
+uniform, so a small one alone says little when several rules are compared), and relaxed accepts per
 1,000 emitted tokens. Then the fastest rule at recovery >= 100%, at >= 95% (point estimates; the
 intervals say how far 30 questions can be trusted) and among those that lost no answer strict had.
 
@@ -33,13 +36,13 @@ from pathlib import Path
 
 from marspec.errors import MarspecError
 from marspec.eval.contention import contended
-from marspec.eval.intervals import difference_interval
+from marspec.eval.intervals import difference_interval, exchange_p_value
 from marspec.eval.rundir import load_records
 from marspec.eval.summary import question_score, summary_of
 
 HEADER = (
     "| method (run) | speedup vs strict | paired median | tau (vs strict) | passed | lost / won "
-    "| recovery [95% CI] | relaxed per 1k tokens |\n|---|---|---|---|---|---|---|---|"
+    "| recovery [95% CI] | exchange p | relaxed per 1k tokens |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -83,17 +86,29 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             tokens = sum(t["new_tokens"] for rec in decodes for t in rec["turns"])
             relaxed = sum(t["accepted_relaxed"] for rec in decodes for t in rec["turns"])
             lo, hi = m["recovery_ci"]
+            p = exchange_p_value(*_sample_scores(mine, strict, sorted(mine)))
             lines.append(
                 f"| {name} ({run.name}) | {_speed(m['speedup'], m['speed_apart'])} "
                 f"| {_speed(m['speedup_median'], m['speed_apart'])} "
                 f"| {m['tau']:.2f} "
                 f"({m['tau'] / strict_tau:.2f}x) | {passed:.4g}/{len(mine)} | {lost} / {won} "
-                f"| {m['recovery']:.1%} [{lo:.1%}, {hi:.1%}] | {1000 * relaxed / tokens:.1f} |"
+                f"| {m['recovery']:.1%} [{lo:.1%}, {hi:.1%}] | {p:.2g} | {1000 * relaxed / tokens:.1f} |"
             )
             if name != "strict" and m["speedup"] is not None:
                 marked = f"{name}†" if m["speed_apart"] else name  # see the footnote main prints
                 points.append((marked, m["speedup"], m["recovery"], lost))
     return lines, points, busy
+
+
+def _sample_scores(
+    mine: dict[str, list[dict]], reference: dict[str, list[dict]], questions: list[str]
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Each question's sample scores, for the method and for its reference, in ``questions``' order."""
+
+    def scores(by_q: dict[str, list[dict]]) -> list[list[float]]:
+        return [[float(rec["score"]) for rec in by_q[q]] for q in questions]
+
+    return scores(mine), scores(reference)
 
 
 def pooled(runs: list[Path]) -> list[str]:
