@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -43,9 +44,10 @@ def chi_square(observed: list, cells: dict) -> tuple[float, int]:
     """Pearson's statistic of ``observed`` values over ``cells`` (value -> probability) and one cell for
     everything else; and its degrees of freedom."""
     total = len(observed)
+    counts = Counter(observed)
     stat, other_p, other_count = 0.0, 1.0, total
     for cell, prob in cells.items():
-        count = sum(value == cell for value in observed)
+        count = counts[cell]
         stat += (count - prob * total) ** 2 / (prob * total)
         other_p -= prob
         other_count -= count

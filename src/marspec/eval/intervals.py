@@ -1,5 +1,5 @@
-"""Confidence intervals for benchmark scores (the percentile bootstrap over questions), and an exact-in-
-spirit test of whether two methods differ at all (the paired exchange test).
+"""Confidence intervals for benchmark scores (the percentile bootstrap over questions), and a permutation
+test of whether two methods differ at all (the paired exchange test).
 
 Questions are the unit of resampling: a question's score is already the mean over its samples, and
 methods are compared on the same questions, so comparisons (a ratio of mean scores, a difference)

@@ -86,7 +86,8 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
             tokens = sum(t["new_tokens"] for rec in decodes for t in rec["turns"])
             relaxed = sum(t["accepted_relaxed"] for rec in decodes for t in rec["turns"])
             lo, hi = m["recovery_ci"]
-            p = exchange_p_value(*_sample_scores(mine, strict, sorted(mine)))
+            questions = sorted(mine)
+            p = exchange_p_value(_sample_scores(mine, questions), _sample_scores(strict, questions))
             lines.append(
                 f"| {name} ({run.name}) | {_speed(m['speedup'], m['speed_apart'])} "
                 f"| {_speed(m['speedup_median'], m['speed_apart'])} "
@@ -100,15 +101,9 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
     return lines, points, busy
 
 
-def _sample_scores(
-    mine: dict[str, list[dict]], reference: dict[str, list[dict]], questions: list[str]
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Each question's sample scores, for the method and for its reference, in ``questions``' order."""
-
-    def scores(by_q: dict[str, list[dict]]) -> list[list[float]]:
-        return [[float(rec["score"]) for rec in by_q[q]] for q in questions]
-
-    return scores(mine), scores(reference)
+def _sample_scores(by_q: dict[str, list[dict]], questions: list[str]) -> list[list[float]]:
+    """Each of ``questions``' sample scores, in that order."""
+    return [[float(rec["score"]) for rec in by_q[q]] for q in questions]
 
 
 def pooled(runs: list[Path]) -> list[str]:
