@@ -30,7 +30,8 @@ from marspec.integrations.vllm import plugin
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.hooks import unwrapped
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
-from marspec.verify import Rule, top2
+from marspec.rules import Rule
+from marspec.verify.margins import top2
 
 QWEN_VOCAB = 151_936
 

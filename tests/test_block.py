@@ -15,7 +15,8 @@ from marspec.drafters import ModelDrafter
 from marspec.errors import MarspecError
 from marspec.rules import Rule
 from marspec.stats import GenerationStats
-from marspec.verify import block_acceptance, verify_block, verify_sampling
+from marspec.verify.block import block_acceptance, verify_block
+from marspec.verify.sampling import verify_sampling
 
 BLOCK = Rule("block")
 

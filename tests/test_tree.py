@@ -13,7 +13,9 @@ from marspec.drafters import Draft, ModelDrafter
 from marspec.drafters.tree import build_tree, chain_tree, parse_tree_shape
 from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree
-from marspec.verify import Rule, verify_greedy, verify_tree_greedy
+from marspec.rules import Rule
+from marspec.verify.greedy import verify_greedy
+from marspec.verify.tree import verify_tree_greedy
 
 V = 8
 STRICT = Rule("strict")

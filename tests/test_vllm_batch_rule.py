@@ -22,8 +22,9 @@ from marspec.integrations.vllm import (
 )
 from marspec.integrations.vllm.batch_rule import Decisions, accepted_lengths
 from marspec.integrations.vllm.versions import V1_VERIFIER, V2_VERIFIER, check_verifier
+from marspec.rules import Rule
 from marspec.settings import settle_rule
-from marspec.verify import Rule, verify_greedy
+from marspec.verify.greedy import verify_greedy
 
 
 def strict_greedy_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: list[int]) -> torch.Tensor:

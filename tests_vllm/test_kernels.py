@@ -24,7 +24,8 @@ from vllm.v1.sample import rejection_sampler
 from marspec.integrations.vllm import plugin, request_rules
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
-from marspec.verify import Rule, verify_greedy, verify_sampling
+from marspec.rules import Rule
+from marspec.verify import verify_greedy, verify_sampling
 
 VOCAB = 64
 SAMPLED_TEMPERATURE = 1.0  # rejection_sample receives logits already divided by the temperature

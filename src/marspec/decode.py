@@ -21,13 +21,10 @@ from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree, TreeDrafter
 from marspec.rules import Rule, RuleName
 from marspec.stats import GenerationStats, StepRecord
 from marspec.thinking import ThinkingMarkers, ThinkingSpan
-from marspec.verify import (
-    TreeVerification,
-    Verification,
-    verify_greedy,
-    verify_sampling,
-    verify_tree_greedy,
-)
+from marspec.verify.chain import Verification
+from marspec.verify.greedy import verify_greedy
+from marspec.verify.sampling import verify_sampling
+from marspec.verify.tree import TreeVerification, verify_tree_greedy
 
 
 @dataclass(frozen=True)

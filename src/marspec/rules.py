@@ -65,7 +65,7 @@ class RuleName(SettingName):
 
 
 class Margin(SettingName):
-    """MARS's measure of how close the target's top two are (see :mod:`marspec.verify`)."""
+    """MARS's measure of how close the target's top two are (see :mod:`marspec.verify.margins`)."""
 
     LOGIT_RATIO = "logit_ratio"  # the paper's z2 / z1
     PROB_RATIO = "prob_ratio"  # p2 / p1

@@ -62,7 +62,7 @@ class GenerationOptions:
         rule: ``plain`` (no drafter), ``strict`` (lossless speculative), ``mars`` (relax near-ties), or
             a rival lossy rule for comparisons: ``typical`` (Medusa), ``pthresh`` (SGLang), ``topk``
             (TensorRT-LLM) or ``fly`` (FLy, with ``window``), whose parameter is ``theta`` (see
-            :mod:`marspec.verify`, docs/rules.md).
+            :mod:`marspec.verify.relax`, docs/rules.md).
             Not named (None): ``strict`` (:data:`marspec.defaults.DEFAULT_RULE`), lossless: the output
             is the target's own decoding, token for token when greedy. A ``theta`` or ``margin`` with
             no rule named is an error, since they tune a lossy rule. After construction this field
@@ -92,7 +92,7 @@ class GenerationOptions:
             the same target forward; ``None`` drafts a plain chain.
         guard: ``"none"`` (MARS as published) or ``"next"``, a variant of ours that relaxes a close
             call only where the target, after the relaxed token, predicts the draft's next token
-            (see :mod:`marspec.verify`); chains only. ``"class"`` (MARS or a rival) relaxes only where
+            (see :mod:`marspec.verify.relax`); chains only. ``"class"`` (MARS or a rival) relaxes only where
             the draft token and the top-1 it replaces are of the token classes measured harmless
             (docs/rules.md). ``"thinking"`` (any lossy rule) relaxes only inside a reasoning model's
             thinking span, between the markers ``thinking`` names, and verifies the rest strictly.

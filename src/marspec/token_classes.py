@@ -2,7 +2,7 @@
 
 One classification serves the audit page (:mod:`marspec.eval.audit`, which shows a coarser view of it),
 the analysis of which relaxed tokens break answers (benchmarks/relaxed_token_classes.py) and the
-``class`` guard (:mod:`marspec.verify`), which relaxes only draft tokens of the classes that analysis
+``class`` guard (:mod:`marspec.verify.relax`), which relaxes only draft tokens of the classes that analysis
 found harmless. The guard needs a class for every token id at every step, so the table is computed once
 per tokenizer (:func:`relaxable_table`) and kept for as long as the tokenizer lives.
 

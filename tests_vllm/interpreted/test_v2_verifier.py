@@ -26,7 +26,8 @@ from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2_rejection_sam
 from marspec.integrations.vllm import plugin, request_rules
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.versions import V2_VERIFIER
-from marspec.verify import Rule, verify_greedy, verify_sampling
+from marspec.rules import Rule
+from marspec.verify import verify_greedy, verify_sampling
 
 VOCAB = 96
 STEPS = 5  # num_speculative_steps: a request drafts 0..STEPS tokens

@@ -19,7 +19,7 @@ from marspec.drafters.eagle3_head import Eagle3Head, HeadCache, TreeRows
 from marspec.drafters.tree import best_first_tree, node_budget
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft, DraftTree, ForwardClock, HiddenStates
-from marspec.verify import sample_token
+from marspec.verify.chain import sample_token
 
 
 class HeadModel:

@@ -6,7 +6,7 @@ import torch
 
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft
-from marspec.verify import sample_token
+from marspec.verify.chain import sample_token
 
 
 class ModelDrafter:

@@ -5,7 +5,7 @@ margin), ``mars@0.95`` (an explicit theta, the run's margin), ``mars-ratio@0.95`
 ``mars-gap@2`` (an explicit margin, logit_ratio / prob_ratio / logit_gap, and its theta), any of the
 marspec methods with ``+tree`` (token-tree drafting with the run's tree shape), MARS's with ``+next`` and
 MARS's and the rivals' with ``+class`` (the guards), the rival lossy rules ``typical@EPS``, ``pthresh@P``,
-``topk@K``, ``fly@ENTROPY``, ``fly-wN@ENTROPY`` (FLy with a window of N; :mod:`marspec.verify`) and
+``topk@K``, ``fly@ENTROPY``, ``fly-wN@ENTROPY`` (FLy with a window of N; :mod:`marspec.verify.relax`) and
 ``ensemble@WEIGHT``, ``hf-assisted`` (transformers ``generate(assistant_model=draft)``) or
 ``hf-prompt-lookup`` (transformers ``generate(prompt_lookup_num_tokens=k)``). All run on the same loaded
 models, greedily or all at the run's temperature with the same seed per question and sample.

@@ -7,13 +7,13 @@ the rule accepts on a close call so that vLLM's own strict verification must acc
 becomes one-hot at the draft token: argmax for greedy requests, ``p(d) = 1`` for sampled ones), and
 puts those rows back once vLLM has verified. Every other row is never touched, so the correction token
 after the first rejection, the bonus token, seeding, top-k/top-p and logprobs all stay vLLM's. The
-decision itself is :func:`marspec.verify.rule_relaxes`, the same code the marspec decoder uses.
+decision itself is :func:`marspec.verify.relax.rule_relaxes`, the same code the marspec decoder uses.
 MARS and the rivals ``typical``, ``pthresh`` and ``topk`` fit this forcing scheme, since each decides a
 row from that row's logits and draft token alone (on a sampled row the logits are already
 temperature-divided, so a rival tests the tempered distribution, as it does in marspec's own sampling
 loop). FLy (``fly``) decides a row from its request's following rows too: whether the next ``window``
 drafts are the target's top-1, which the same ``[N, V]`` logits tell for greedy requests, so greedy FLy
-fits as well (:func:`marspec.verify.fly_defers` on the flattened batch, one block per request). Sampled
+fits as well (:func:`marspec.verify.relax.fly_defers` on the flattened batch, one block per request). Sampled
 requests do not: FLy defers a draft only where the following drafts pass vLLM's random test, whose
 uniforms vLLM draws inside its verifier after the plugin has decided. Under ``fly`` the plugin
 therefore verifies sampled requests strictly (lossless), and says so in the log when it activates.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from marspec.rules import Rule
-from marspec.verify import rule_relaxes
+from marspec.verify.relax import rule_relaxes
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM's marker for the output slots after a rejection (and for unusable drafts)
 
