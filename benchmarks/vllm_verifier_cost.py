@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from marspec.integrations.vllm import plugin
+from marspec.integrations.vllm import cpu_expand, plugin
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.hooks import unwrapped
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
@@ -141,7 +141,7 @@ def main() -> None:
     install_cpu_overrides()
     rule = Rule("mars", args.theta, "logit_ratio")
     plugin.activate(PluginConfig(rule, log_every=0))
-    plugin.fix_cpu_expand_kernel()  # as the plugin does at an engine's first step (mixed batches need it)
+    cpu_expand.fix_cpu_expand_kernel()  # as the plugin does at an engine's first step (mixed batches need it)
     result = {
         "vllm": vllm.__version__,
         "torch": torch.__version__,

@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 from blocks import REQUEST_RULES, Block, random_block
 from vllm.v1.sample import rejection_sampler
 
-from marspec.integrations.vllm import plugin, request_rules
+from marspec.integrations.vllm import cpu_expand, plugin, request_rules
 from marspec.integrations.vllm.config import PluginConfig
 from marspec.integrations.vllm.offline import install_cpu_overrides, sampling_metadata
 from marspec.rules import Rule
@@ -192,9 +192,9 @@ def test_mixed_batch_temperatures_reach_every_draft_token_on_cpu() -> None:
     install_cpu_overrides()  # vLLM's own again: an earlier test's first verification replaced it
     expected = pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.3])
     assert expand() != expected, "vLLM's override works here: the fix would not be needed"
-    assert plugin.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
+    assert cpu_expand.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
     assert expand() == expected
-    assert not plugin.fix_cpu_expand_kernel(), "a working expand must be left alone"
+    assert not cpu_expand.fix_cpu_expand_kernel(), "a working expand must be left alone"
 
 
 class SelfDict:
@@ -217,7 +217,7 @@ def test_the_expand_fix_survives_a_module_vllms_kernel_registry_cannot_scan(
     monkeypatch.setitem(sys.modules, holder.__name__, holder)
     with pytest.raises(AttributeError):  # vLLM's registry now fails in this process, as in vllm serve's
         dispatcher.register_kernels({})
-    assert plugin.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
+    assert cpu_expand.fix_cpu_expand_kernel(), "the plugin did not replace the broken override"
     assert rejection_sampler.expand_batch_to_tokens(
         torch.tensor([0.0, 2.5]), torch.tensor([1, 3]).int(), 3, replace_from=0, replace_to=1
     ).tolist() == [1.0, 2.5, 2.5]

@@ -21,8 +21,8 @@ Counters of exact and relaxed accepts, per rule: in ``vllm serve``'s Prometheus 
 :func:`read_counters_by_rule` offline, and a ``marspec counters:`` log line in the engine process every
 ``log_every`` steps.
 
-vLLM is imported only inside :mod:`.plugin`'s functions, so this package imports (and its settings and
-batched rule work) without vLLM.
+vLLM is imported only inside functions (:mod:`.plugin`'s and :mod:`.cpu_expand`'s), so this package
+imports (and its settings and batched rule work) without vLLM.
 """
 
 from marspec.integrations.vllm.batch_rule import AcceptCounters, accepted_drafts, decide, forced, v2_layout

@@ -22,14 +22,13 @@ What switching does, in the worker process only:
   that writes into an int64 copy and never copies back (vLLM issue 55005: a batch mixing greedy and
   sampled requests then reads uninitialised temperatures), a pure-torch replacement is installed over
   it at the first verification, only when the installed override fails a probe
-  (:func:`fix_cpu_expand_kernel`).
+  (:func:`~marspec.integrations.vllm.cpu_expand.fix_cpu_expand_kernel`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import logging
 import os
 import sys
@@ -54,6 +53,7 @@ from marspec.integrations.vllm.config import (
     fly_window_problem,
     parse_plugin_config,
 )
+from marspec.integrations.vllm.cpu_expand import fix_cpu_expand_kernel
 from marspec.integrations.vllm.hooks import WRAPPED, unwrapped, wrap
 from marspec.integrations.vllm.metrics import METRICS_DIR_VARIABLE, CounterFile, prepare_metrics_dir
 from marspec.integrations.vllm.versions import (
@@ -70,7 +70,6 @@ from marspec.integrations.vllm.versions import (
 
 logger = logging.getLogger("vllm.marspec")  # a child of vLLM's logger, so it shares its handlers
 
-_EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 # vLLM's workers (module, class): the last step before serving is their compile_or_warm_up_model.
 _WORKERS = (("vllm.v1.worker.gpu_worker", "Worker"), ("vllm.v1.worker.cpu_worker", "CPUWorker"))
 
@@ -355,80 +354,6 @@ def format_counters(snapshot: dict[str, float]) -> str:
         f"relaxed {snapshot['accepted_relaxed']} ({snapshot['relaxed_share']:.1%} of accepts), "
         f"mean accepted {snapshot['mean_accepted']:.2f} per step"
     )
-
-
-def fix_cpu_expand_kernel() -> bool:
-    """Replace vLLM's CPU expand-kernel override where it is installed and broken; True if replaced.
-
-    Only on a vLLM without Triton (where CPU overrides stand in for the Triton kernels): the installed
-    expand is probed on a three-request batch, and only a wrong answer (vLLM issue 55005) installs
-    :func:`expand_by_repeat_interleave` the way that vLLM installs its own CPU overrides: through its
-    public kernel registry where it has one (v0.32: ``register_kernels``, which rebinds every holder of
-    the kernel and logs that it overwrites vLLM's registration), else (v0.28, whose CPU runner assigns
-    the module attribute) by assigning that same attribute.
-    """
-    from vllm.triton_utils import HAS_TRITON
-
-    if HAS_TRITON:  # vLLM's Triton kernel runs: there is no CPU override to fix
-        return False
-    from vllm.v1.sample import rejection_sampler
-
-    if _expands_correctly(rejection_sampler.expand_batch_to_tokens):
-        return False
-    try:
-        from vllm.triton_utils.dispatcher import register_kernels
-    except ImportError:
-        rejection_sampler.expand_kernel = _Launcher(expand_by_repeat_interleave)
-    else:
-        try:
-            register_kernels({_EXPAND_KERNEL: expand_by_repeat_interleave})
-        except (AttributeError, TypeError):
-            _redirect_installed_override(rejection_sampler.expand_kernel, expand_by_repeat_interleave)
-    return _expands_correctly(rejection_sampler.expand_batch_to_tokens)
-
-
-def _redirect_installed_override(installed: Any, function: Callable[..., Any]) -> None:
-    """Point vLLM's installed CPU override object at ``function``.
-
-    ``register_kernels`` rebinds a kernel's holders by scanning every loaded module, and v0.32's scan
-    stops at an object whose ``__dict__`` is not a dict (found in ``vllm serve``'s worker, not offline).
-    Every holder of the expand kernel holds the one override object vLLM's CPU platform registered at
-    start-up, so routing that object's launches to ``function`` reaches them all; the probe that follows
-    checks it."""
-    installed._impl = function
-    installed._forward_by_name = tuple(inspect.signature(function).parameters) == tuple(installed.arg_names)
-
-
-class _Launcher:
-    """``kernel[grid](*args)`` launches ``function(*args)``: a Triton kernel's calling form on CPU."""
-
-    def __init__(self, function: Callable[..., Any]) -> None:
-        self.function = function
-
-    def __getitem__(self, grid: Any) -> Callable[..., Any]:
-        return self.function
-
-
-def _expands_correctly(expand_batch_to_tokens: Callable[..., torch.Tensor]) -> bool:
-    """Whether vLLM's ``expand_batch_to_tokens`` gives each request's temperature to its draft tokens."""
-    temperatures = torch.tensor([0.0, 0.3125, 2.5])  # [B]: 0 (greedy) becomes 1
-    cu_num_tokens = torch.tensor([2, 2, 5], dtype=torch.int32)  # [B]: 2, 0 and 3 tokens
-    expanded = expand_batch_to_tokens(temperatures, cu_num_tokens, 5, replace_from=0, replace_to=1)  # [5]
-    return expanded.tolist() == [1.0, 1.0, 2.5, 2.5, 2.5]
-
-
-def expand_by_repeat_interleave(
-    output: torch.Tensor,  # [T]
-    values: torch.Tensor,  # [B]
-    cu_num_tokens: torch.Tensor,  # [B]
-    replace_from: Any,
-    replace_to: Any,
-    MAX_NUM_TOKENS: int | None = None,  # the kernel's own argument name, passed by vLLM
-) -> None:
-    """vLLM's expand kernel in torch: ``output[t] = values[request of t]``, ``replace_from -> replace_to``."""
-    counts = counts_from_cumulative(cu_num_tokens)  # [B]
-    replaced = torch.where(values == replace_from, torch.as_tensor(replace_to, dtype=values.dtype), values)
-    output.copy_(torch.repeat_interleave(replaced, counts, output_size=output.shape[0]))
 
 
 def read_counters(llm: Any) -> dict[str, float]:
