@@ -26,6 +26,17 @@ from marspec.rules import Rule
 Regime = Literal["greedy", "sampling"]
 FILE_VERSION = 1
 
+# Candidate settings when the user names none: the paper's logit ratio at and above its 0.9, and the
+# scale-aware probability ratio p2/p1 over the range where near-ties on the default pair fall.
+DEFAULT_CANDIDATES = (
+    "mars-ratio@0.9",
+    "mars-ratio@0.94",
+    "mars-ratio@0.98",
+    "mars-prob@0.25",
+    "mars-prob@0.5",
+    "mars-prob@0.75",
+)
+
 
 def regime_of(temperature: float) -> Regime:
     return "greedy" if temperature == 0 else "sampling"

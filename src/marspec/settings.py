@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from marspec import defaults
 from marspec.calibration import load_choice
-from marspec.decode import DecodeConfig
-from marspec.drafters.tree import parse_tree_shape
 from marspec.errors import MarspecError
 from marspec.rules import AUTO, RIVALS, Guard, Rule, RuleName
-from marspec.thinking import check_marker_strings, thinking_markers
-from marspec.token_classes import relaxable_table
 
 if TYPE_CHECKING:
     import torch
+
+    from marspec.decode import DecodeConfig
 
 
 @dataclass(frozen=True)
@@ -145,6 +143,8 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
     filled (the rule, its margin, theta, guard and window by :func:`settle_rule`; the tree shape parsed;
     the class guard's table built by the pair). Without a pair (options checked before any model is
     loaded) ``theta="auto"`` is checked as unset and no table is built."""
+    # The checks that need torch are imported past the rule's: this module stays light, so the command
+    # line can refuse a bad rule or theta without loading torch (tests/test_cli_imports.py).
     name = rule_name(options.rule, options.theta, options.margin)
     if pair is not None and name is not RuleName.PLAIN and pair.draft is None:
         raise MarspecError(
@@ -157,6 +157,11 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
     )
     check_seed(options.seed)
     stop_strings(options.stop)
+    from marspec.decode import DecodeConfig
+    from marspec.drafters.tree import parse_tree_shape
+    from marspec.thinking import check_marker_strings, thinking_markers
+    from marspec.token_classes import relaxable_table
+
     marker_strings = check_marker_strings(options.thinking)
     if marker_strings is not None and rule.guard is not Guard.THINKING:
         raise MarspecError(

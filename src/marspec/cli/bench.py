@@ -10,15 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from marspec.cli.common import (
-    LoadSettings,
-    SamplingSettings,
-    app,
-    err,
-    load_decoder,
-    print_summary,
-    user_errors,
-)
+from marspec.cli.common import LoadSettings, app, err, load_decoder, print_summary, user_errors
 from marspec.cli.options import (
     DeviceOpt,
     DraftConfidenceOpt,
@@ -51,30 +43,66 @@ from marspec.defaults import (
     DEFAULT_PREPACK,
 )
 from marspec.errors import MarspecError
-from marspec.eval.methods import METHOD_HELP
+from marspec.eval.method_names import METHOD_HELP
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.progress import status
 
+MethodsOpt = Annotated[str, typer.Option("--methods", help=f"Comma-separated: {METHOD_HELP}")]
+OffsetOpt = Annotated[
+    int, typer.Option("--offset", help="Skip the first N questions (e.g. a calibration's slice).")
+]
+PrefixReuseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prefix-reuse/--no-prefix-reuse",
+        help="Later turns of a conversation keep the cache of the earlier ones (marspec's methods).",
+    ),
+]
+RedoContendedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--redo-contended",
+        help="Decode again the records made while other processes loaded the machine (their "
+        "timings are suspect; the summary counts them).",
+    ),
+]
+RedoOtherCpuOpt = Annotated[
+    bool,
+    typer.Option(
+        "--redo-other-cpu",
+        help="Decode again the records made on another processor model (a run resumed on another "
+        "machine) where their question's sample is also decoded here (a method added, a record "
+        "redone), so each question's speed ratios come from one CPU; a sample whole on another CPU "
+        "is kept.",
+    ),
+]
+RedoApartOpt = Annotated[
+    bool,
+    typer.Option(
+        "--redo-apart",
+        help="Decode again, back to back, every listed method of a question whose records were timed "
+        "in different sittings or on different CPUs (a method added to a run later, a baseline "
+        "decoded again): their speed ratios are measurements only when timed together.",
+    ),
+]
 
-def bench_task(out: Path, **settings: Any) -> None:
+
+def bench_task(
+    out: Path, temperature: float, samples: int, plain_limit: int | None = None, **settings: Any
+) -> None:
     """Run :func:`marspec.eval.harness.run_task` with the CLI's model loader and progress on stderr,
     then print the summary: what `marspec bench` and `sweep` run."""
-    from marspec.eval.harness import run_task
+    from marspec.eval.harness import SamplingSettings, run_task
 
-    print_summary(run_task(out=out, load=load_decoder, console=err, **settings), out)
+    sampling = SamplingSettings(temperature, samples, plain_limit)
+    print_summary(run_task(out=out, sampling=sampling, load=load_decoder, console=err, **settings), out)
 
 
 @app.command()
 def bench(
     task: TaskOpt = "gsm8k",
     limit: LimitOpt = None,
-    methods: Annotated[
-        str,
-        typer.Option(
-            "--methods",
-            help=f"Comma-separated: {METHOD_HELP}",
-        ),
-    ] = "plain,strict,mars,hf-assisted",
+    methods: MethodsOpt = "plain,strict,mars,hf-assisted",
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
@@ -95,43 +123,11 @@ def bench(
     temperature: TemperatureOpt = 0.0,
     samples: SamplesOpt = 1,
     plain_limit: PlainLimitOpt = None,
-    offset: Annotated[
-        int, typer.Option("--offset", help="Skip the first N questions (e.g. a calibration's slice).")
-    ] = 0,
-    prefix_reuse: Annotated[
-        bool,
-        typer.Option(
-            "--prefix-reuse/--no-prefix-reuse",
-            help="Later turns of a conversation keep the cache of the earlier ones (marspec's methods).",
-        ),
-    ] = True,
-    redo_contended: Annotated[
-        bool,
-        typer.Option(
-            "--redo-contended",
-            help="Decode again the records made while other processes loaded the machine (their "
-            "timings are suspect; the summary counts them).",
-        ),
-    ] = False,
-    redo_other_cpu: Annotated[
-        bool,
-        typer.Option(
-            "--redo-other-cpu",
-            help="Decode again the records made on another processor model (a run resumed on another "
-            "machine) where their question's sample is also decoded here (a method added, a record "
-            "redone), so each question's speed ratios come from one CPU; a sample whole on another CPU "
-            "is kept.",
-        ),
-    ] = False,
-    redo_apart: Annotated[
-        bool,
-        typer.Option(
-            "--redo-apart",
-            help="Decode again, back to back, every listed method of a question whose records were timed "
-            "in different sittings or on different CPUs (a method added to a run later, a baseline "
-            "decoded again): their speed ratios are measurements only when timed together.",
-        ),
-    ] = False,
+    offset: OffsetOpt = 0,
+    prefix_reuse: PrefixReuseOpt = True,
+    redo_contended: RedoContendedOpt = False,
+    redo_other_cpu: RedoOtherCpuOpt = False,
+    redo_apart: RedoApartOpt = False,
 ) -> None:
     """Benchmark methods side by side on a task: speedup, tau, acceptance, score and recovery."""
     with user_errors():
@@ -153,7 +149,9 @@ def bench(
             max_new_tokens=max_new_tokens,
             load_settings=load_settings,
             tree=tree,
-            sampling=SamplingSettings(temperature, samples, plain_limit),
+            temperature=temperature,
+            samples=samples,
+            plain_limit=plain_limit,
             offset=offset,
             prefix_reuse=prefix_reuse,
             redo_contended=redo_contended,
@@ -223,7 +221,8 @@ def sweep(
             threads=threads,
             max_new_tokens=max_new_tokens,
             load_settings=load_settings,
-            sampling=SamplingSettings(temperature, samples),
+            temperature=temperature,
+            samples=samples,
         )
     report(out)
 

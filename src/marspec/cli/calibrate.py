@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from marspec.calibration import Choice
+from marspec.calibration import DEFAULT_CANDIDATES, Choice
 from marspec.cli.common import LoadSettings, app, err, load_decoder, print_summary, user_errors
 from marspec.cli.options import (
     DeviceOpt,
@@ -35,7 +35,6 @@ from marspec.defaults import (
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
 )
-from marspec.eval.calibrate import DEFAULT_CANDIDATES as CALIBRATION_CANDIDATES
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
@@ -58,7 +57,7 @@ def calibrate(
     ] = 0.99,
     candidates: Annotated[
         str, typer.Option("--candidates", help="Comma-separated settings: mars-ratio@T, mars-prob@T, ...")
-    ] = ",".join(CALIBRATION_CANDIDATES),
+    ] = ",".join(DEFAULT_CANDIDATES),
     temperature: TemperatureOpt = 0.0,
     samples: SamplesOpt = 1,
     k: KOpt = DEFAULT_K,

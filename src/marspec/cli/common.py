@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.text import Text
 
 from marspec.errors import MarspecError
-from marspec.eval.harness import SamplingSettings
 from marspec.load_settings import LoadSettings
 from marspec.progress import status
 
@@ -74,4 +73,4 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     err.print(f"results in {out}")
 
 
-__all__ = ["LoadSettings", "SamplingSettings", "app", "err", "load_decoder", "print_summary", "user_errors"]
+__all__ = ["LoadSettings", "app", "err", "load_decoder", "print_summary", "user_errors"]

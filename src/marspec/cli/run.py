@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -42,6 +42,23 @@ from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
 from marspec.rules import AUTO, LOSSLESS_RULES, RIVALS, parse_theta
+from marspec.settings import GenerationOptions, calibration_of, settle_rule
+
+if TYPE_CHECKING:
+    from marspec.api import Decoder, GenerationResult
+    from marspec.demo import MethodSummary
+
+
+RuleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rule",
+        help=f"{' | '.join(LOSSLESS_RULES)} | mars; rivals: {' | '.join(RIVALS)} (--theta). "
+        f"Default: {DEFAULT_RULE} (lossless: the target's own output); --rule mars relaxes near-ties "
+        "(faster, and it may change answers).",
+        show_default=False,
+    ),
+]
 
 
 @app.command()
@@ -58,16 +75,7 @@ def generate(
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     graphs: GraphsOpt = "auto",
-    rule: Annotated[
-        str | None,
-        typer.Option(
-            "--rule",
-            help=f"{' | '.join(LOSSLESS_RULES)} | mars; rivals: {' | '.join(RIVALS)} (--theta). "
-            f"Default: {DEFAULT_RULE} (lossless: the target's own output); --rule mars relaxes near-ties "
-            "(faster, and it may change answers).",
-            show_default=False,
-        ),
-    ] = None,
+    rule: RuleOpt = None,
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
@@ -84,8 +92,6 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
     """Generate text for PROMPT, streaming it (or printing one JSON object with --json)."""
-    from marspec.api import GenerationOptions
-
     with user_errors():
         if not prompt.strip():
             raise MarspecError("empty prompt: give some text to continue")
@@ -101,16 +107,7 @@ def generate(
             stop=stop or None,
             tree=tree,
         )
-        if options.theta == AUTO and draft not in (None, "none"):  # refused before the weights load
-            from marspec.settings import calibration_of, settle_rule
-
-            settle_rule(
-                options.rule,
-                options.theta,
-                options.margin,
-                temperature=options.temperature,
-                calibrated=calibration_of(target, draft, target_quant),
-            )
+        _check_calibrated(options, target, draft, target_quant)
         decoder = load_decoder(
             target,
             None if options.rule == "plain" else draft,
@@ -118,20 +115,40 @@ def generate(
             threads,
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),
         )
-        opts = asdict(options)
-        if as_json:
-            result = decoder.generate(prompt, **opts)
-            print(json.dumps(result.to_dict()))
-            return
-        result = decoder.generate(prompt, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), **opts)
-        sys.stdout.write("\n")
-        s = result.stats
-        err.print(
-            f"{s.new_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_s:.2f} tok/s), tau {s.tau:.2f}, "
-            f"accepted {s.accepted_exact} exact + {s.accepted_relaxed} relaxed, {s.rejected} rejections, "
-            f"overhead {s.overhead_s * 1000:.0f} ms, finish: {result.finish_reason}",
-            style="dim",
-        )
+        _generate_and_print(decoder, prompt, options, as_json)
+
+
+def _check_calibrated(options: GenerationOptions, target: str, draft: str, target_quant: str) -> None:
+    """``--theta auto`` without a stored calibration of the pair is refused here, before the weights
+    load."""
+    if options.theta != AUTO or draft in (None, "none"):
+        return
+    settle_rule(
+        options.rule,
+        options.theta,
+        options.margin,
+        temperature=options.temperature,
+        calibrated=calibration_of(target, draft, target_quant),
+    )
+
+
+def _generate_and_print(decoder: Decoder, prompt: str, options: GenerationOptions, as_json: bool) -> None:
+    """One JSON object on stdout with --json; else the text streamed to stdout and its statistics on
+    stderr."""
+    opts = asdict(options)
+    if as_json:
+        result = decoder.generate(prompt, **opts)
+        print(json.dumps(result.to_dict()))
+        return
+    result = decoder.generate(prompt, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()), **opts)
+    sys.stdout.write("\n")
+    s = result.stats
+    err.print(
+        f"{s.new_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_s:.2f} tok/s), tau {s.tau:.2f}, "
+        f"accepted {s.accepted_exact} exact + {s.accepted_relaxed} relaxed, {s.rejected} rejections, "
+        f"overhead {s.overhead_s * 1000:.0f} ms, finish: {result.finish_reason}",
+        style="dim",
+    )
 
 
 @app.command()
@@ -153,9 +170,6 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Also print the summary as JSON.")] = False,
 ) -> None:
     """Plain vs strict speculative vs MARS decoding side by side on built-in prompts (code, math, chat)."""
-    from marspec.api import GenerationOptions, GenerationResult
-    from marspec.demo import DEMO_PROMPTS, METHODS, run_demo
-
     with user_errors():
         theta_value = parse_theta(theta)
         # Fail fast, before loading: theta is MARS's (the demo's strict and plain rows ignore it).
@@ -172,22 +186,43 @@ def demo(
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),
         )
         mars = decoder.settle(GenerationOptions(rule="mars", theta=theta_value)).rule  # auto: calibrated?
-        total = len(DEMO_PROMPTS) * len(METHODS)
-        with progress(err, "generating", total) as advance:
+        summaries = _run_demo(decoder, k, theta_value, max_new_tokens)
 
-            def done(kind: str, method: str, result: GenerationResult) -> None:
-                s = result.stats
-                advance(f"{kind:<4} {method:<6} {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s")
+    title = (
+        f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, {mars.margin} "
+        f"theta={mars.theta:g}, "
+        f"{len(summaries[0].results)} prompts x {max_new_tokens} new tokens"
+    )
+    Console().print(_demo_table(summaries, title))
+    err.print(
+        "lossless: the target's own greedy output. relaxed: accepted draft tokens that were the target's "
+        "runner-up at a near-tie (mars only: faster, and it can change answers, see docs/results.md). "
+        "= plain: prompts whose output equals plain decoding's."
+    )
+    if as_json:
+        print(json.dumps(_demo_json(summaries)))
 
-            summaries = run_demo(
-                decoder, k=k, theta=theta_value, max_new_tokens=max_new_tokens, on_result=done
-            )
 
+def _run_demo(
+    decoder: Decoder, k: int, theta: float | str | None, max_new_tokens: int
+) -> list[MethodSummary]:
+    """Every built-in prompt through every method, with a progress bar on stderr."""
+    from marspec.demo import DEMO_PROMPTS, METHODS, run_demo
+
+    with progress(err, "generating", len(DEMO_PROMPTS) * len(METHODS)) as advance:
+
+        def done(kind: str, method: str, result: GenerationResult) -> None:
+            s = result.stats
+            advance(f"{kind:<4} {method:<6} {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s")
+
+        return run_demo(decoder, k=k, theta=theta, max_new_tokens=max_new_tokens, on_result=done)
+
+
+def _demo_table(summaries: list[MethodSummary], title: str) -> Table:
+    """The methods side by side, plain first (the speedups' reference)."""
     plain = summaries[0]
     table = Table(
-        title=f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, {mars.margin} "
-        f"theta={mars.theta:g}, "
-        f"{len(DEMO_PROMPTS)} prompts x {max_new_tokens} new tokens",
+        title=title,
         box=box.SIMPLE_HEAD,  # with the two below, fits 80 columns with every header whole
         collapse_padding=True,
         pad_edge=False,
@@ -207,32 +242,27 @@ def demo(
             f"{s.overhead_share:.1%}",
             f"{s.same_as_plain}/{len(s.results)}",
         )
-    Console().print(table)
-    err.print(
-        "lossless: the target's own greedy output. relaxed: accepted draft tokens that were the target's "
-        "runner-up at a near-tie (mars only: faster, and it can change answers, see docs/results.md). "
-        "= plain: prompts whose output equals plain decoding's."
-    )
-    if as_json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "method": s.name,
-                        "lossless": s.lossless,
-                        "tokens": s.tokens,
-                        "tokens_per_s": s.mean_tokens_per_s,
-                        "speedup": s.mean_tokens_per_s / plain.mean_tokens_per_s,
-                        "tau": s.tau,
-                        "relaxed_share": s.relaxed_share,
-                        "overhead_share": s.overhead_share,
-                        "same_as_plain": s.same_as_plain,
-                        "prompts": len(s.results),
-                    }
-                    for s in summaries
-                ]
-            )
-        )
+    return table
+
+
+def _demo_json(summaries: list[MethodSummary]) -> list[dict[str, Any]]:
+    """The table's rows as --json prints them."""
+    plain = summaries[0]
+    return [
+        {
+            "method": s.name,
+            "lossless": s.lossless,
+            "tokens": s.tokens,
+            "tokens_per_s": s.mean_tokens_per_s,
+            "speedup": s.mean_tokens_per_s / plain.mean_tokens_per_s,
+            "tau": s.tau,
+            "relaxed_share": s.relaxed_share,
+            "overhead_share": s.overhead_share,
+            "same_as_plain": s.same_as_plain,
+            "prompts": len(s.results),
+        }
+        for s in summaries
+    ]
 
 
 @app.command()

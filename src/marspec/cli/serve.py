@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -35,8 +35,63 @@ from marspec.defaults import (
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.rules import RuleName, parse_theta
+from marspec.settings import GenerationOptions
+
+if TYPE_CHECKING:
+    import socket
 
 API_KEY_ENV = "MARSPEC_API_KEY"
+ServeRuleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rule",
+        help=f"Rule for requests that name none: {' | '.join(RuleName)}. "
+        f"Default: {DEFAULT_RULE} (lossless); a request picks its own with marspec.rule.",
+        show_default=False,
+    ),
+]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.")]
+PortOpt = Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")
+]
+MaxQueueOpt = Annotated[
+    int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")
+]
+RequestTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--request-timeout",
+        help="Seconds from arrival; a generation then ends with its text so far, a queued request "
+        "gets 503. 0 = no limit.",
+    ),
+]
+ShutdownGraceOpt = Annotated[
+    float, typer.Option("--shutdown-grace", help="Seconds work may still finish after SIGTERM.")
+]
+MaxRequestMbOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-request-mb",
+        help="Largest request body in MB (2**20 bytes); a larger one gets 413 before it is parsed.",
+    ),
+]
+ServedModelNameOpt = Annotated[
+    str | None, typer.Option("--served-model-name", help="The `model` clients send (default: --target).")
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar=API_KEY_ENV,
+        help="Require Authorization: Bearer KEY (the OpenAI client's api_key) on every request but "
+        "/health; others get 401. The flag wins over the environment variable, which keeps the key out "
+        "of the process list.",
+        show_default=False,
+    ),
+]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", help="uvicorn log level.")]
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @app.command()
@@ -50,73 +105,27 @@ def serve(
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     graphs: GraphsOpt = "auto",
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one and prints it).")] = 8000,
-    rule: Annotated[
-        str | None,
-        typer.Option(
-            "--rule",
-            help=f"Rule for requests that name none: {' | '.join(RuleName)}. "
-            f"Default: {DEFAULT_RULE} (lossless); a request picks its own with marspec.rule.",
-            show_default=False,
-        ),
-    ] = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8000,
+    rule: ServeRuleOpt = None,
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
     k: KOpt = DEFAULT_K,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")
-    ] = 256,
-    max_queue: Annotated[
-        int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")
-    ] = 8,
-    request_timeout: Annotated[
-        float,
-        typer.Option(
-            "--request-timeout",
-            help="Seconds from arrival; a generation then ends with its text so far, a queued request "
-            "gets 503. 0 = no limit.",
-        ),
-    ] = 300.0,
-    shutdown_grace: Annotated[
-        float, typer.Option("--shutdown-grace", help="Seconds work may still finish after SIGTERM.")
-    ] = 20.0,
-    max_request_mb: Annotated[
-        float,
-        typer.Option(
-            "--max-request-mb",
-            help="Largest request body in MB (2**20 bytes); a larger one gets 413 before it is parsed.",
-        ),
-    ] = 4.0,
-    served_model_name: Annotated[
-        str | None, typer.Option("--served-model-name", help="The `model` clients send (default: --target).")
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key",
-            envvar=API_KEY_ENV,
-            help="Require Authorization: Bearer KEY (the OpenAI client's api_key) on every request but "
-            "/health; others get 401. The flag wins over the environment variable, which keeps the key out "
-            "of the process list.",
-            show_default=False,
-        ),
-    ] = None,
+    max_tokens: MaxTokensOpt = 256,
+    max_queue: MaxQueueOpt = 8,
+    request_timeout: RequestTimeoutOpt = 300.0,
+    shutdown_grace: ShutdownGraceOpt = 20.0,
+    max_request_mb: MaxRequestMbOpt = 4.0,
+    served_model_name: ServedModelNameOpt = None,
+    api_key: ApiKeyOpt = None,
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = None,
-    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+    log_level: LogLevelOpt = "info",
 ) -> None:
     """Serve an OpenAI-compatible HTTP API (chat and text completions, models, health, Prometheus metrics)."""
     with user_errors():
-        try:
-            from marspec.serve.server import bind_socket, run_server
-            from marspec.serve.settings import ServerSettings
-        except ImportError as exc:
-            raise MarspecError(
-                f"marspec serve needs the serve extra ({exc.name} is missing): pip install 'marspec[serve]'"
-            ) from None
-        from marspec.api import GenerationOptions
-
+        if log_level not in LOG_LEVELS:
+            raise MarspecError(f"unknown --log-level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
         defaults = GenerationOptions(
             rule=rule, theta=parse_theta(theta), margin=margin, k=k, max_new_tokens=max_tokens
         )
@@ -124,9 +133,13 @@ def serve(
             raise MarspecError(
                 f"--rule {defaults.rule} needs a drafter: give --draft NAME|ngram, or use --rule plain"
             )
-        levels = ("critical", "error", "warning", "info", "debug", "trace")
-        if log_level not in levels:
-            raise MarspecError(f"unknown --log-level {log_level!r}: choose one of {', '.join(levels)}")
+        try:
+            from marspec.serve.server import bind_socket, run_server
+            from marspec.serve.settings import ServerSettings
+        except ImportError as exc:
+            raise MarspecError(
+                f"marspec serve needs the serve extra ({exc.name} is missing): pip install 'marspec[serve]'"
+            ) from None
         settings = ServerSettings(
             model_name=served_model_name or target,
             defaults=defaults,
@@ -143,14 +156,15 @@ def serve(
             )
             decoder = load_decoder(target, draft, dtype, threads, load_settings)
             decoder.settle(settings.defaults)  # theta=auto: refuse to start uncalibrated (greedy)
-            where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
-            url = f"http://{where}:{sock.getsockname()[1]}"
-            access = (
-                "API key required" if api_key is not None else "no API key: open to anyone who can connect"
-            )
-            err.print(
-                f"marspec serve: {settings.model_name} on {url} ({access})", highlight=False, soft_wrap=True
-            )
+            err.print(_listening(settings.model_name, host, sock, api_key), highlight=False, soft_wrap=True)
             run_server(decoder, settings, sock, log_level)
         finally:
             sock.close()
+
+
+def _listening(model_name: str, host: str, sock: socket.socket, api_key: str | None) -> str:
+    """The line that says where the server listens and whether it asks for a key."""
+    where = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+    url = f"http://{where}:{sock.getsockname()[1]}"
+    access = "API key required" if api_key is not None else "no API key: open to anyone who can connect"
+    return f"marspec serve: {model_name} on {url} ({access})"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marspec.calibration import (
+    DEFAULT_CANDIDATES,
     Candidate,
     Choice,
     calibration_path,
@@ -37,18 +38,6 @@ if TYPE_CHECKING:
 
 # Tasks with a grader: a calibration ranks settings by recovery of a task score.
 GRADED_TASKS = ("humaneval", "gsm8k")
-
-# Candidate settings when the user names none: the paper's logit ratio at and above its 0.9, and the
-# scale-aware probability ratio p2/p1 over the range where near-ties on the default pair fall.
-DEFAULT_CANDIDATES = (
-    "mars-ratio@0.9",
-    "mars-ratio@0.94",
-    "mars-ratio@0.98",
-    "mars-prob@0.25",
-    "mars-prob@0.5",
-    "mars-prob@0.75",
-)
-
 
 # What a calibration stores is a margin and a theta; these must match between runs for their rows to be
 # read as one measurement of the same drafting.

@@ -23,17 +23,12 @@ from transformers import GenerationConfig
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
+from marspec.eval.method_names import METHOD_HELP
 from marspec.rules import GUARDED_RULES, RIVALS, Guard, Margin, Rule
 from marspec.settings import settle_rule
 from marspec.stats import GenerationStats
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")
-METHOD_HELP = (
-    "plain, strict, block, mars, mars@THETA, mars@auto, mars-ratio@THETA, mars-prob@THETA, mars-gap@THETA "
-    "(marspec's also +tree; MARS's also +next, the next-token guard; MARS's and the rivals' also +class, "
-    "the token-class guard), the rival rules typical@EPS, pthresh@P, topk@K, fly@ENTROPY and "
-    "fly-wN@ENTROPY (FLy, window N), ensemble@WEIGHT, hf-assisted, hf-prompt-lookup"
-)
 # mars-<short>@THETA names the margin explicitly, so one run can compare margins.
 MARGIN_KINDS = {
     "mars-ratio": Margin.LOGIT_RATIO,
