@@ -132,7 +132,6 @@ def main() -> None:
                 "mean_drafted": sum(drafted) / trials,
             }
             print(f"  {rule}: {results[f'{label}/{rule}']}", flush=True)
-
     write_json(args.out, results)
 
 

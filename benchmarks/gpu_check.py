@@ -45,7 +45,6 @@ def run_part(name: str, command: list[str], limit_s: float, summary: dict, out: 
     except subprocess.TimeoutExpired:
         ended = {"rc": None, "timed_out": True}
     summary["parts"][name] = {**ended, "seconds": round(time.perf_counter() - begun, 1)}
-
     write_json(out / "gpu-check.json", summary)
 
 
