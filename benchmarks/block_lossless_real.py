@@ -18,13 +18,12 @@ of the two contexts, ~45 min (docs/results.md, "Round three, sampled", has its n
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
+from _common import script_parser, write_json  # this folder's shared helpers
 
 from marspec.api import Decoder
 from marspec.decode import DecodeConfig, decode
@@ -57,9 +56,7 @@ def chi_square(observed: list, cells: dict) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -135,7 +132,7 @@ def main() -> None:
                 "mean_drafted": sum(drafted) / trials,
             }
             print(f"  {rule}: {results[f'{label}/{rule}']}", flush=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

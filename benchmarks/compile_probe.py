@@ -13,13 +13,13 @@ and its own statement of exactness. Needs torch and transformers only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
 import transformers
+from _common import script_parser, write_json  # this folder's shared helpers
 
 LOOP_COST = Path(__file__).with_name("device_loop_cost.py")
 
@@ -52,7 +52,7 @@ def ms_per_token(model, ids: torch.Tensor, new_tokens: int, device: torch.device
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="tiny model (a CPU check of the script)")
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
 
     def write() -> None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
         print(json.dumps(report), flush=True)
 
     ms_per_token(model, ids, 8, device)  # warm-up

@@ -58,19 +58,25 @@ unless ``--tokenizer`` is given), to check the script end to end without a GPU.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import transformers
+from _common import (  # this folder's shared helpers
+    device_sync,
+    git_commit,
+    median_ms,
+    script_parser,
+    write_json,
+)
 
 import marspec
 from marspec.api import Decoder, GenerationOptions
@@ -125,14 +131,6 @@ PROMPT = (
     "def fibonacci(n):\n    # Return the n-th Fibonacci number, computed iteratively so that large n "
     "neither recurses deeply nor repeats work.\n"
 )
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on the CPU, whose torch calls return when done)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def load_tokenizer(folder: str | None):
@@ -213,19 +211,16 @@ def head_costs(decoder: Decoder, chunk: int, context: int, repeats: int, device:
     cache.step(tokens, head.fc(torch.randn(context, width, generator=gen).to(device, dtype)))
     state = torch.randn(1, width, generator=gen).to(device, dtype)
 
+    first_stream = head.fc(state)
+
     def steps(count: int) -> float:
-        samples = []
-        for _ in range(repeats + 1):
-            token, stream = tokens[:1], head.fc(state)
-            sync(device)
-            start = time.perf_counter()
+        def drafts() -> None:
+            token, stream = tokens[:1], first_stream
             for _ in range(count):
                 logits, stream = cache.step(token, stream)
                 token = logits[-1].argmax().view(1)
-            sync(device)
-            samples.append(time.perf_counter() - start)
-            cache.rollback(context)
-        return 1000 * statistics.median(samples[1:])
+
+        return median_ms(drafts, repeats, warmup=1, device=device, after=lambda: cache.rollback(context))
 
     return {"step": steps(1), f"chunk_{chunk}": steps(chunk)}
 
@@ -236,6 +231,12 @@ def predict_head(target_ms: dict[int, float], head_ms: float, k: int, taus) -> l
     return [{**predict(target_ms, head_ms, k, tau), "head_step_ms": head_ms} for tau in taus]
 
 
+def forwards(lm, inputs: list[torch.Tensor]) -> Callable[[], object]:
+    """A call that runs ``lm.forward`` on the next of ``inputs`` each time."""
+    remaining = iter(inputs)
+    return lambda: lm.forward(next(remaining))
+
+
 @torch.inference_mode()
 def forward_costs(lm, sizes, context: int, repeats: int, device: torch.device) -> dict[int, float]:
     """Median wall seconds of one ``lm.forward`` scoring n tokens on a cache of ``context`` positions,
@@ -244,17 +245,14 @@ def forward_costs(lm, sizes, context: int, repeats: int, device: torch.device) -
     lm.reset()
     lm.forward(torch.randint(lm.vocab_size, (context,), generator=gen).to(device), last_only=True)
     out = {}
+
+    def rollback() -> None:
+        lm.rollback(context)
+
     for n in sizes:
-        samples = []
-        for _ in range(repeats + 1):  # the first at each size warms its kernels up: dropped
-            tokens = torch.randint(lm.vocab_size, (n,), generator=gen).to(device)
-            sync(device)
-            start = time.perf_counter()
-            lm.forward(tokens)
-            sync(device)
-            samples.append(time.perf_counter() - start)
-            lm.rollback(context)
-        out[n] = statistics.median(samples[1:])
+        # The first forward at each size warms its kernels up: not timed.
+        inputs = [torch.randint(lm.vocab_size, (n,), generator=gen).to(device) for _ in range(repeats + 1)]
+        out[n] = median_ms(forwards(lm, inputs), repeats, warmup=1, device=device, after=rollback) / 1000
     lm.reset()
     return out
 
@@ -267,18 +265,16 @@ def chunk_cost(lm, chunk: int, context: int, repeats: int, device: torch.device)
     gen = torch.Generator().manual_seed(1)
     lm.reset()
     lm.forward(torch.randint(lm.vocab_size, (context,), generator=gen).to(device), last_only=True)
-    samples = []
-    for _ in range(repeats + 1):
-        token = torch.randint(lm.vocab_size, (1,), generator=gen).to(device)
-        sync(device)
-        start = time.perf_counter()
+    firsts = iter([torch.randint(lm.vocab_size, (1,), generator=gen).to(device) for _ in range(repeats + 1)])
+
+    def queued() -> None:
+        token = next(firsts)
         for _ in range(chunk):
             token = lm.forward(token)[-1].argmax().view(1)
-        sync(device)
-        samples.append(time.perf_counter() - start)
-        lm.rollback(context)
+
+    seconds = median_ms(queued, repeats, warmup=1, device=device, after=lambda: lm.rollback(context)) / 1000
     lm.reset()
-    return statistics.median(samples[1:])
+    return seconds
 
 
 def predict(target_ms: dict[int, float], draft_ms: float, k: int, tau: float) -> dict:
@@ -304,7 +300,7 @@ def run_once(decoder: Decoder, rule: str, prompt_ids: torch.Tensor, new_tokens: 
     drafter = None if rule == "plain" else decoder.drafter
     stats = GenerationStats()
     step_s, tokens, clock_s = [], [], []
-    sync(prompt_ids.device)
+    device_sync(prompt_ids.device)
     start = time.perf_counter()
     for step in decode(decoder.target, drafter, prompt_ids, config, stats):
         now = time.perf_counter()
@@ -350,22 +346,8 @@ def summarise(runs, costs: ForwardCosts) -> dict:
     }
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--device", default="cuda", help="cuda, cpu, cuda:N or mps (default cuda)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument(
@@ -423,7 +405,7 @@ def main(argv: list[str] | None = None) -> dict:
     def write(part: str) -> None:
         report["parts_done"] = [*report.get("parts_done", []), part]
         report["total_s"] = time.perf_counter() - begun
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
         print(f"[{report['total_s']:.0f}s] {part} written to {args.json}", file=sys.stderr)
 
     decoders: dict[str, tuple[Decoder, Decoder, Decoder]] = {}

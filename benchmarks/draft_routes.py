@@ -23,7 +23,6 @@ Run on a quiet machine: every figure is a timing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _common import add_threads, script_parser  # this folder's shared helpers
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from torch.profiler import ProfilerActivity, profile
 
@@ -183,11 +183,9 @@ def llama_cpp_steps(draft: str, threads: int, prompt: list[int], n: int = 40) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument("--compile", action="store_true", help="also try torch.compile (minutes)")
     parser.add_argument("--llama-cpp", action="store_true", help="also time the GGUF in llama.cpp")
     args = parser.parse_args()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from _common import add_threads, script_parser  # this folder's shared helpers
 
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
@@ -52,12 +53,10 @@ DEFAULT_SETTINGS = "fp32 k5; int8 k5; int8 k8 c.4; int8 k8 c.4 +lookup; int8 k12
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("runs", nargs="+", help="task:questions:max_new_tokens, e.g. gsm8k:2:320")
     parser.add_argument("--rule", default="mars", choices=("strict", "mars"))
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument(
         "--prepack",
         action=argparse.BooleanOptionalAction,

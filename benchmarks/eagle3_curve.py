@@ -9,7 +9,6 @@ runs in docs/results.md). Prints one markdown row per round and writes the plot.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
+from _common import script_parser  # this folder's shared helpers
 
 
 def rounds(source: Path) -> list[dict]:
@@ -27,7 +27,7 @@ def rounds(source: Path) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders or their log.jsonl files")
     parser.add_argument("--out", type=Path, required=True, help="the plot to write (.png)")
     args = parser.parse_args()

@@ -11,13 +11,10 @@ drafted token costs (fc is paid once per verification, counted here in every ste
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from _common import machine, median_ms, script_parser, write_json  # this folder's shared helpers
 
 from marspec.api import load_lm
 from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
@@ -27,12 +24,8 @@ from marspec.models.eagle3 import default_layers
 
 
 def median_step(step, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median wall seconds of ``step``."""
+    return median_ms(step, repeats) / 1000
 
 
 def head_step(
@@ -45,7 +38,7 @@ def head_step(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--context", type=int, default=512)
@@ -86,9 +79,7 @@ def main() -> None:
         share = row["of_target_step"]
         print(f"{row['model']:>28}: {row['seconds'] * 1000:8.2f} ms  ({share:.3f} of a target step)")
     if args.json:
-        args.json.write_text(
-            json.dumps({"threads": torch.get_num_threads(), "context": args.context, "rows": rows}, indent=2)
-        )
+        write_json(args.json, {**machine(), "context": args.context, "rows": rows})
 
 
 if __name__ == "__main__":

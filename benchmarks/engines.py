@@ -17,7 +17,6 @@ A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -26,8 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
+
 from marspec.demo import DEMO_PROMPTS
-from marspec.eval.cpu import cpu_name
 from marspec.eval.peak_memory import run_measured
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, get_spec, resolve_model_dir
 from marspec.models.cache import held_gguf
@@ -112,11 +112,9 @@ def marspec_rows(name: str, flags: list[str], threads: int, n: int) -> dict[str,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--llama-python", help="a Python with llama-cpp-python (omit: no llama.cpp rows)")
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="llama.cpp's draft length")
     parser.add_argument("--only", default="llama.cpp,fp32,int8,int4")
@@ -132,7 +130,7 @@ def main() -> int:
         if name in only:
             rows.update(marspec_rows(name, flags, args.threads, args.max_new_tokens))
             if args.out:  # each finished row is kept, should a later one fail
-                args.out.write_text(json.dumps({"rows": rows}, indent=1))
+                write_json(args.out, {"rows": rows})
     base = next((r["tokens_per_s"] for k, r in rows.items() if k.endswith("Q4_K_M plain")), None)
     print("| engine | tok/s (mean of prompts) | vs llama.cpp plain | same as its plain | peak memory |")
     print("|---|---|---|---|---|")
@@ -143,12 +141,12 @@ def main() -> int:
         print(f"| {key} | {r['tokens_per_s']:.2f} | {ratio} | {same} | {peak} |")
     if args.out:
         meta = {
-            "cpu": cpu_name(),
+            **machine(),
             "threads": args.threads,
             "max_new_tokens": args.max_new_tokens,
             "k": args.k,
         }
-        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        write_json(args.out, {"meta": meta, "rows": rows})
     return 0
 
 

@@ -11,16 +11,17 @@ loads from that cache. Run versions one after another on a quiet machine.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from _common import script_parser  # this folder's shared helpers
+
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    script_parser(__doc__).parse_args()
     import gguf
 
     parses = {"count": 0, "seconds": 0.0}

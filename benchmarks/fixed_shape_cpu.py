@@ -16,7 +16,6 @@ machine shortens the run instead of losing it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import add_threads, script_parser, write_json  # this folder's shared helpers
 
 from marspec.api import Decoder
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -35,8 +35,8 @@ PROMPTS = (
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser = script_parser(__doc__)
+    add_threads(parser)
     parser.add_argument("--rounds", type=int, default=1, help="passes over the prompts (default 1)")
     parser.add_argument("--plain-tokens", type=int, default=32)
     parser.add_argument("--strict-tokens", type=int, default=96)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
             "seconds": time.perf_counter() - begun,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
-        args.json.write_text(json.dumps(out, indent=2) + "\n")  # after each pair: a cut run keeps its pairs
+        write_json(args.json, out)  # after each pair: a cut run keeps its pairs
         return out
 
     for round_ in range(args.rounds):

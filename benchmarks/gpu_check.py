@@ -15,13 +15,13 @@ checked end to end where there is no GPU.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import script_parser, write_json  # this folder's shared helpers
 
 LOOP_COST = Path(__file__).with_name("device_loop_cost.py")
 SELFTEST = """
@@ -45,11 +45,11 @@ def run_part(name: str, command: list[str], limit_s: float, summary: dict, out: 
     except subprocess.TimeoutExpired:
         ended = {"rc": None, "timed_out": True}
     summary["parts"][name] = {**ended, "seconds": round(time.perf_counter() - begun, 1)}
-    (out / "gpu-check.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "gpu-check.json", summary)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, cpu or mps")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
     parser.add_argument("--small", action="store_true", help="tiny loop-cost models (a CPU check)")

@@ -18,20 +18,18 @@ fp32 one's. Whether the answers stay as good is a graded run's question (``marsp
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 from target_quant import first_difference  # this folder's script (run from it, it is on the path)
 
 from marspec.api import Decoder, load_lm
 from marspec.backends.quantize import quantize_draft
 from marspec.demo import DEMO_PROMPTS
-from marspec.eval.cpu import cpu_name
 from marspec.interfaces import CausalLM
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.profile import measure
@@ -102,12 +100,10 @@ def kernel_costs(sizes: tuple[int, ...], rounds: int) -> dict[str, dict[int, lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument("--rounds", type=int, default=3, help="forward-cost rounds over all variants")
     parser.add_argument(
         "--sizes", default="1,5,9,13", help="tokens scored per target forward (13: a k = 12 verification)"
@@ -172,26 +168,15 @@ def main() -> None:
     costs |= draft_costs
     if args.out:
         meta = {
+            **machine(),
             "target": args.target,
             "draft": args.draft,
             "threads": args.threads,
             "rounds": args.rounds,
             "max_new_tokens": args.max_new_tokens,
-            "cpu": cpu_name(),
         }
-        args.out.write_text(
-            json.dumps(
-                {
-                    "meta": meta,
-                    "forward_ms": {
-                        name: {n: s * 1000 for n, s in by_n.items()} for name, by_n in costs.items()
-                    },
-                    "decodes": decodes,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        forward_ms = {name: {n: s * 1000 for n, s in by_n.items()} for name, by_n in costs.items()}
+        write_json(args.out, {"meta": meta, "forward_ms": forward_ms, "decodes": decodes})
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ Both caches run on the same model weights, interleaved, so the machine's noise h
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
 import torch
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 
 from marspec import Decoder
 from marspec.backends import HFCausalLM
@@ -62,12 +61,10 @@ def verify_step(lm: HFCausalLM) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--contexts", default="256,512,1024,2048,4096")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
     parser.add_argument("--gqa", action="store_true", help="compare grouped vs expanded heads instead")
@@ -113,8 +110,7 @@ def main() -> None:
             for model in kinds.values():
                 model.reset()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+        write_json(args.json, {**machine(), "rows": rows})
 
 
 if __name__ == "__main__":

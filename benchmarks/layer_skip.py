@@ -16,12 +16,12 @@ quiet machine).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+from _common import add_threads, script_parser  # this folder's shared helpers
 from draft_routes import draft_steps  # this folder's script (run from it, it is on the path)
 
 from marspec.api import load_lm
@@ -67,14 +67,12 @@ def agreement(lm: HFCausalLM, sequences: list[tuple[torch.Tensor, int]]) -> tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("run", nargs="?", type=Path, default=RUN)
     parser.add_argument("--method", default="strict")
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     outputs, task = committed(args.run, args.method, args.questions)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _common import add_threads, script_parser, write_json  # this folder's shared helpers
 
 from marspec.serve.process import ServerProcess, launch
 
@@ -235,12 +236,12 @@ def summarize(results: list[Result], elapsed: float, args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--url", help="Use this running server instead of starting one.")
     parser.add_argument("--model", help="The served model name (default: --target).")
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--draft", default="ngram")
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads(parser, default=1)
     parser.add_argument("--max-queue", type=int, default=2, help="The started server's --max-queue.")
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--duration", type=float, default=20.0, help="Seconds during which requests start.")
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         report.problems.append(f"the server exited with status {status} after SIGTERM")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**asdict(report), "passed": report.passed}, indent=2) + "\n")
+    write_json(args.out, {**asdict(report), "passed": report.passed})
     p50, p95 = report.latency_p50_s, report.latency_p95_s
     print(
         f"{report.clients} clients, {report.duration_s:.1f} s: {report.requests} requests, {report.ok} ok, "

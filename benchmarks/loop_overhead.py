@@ -16,7 +16,6 @@ To compare two versions, run this once per source tree (PYTHONPATH), alternating
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import script_parser, write_json  # this folder's shared helpers
 
 from marspec.selftest.tiny import tiny_decoder
 
@@ -39,7 +39,7 @@ CASES = {
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(json.dumps(report, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return report
 
 

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from _common import write_json  # this folder's shared helpers
+
 from marspec.eval.peak_memory import run_measured
 
 
@@ -37,7 +39,7 @@ def main() -> int:
     }
     print(json.dumps(result))
     if target is not None:
-        target.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(target, result)
     return int(measured.returncode != 0)
 
 

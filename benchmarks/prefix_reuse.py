@@ -12,17 +12,15 @@ pair, so a slow stretch of the machine lands on both halves of a pair alike.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 
 from marspec.api import Decoder, GenerationResult
-from marspec.eval.cpu import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -42,12 +40,10 @@ def timed_turn(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="per turn (the speed table's 64)")
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument("--out", type=Path, help="write the per-turn measurements here as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -114,14 +110,13 @@ def main() -> None:
         )
     if args.out:
         meta = {
+            **machine(),
             "target": DEFAULT_TARGET,
             "draft": DEFAULT_DRAFT,
             "threads": args.threads,
             "max_new_tokens": args.max_new_tokens,
-            "cpu": cpu_name(),
-            "date": time.strftime("%Y-%m-%d"),
         }
-        args.out.write_text(json.dumps({"settings": meta, "turns": rows}, indent=1) + "\n")
+        write_json(args.out, {"settings": meta, "turns": rows})
 
 
 if __name__ == "__main__":

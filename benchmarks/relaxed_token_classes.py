@@ -22,11 +22,12 @@ tokenizer from the model cache.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from _common import script_parser  # this folder's shared helpers
 
 from marspec.defaults import GUARD_CLASSES
 from marspec.errors import MarspecError
@@ -156,7 +157,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="greedy benchmark run folders")
     args = parser.parse_args(argv)
     try:

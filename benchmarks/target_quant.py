@@ -20,19 +20,17 @@ quantised; both oneDNN-prepacked).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.eval.compare import first_difference
-from marspec.eval.cpu import cpu_name
 from marspec.eval.datasets import load_task
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -48,12 +46,10 @@ VARIANTS: dict[str, Callable[[HFCausalLM], Decoder]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--questions", default="humaneval:4,gsm8k:4", help="TASK:N,... (the first N of each)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads(parser)
     parser.add_argument(
         "--variants",
         default="fp32,int8",
@@ -136,14 +132,14 @@ def main() -> None:
         )
     if args.out:
         meta = {
+            **machine(),
             "target": DEFAULT_TARGET,
             "draft": DEFAULT_DRAFT,
             "threads": args.threads,
             "max_new_tokens": args.max_new_tokens,
             "variants": list(decoders),
-            "cpu": cpu_name(),
         }
-        args.out.write_text(json.dumps({"meta": meta, "decodes": rows}, indent=1) + "\n")
+        write_json(args.out, {"meta": meta, "decodes": rows})
 
 
 if __name__ == "__main__":

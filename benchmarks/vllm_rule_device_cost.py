@@ -20,14 +20,11 @@ passes them.
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _common import median_ms, script_parser, write_json  # this folder's shared helpers
 
 from marspec.integrations.vllm.batch_rule import decide, forced
 from marspec.rules import Rule
@@ -56,18 +53,8 @@ def batch(requests: int, device: torch.device, generator: torch.Generator) -> tu
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median milliseconds of ``fn`` over ``repeats`` calls, each bracketed by a device synchronisation."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):  # warm-up: kernels, allocator
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
+    """Median milliseconds of ``fn`` over ``repeats`` calls after 3 warm-up calls (kernels, allocator)."""
+    return median_ms(fn, repeats, warmup=3, device=device)
 
 
 def measure(
@@ -105,7 +92,7 @@ def describe(rule: Rule) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--requests", default="4,16,64", help="batch sizes in requests (comma-separated)")
@@ -124,7 +111,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": name, "torch": torch.__version__, "vocab": VOCAB, "drafts": DRAFTS,
               "rule": describe(rule), "repeats": args.repeats, "results": results}  # fmt: skip
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     print(f"wrote {args.json}")
 
 

@@ -17,14 +17,12 @@ Needs vLLM (run it with the vLLM environment's python, e.g. .venv-vllm/bin/pytho
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from _common import median_ms, script_parser, write_json  # this folder's shared helpers
 
 from marspec.integrations.vllm import cpu_expand, plugin
 from marspec.integrations.vllm.config import PluginConfig
@@ -52,12 +50,6 @@ def make_batch(requests: int, k: int, vocab: int, gen: torch.Generator) -> dict[
     return {"logits": logits, "drafts": drafts, "bonus": bonus}
 
 
-def time_ms(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return (time.perf_counter() - start) * 1e3
-
-
 def measure(requests: int, k: int, vocab: int, repeats: int, greedy_share: float, rule: Rule) -> dict:
     from vllm.v1.sample import rejection_sampler
 
@@ -74,8 +66,8 @@ def measure(requests: int, k: int, vocab: int, repeats: int, greedy_share: float
     def step(verifier: Callable[..., torch.Tensor]) -> float:
         """One timed verification; vLLM hands each step fresh logits (copied before the clock starts)."""
         logits = batch["logits"].clone()
-        return time_ms(
-            lambda: verifier(batch["drafts"], counts, k, cu, None, logits, batch["bonus"], metadata)
+        return median_ms(
+            lambda: verifier(batch["drafts"], counts, k, cu, None, logits, batch["bonus"], metadata), 1
         )
 
     times: dict[str, list[float]] = {"off": [], "on": []}
@@ -111,15 +103,13 @@ def components(requests: int, k: int, vocab: int, repeats: int) -> dict[str, flo
         logits.masked_fill(relaxed, float("-inf"))
 
     return {
-        "topk_ms": statistics.median(time_ms(lambda: torch.topk(logits, 2, dim=-1)) for _ in range(repeats)),
-        "previous_top2_and_masked_fill_ms": statistics.median(time_ms(previous) for _ in range(repeats)),
+        "topk_ms": median_ms(lambda: torch.topk(logits, 2, dim=-1), repeats),
+        "previous_top2_and_masked_fill_ms": median_ms(previous, repeats),
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--k", type=int, default=4, help="draft tokens per request")
     parser.add_argument("--vocab", type=int, default=QWEN_VOCAB)
@@ -170,9 +160,7 @@ def main() -> None:
     )
     result["load_average_1min_after"] = os.getloadavg()[0]
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

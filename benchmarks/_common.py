@@ -1,0 +1,117 @@
+"""What the benchmark scripts share: one way to time a call, to write a result with the machine it came
+from, and to declare the arguments most of them take.
+
+Not a benchmark: the scripts import it as ``_common`` (``python benchmarks/NAME.py`` puts this folder on
+the path). torch and marspec are imported where they are used, so a script that needs neither (the
+llama.cpp side, run in an environment of its own) could still import this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def script_parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser whose ``--help`` shows the script's docstring as written (its commands too)."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_threads(parser: argparse.ArgumentParser, default: int = 2) -> None:
+    """``--threads``: torch's CPU threads (2 by default: the cores the committed CPU runs had)."""
+    parser.add_argument("--threads", type=int, default=default, help=f"CPU threads (default {default})")
+
+
+def device_sync(device: Any) -> None:
+    """Wait for a torch device's queued work (a no-op on the CPU, whose torch calls return when done)."""
+    waiter(device)()
+
+
+def waiter(device: Any) -> Callable[[], None]:
+    """What waits for ``device``'s queued work, decided once (a timed loop then pays no lookup)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+def median_ms(
+    call: Callable[[], object],
+    repeats: int,
+    *,
+    warmup: int = 0,
+    device: Any = "cpu",
+    after: Callable[[], object] | None = None,
+) -> float:
+    """Median wall milliseconds of ``repeats`` calls of ``call``, after ``warmup`` calls that are not
+    timed. Each timed call is bracketed by a synchronisation of ``device``, so a GPU's queued kernels
+    are counted and not only their launch; ``after`` (a rollback, say) runs after every call, untimed."""
+    for _ in range(warmup):
+        call()
+        if after is not None:
+            after()
+    wait = waiter(device)
+    samples = []
+    for _ in range(repeats):
+        wait()
+        start = time.perf_counter()
+        call()
+        wait()
+        samples.append(1000 * (time.perf_counter() - start))
+        if after is not None:
+            after()
+    return statistics.median(samples)
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this folder is in, or None outside one."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def machine() -> dict[str, Any]:
+    """Where and with what a result was measured: the processor, torch's threads, the versions, the
+    commit and the date (speed ratios between processors are not measurements, so every result names
+    its own)."""
+    import torch
+
+    import marspec
+    from marspec.eval.cpu import cpu_name
+
+    return {
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d"),
+        "versions": {
+            "marspec": marspec.__version__,
+            "commit": git_commit(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
+def write_json(path: Path | str, result: object) -> None:
+    """Write ``result`` to ``path`` as indented JSON ending in a newline (the whole file, each time: a
+    script that writes after each part keeps what a cut run measured)."""
+    Path(path).write_text(json.dumps(result, indent=2) + "\n")
