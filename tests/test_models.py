@@ -455,9 +455,11 @@ def test_smollm2_real_weights() -> None:
 
 
 @pytest.mark.real
-def test_qwen_pair_share_tokenizer_and_logit_width() -> None:
-    target, target_tok, target_spec = load_model(DEFAULT_TARGET, dtype=torch.bfloat16)
-    draft, draft_tok, _ = load_model(DEFAULT_DRAFT, dtype=torch.bfloat16)
+def test_qwen_pair_share_tokenizer_and_logit_width(fp32_pair) -> None:
+    """On the pair as the real-weights modules load it once (tests/conftest.py), not a load of its own."""
+    target, target_tok = fp32_pair.target.model, fp32_pair.target.tokenizer
+    draft, draft_tok = fp32_pair.drafter.draft_model.model, fp32_pair.drafter.draft_model.tokenizer
+    target_spec = MODELS[DEFAULT_TARGET]
     assert target_tok.get_vocab() == draft_tok.get_vocab()
     assert target.config.vocab_size == draft.config.vocab_size == 151936
     assert target_tok.eos_token_id == 151645
