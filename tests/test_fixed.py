@@ -250,7 +250,8 @@ def _captured_regions_counted(*lms: FixedShapeLM | FixedHeadCache):
 def test_captured_regions_read_nothing_and_a_step_reads_once_per_draft_chunk(folders):
     """Zero host reads inside the forwards a GPU replays; outside them one read per step for the
     verdict, plus one per draft chunk while the confidence stop is on."""
-    decoder = _decoder(folders, "on", draft_confidence=0.6)
+    # The int8 draft: its confidences on these random weights run past a chunk before the stop.
+    decoder = _decoder(folders, "on", draft_confidence=0.6, draft_quant="int8")
     decoder.drafter.stop_chunk = 4
     target, draft = decoder.target, decoder.drafter.draft_model
     prompt = decoder.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"][0]

@@ -30,7 +30,7 @@ needs_onednn_int8 = pytest.mark.skipif(
 def test_a_row_gives_the_same_bits_whatever_else_is_in_its_forward(bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 40, bias=bias)
-    layer = RowwiseInt8Linear(linear)
+    layer = RowwiseInt8Linear.of(linear)
     # Rows of very different sizes: a scale shared by the forward would change the small rows' results.
     x = torch.randn(13, 96) * torch.logspace(-2, 2, 13)[:, None]  # [13, 96]
     with torch.no_grad():
@@ -45,7 +45,7 @@ def test_a_row_gives_the_same_bits_whatever_else_is_in_its_forward(bias):
 
 @needs_onednn_int8
 def test_leading_dimensions_are_kept():
-    layer = RowwiseInt8Linear(torch.nn.Linear(32, 8))
+    layer = RowwiseInt8Linear.of(torch.nn.Linear(32, 8))
     assert layer(torch.randn(2, 5, 32)).shape == (2, 5, 8)
 
 
@@ -154,5 +154,5 @@ def test_bench_runs_an_int8_target_and_keeps_its_runs_apart(tmp_path):
     assert summary["config"]["target_quant"] == "int8"
     assert summary["methods"]["strict"]["same_as_baseline"] == 1  # strict equals plain of the int8 target
     assert f"`{SMALL}` (int8)" in (tmp_path / "summary.md").read_text()
-    refused = CliRunner().invoke(app, args)  # the same folder with the fp32 target
+    refused = CliRunner().invoke(app, [*args, "--target-quant", "none"])  # the same folder, fp32 target
     assert refused.exit_code == 2 and "target_quant" in refused.output

@@ -8,6 +8,7 @@ settling a generation's options in ``settings.py`` (where ``GenerationOptions`` 
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -26,6 +27,7 @@ from marspec.backends.quantize import (
     quantize_target,
 )
 from marspec.decode import DecodeConfig, decode
+from marspec.defaults import DEFAULT_DTYPE
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
@@ -37,9 +39,12 @@ from marspec.load_settings import LoadSettings
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
 from marspec.models.tokenizers import check_draft_tokenizer
+from marspec.precision import choose_precision
 from marspec.prompting import Prompt, encode_prompt
 from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
+
+log = logging.getLogger("marspec")
 
 CPU = torch.device("cpu")
 FinishReason = Literal["eos", "length", "stop"]
@@ -95,16 +100,20 @@ def load_lm(
     prepack: bool = False,
     device: torch.device = CPU,
     int4_linears: bool = False,
+    int8_linears: bool = False,
 ) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
     oneDNN's layout, and on the CPU its attention groups key/value heads under masks (both CPU kernel
     choices: not applied on another device). ``int4_linears``: its linear layers come back in 4 bits
     (:func:`~marspec.models.loading.load_model`: a known model builds them from its GGUF, or reads them
-    back once stored)."""
+    back once stored). ``int8_linears``: a model of marspec's cache comes back as its stored int8 model
+    (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
-    hf_model, tokenizer, spec = load_model(model, dtype=dtype, int4_linears=int4_linears)
+    hf_model, tokenizer, spec = load_model(
+        model, dtype=dtype, int4_linears=int4_linears, int8_linears=int8_linears
+    )
     if device.type != "cpu":
         hf_model.to(device)
     else:
@@ -155,6 +164,10 @@ def _eagle3_drafter(
     return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence, cache=cache)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
 def check_same_tokenizer(target: str | HFCausalLM, draft: str | HFCausalLM) -> None:
     """A draft model is only usable if its token ids mean what the target's mean; checked on the
     tokenizers alone, before any weights load (a model passed in loaded brings its own). An EAGLE-3
@@ -179,14 +192,16 @@ class Decoder:
             target (a folder or Hub id of a head in the published format, recognised by its config's
             ``LlamaForCausalLMEagle3``: it drafts from the target's hidden states; docs/models.md),
             ``"ngram"`` for prompt lookup, or ``None`` for plain decoding only.
-        dtype: ``"fp32"`` (default: exact, and on CPUs without fast bf16 kernels as fast) or ``"bf16"``.
+        dtype: ``"auto"`` (default: see ``target_quant``), ``"fp32"`` (exact) or ``"bf16"``. Naming a
+            dtype names the target's precision: with ``target_quant="auto"`` it stays a float model.
         threads: torch intra-op threads (default: torch's choice). This is ``torch.set_num_threads``,
             which is process-wide: it also changes the thread count of every other torch user in the
             process (and of Decoders created earlier), and stays set after this Decoder is gone.
-        draft_quant: ``"int8"`` quantises the linear layers of a draft loaded by name (about 3x cheaper
-            draft forwards on CPU; it does not touch the target, so exactness is unaffected), ``"int4"``
-            to 4-bit weights in groups of 32 (about a sixth of fp32's weight bytes), or ``"none"``.
-            An EAGLE-3 head runs in the target's dtype whatever this says.
+        draft_quant: ``"int4"`` (default) gives a draft loaded by name 4-bit weights in groups of 32 (the
+            cheapest one-token step on a CPU: the 0.5B Qwen's costs 0.3 of the int8 target's), ``"int8"``
+            int8 linear layers, ``"none"`` its own weights. CPU kernels: on another device the draft runs in
+            the target's dtype. A draft only proposes, so this never touches exactness. An EAGLE-3 head runs
+            in the target's dtype whatever this says.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
             (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
@@ -199,14 +214,18 @@ class Decoder:
             ``"cuda:N"`` or ``"mps"``: where the models, caches and verification run. ``draft_quant`` and
             ``prepack`` are CPU kernel choices and apply on the CPU only. Only the CPU has been tested
             by this project (see the README).
-        target_quant: ``"int8"`` runs the target's linear layers in int8 with one activation scale per
-            token (oneDNN, CPU only, fp32 target loaded by name): a smaller, faster target that is a
-            different model from the fp32 one (its answers can differ), while strict verification still
+        target_quant: ``"auto"`` (default, with ``dtype="auto"``): on a CPU with an int8 dot product, a
+            model that comes as a GGUF (a known name or a ``.gguf`` path) runs as ``"int8"``, built straight
+            from the GGUF and stored in marspec's cache; anything else as ``"none"`` in fp32, with a hint
+            naming the int8 engine for a float checkpoint (:mod:`marspec.precision`). ``"int8"`` runs the
+            target's linear layers, LM head and embedding in int8, one activation scale per token row
+            (oneDNN, CPU only): a verification forward costs about one one-token step, and the model is a
+            different one from the fp32 model (its answers can differ), while strict verification still
             equals plain decoding of that int8 target. ``"int4"``: 4-bit weights in groups of 32 with bf16
-            activations (ATen's int4 CPU kernel, fp32 or bf16 target loaded by name): about a sixth of
-            fp32's weight bytes, a one-token step near int8's, but a verification forward costing several
-            steps; strict equals plain decoding of that int4 target. ``"none"`` (default) keeps the
-            target as loaded.
+            activations (ATen's int4 CPU kernel): about a sixth of fp32's weight bytes, a one-token step
+            near int8's, but a verification forward costing several steps; strict equals plain decoding of
+            that int4 target. ``"none"`` keeps the target as loaded (``target_quant="none"`` alone gives the
+            exact fp32 model).
         graphs: ``"auto"`` (default), ``"on"`` or ``"off"``: the fixed-shape path
             (:mod:`marspec.backends.fixed`: a KV cache of fixed capacity, forwards padded to a few sizes,
             masks built on the device), whose forwards a CUDA device captures once per shape as CUDA
@@ -223,7 +242,7 @@ class Decoder:
         target: str | HFCausalLM = DEFAULT_TARGET,
         draft: str | HFCausalLM | None = DEFAULT_DRAFT,
         *,
-        dtype: str | torch.dtype = "fp32",
+        dtype: str | torch.dtype = DEFAULT_DTYPE,
         threads: int | None = None,
         draft_quant: str = LoadSettings.draft_quant,
         draft_confidence: float = LoadSettings.draft_confidence,
@@ -245,8 +264,11 @@ class Decoder:
         check_draft_quant(draft_quant)
         if not isinstance(prepack, bool):
             raise MarspecError(f"prepack must be true or false, got {prepack!r}")
-        torch_dtype = parse_dtype(dtype)
-        self.target_quant = _check_target_quant(target_quant, target, torch_dtype, self.device)
+        precision = choose_precision(target, target_quant, dtype, self.device)
+        if precision.hint is not None:
+            log.warning(precision.hint)
+        torch_dtype = parse_dtype(precision.dtype)
+        self.target_quant = _check_target_quant(precision.target_quant, target, torch_dtype, self.device)
         quantized_target = self.target_quant != "none"
         # An EAGLE-3 head is checked against the target's config, and a draft model's tokenizer against
         # the target's, before any weights load.
@@ -260,6 +282,7 @@ class Decoder:
             prepack and not quantized_target,
             self.device,
             int4_linears=self.target_quant == "int4",
+            int8_linears=self.target_quant == "int8",
         )
         if quantized_target:
             quantize_target(self.target.model, self.target_quant)
@@ -267,15 +290,17 @@ class Decoder:
             self.target = fixed_shape_lm(self.target, self.captured)
         on_cpu = self.device.type == "cpu"
         self.drafter: Drafter | None = None
+        # The drafter's weights in words: None without one, "none" for n-gram lookup.
+        self.draft_weights: str | None = None
         # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
         self.draft_name: str | None = None
         if draft is None or draft == "none":
             pass
         elif draft == "ngram":
             self.drafter = NgramDrafter()
-            self.draft_name = "ngram"
+            self.draft_name, self.draft_weights = "ngram", "none"
         elif head is not None:
-            self.draft_name = head.name
+            self.draft_name, self.draft_weights = head.name, _dtype_name(self.target.dtype)
             head_drafter = _eagle3_drafter(head, head_layers, self.target, draft_confidence)
             self.drafter = HybridDrafter(head_drafter) if lookup else head_drafter
         else:
@@ -290,10 +315,12 @@ class Decoder:
                 prepack and not quantize,
                 self.device,
                 int4_linears=quantize and draft_quant == "int4",
+                int8_linears=quantize and draft_quant == "int8",
             )
             if quantize:
                 quantize_draft(draft_lm.model, draft_quant)
             self.draft_name = draft_lm.name
+            self.draft_weights = draft_quant if quantize else _dtype_name(draft_lm.dtype)
             if self.fixed_shape:
                 draft_lm = fixed_shape_lm(draft_lm, self.captured)
             model_drafter = ModelDrafter(
@@ -302,6 +329,8 @@ class Decoder:
                 min_confidence=draft_confidence,
             )
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
+        # The weights each model runs with, in words (the demo's and the bench's tables name them).
+        self.target_weights = self.target_quant if quantized_target else _dtype_name(self.target.dtype)
         self.eos_token_ids = self.target.eos_token_ids
         # What settling a generation needs of this pair (marspec.settings.settle).
         self.pair = Pair(
@@ -425,7 +454,7 @@ _last_loaded: dict[tuple, Decoder] = {}  # the last pair loaded (one at a time),
 def load_decoder(
     target: str,
     draft: str | None,
-    dtype: str = "fp32",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     settings: LoadSettings | None = None,
 ) -> Decoder:
@@ -454,7 +483,7 @@ def generate(
     *,
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
-    dtype: str = "fp32",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     **kwargs: Any,
 ) -> GenerationResult:

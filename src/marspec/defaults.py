@@ -22,7 +22,13 @@ DEFAULT_K = 12
 # unbounded k let a server request reserve gigabytes). The measured optimum is 12 and a longer draft is
 # almost never accepted whole (docs/results.md); 64 leaves room for lookup drafters copying long spans.
 MAX_K = 64
-DEFAULT_DRAFT_QUANT = "int8"
+# The draft's weights on a CPU: 4-bit weights make the cheapest one-token step (the 0.5B Qwen: 17 ms against
+# 27 for row-wise int8 and 21 for fbgemm's int8, AMD EPYC, 2 threads; docs/results.md, "The int8 engine").
+DEFAULT_DRAFT_QUANT = "int4"
+# A target's precision when the caller names none: marspec.precision decides ("auto": on a CPU, a model
+# that comes as a GGUF runs on the int8 engine; anything else keeps its float weights, in float32).
+DEFAULT_TARGET_QUANT = "auto"
+DEFAULT_DTYPE = "auto"
 DEFAULT_DRAFT_CONFIDENCE = 0.4
 DEFAULT_LOOKUP = False  # measured: 3-gram lookups drafted worse than the model (tau 7.2-8.0 vs 8.7-9.0)
 DEFAULT_PREPACK = True  # measured: a 21-token target forward 1289 -> 424 ms, a 1-token one 395 -> 317 ms

@@ -15,6 +15,7 @@ from marspec.defaults import (
     DEFAULT_DRAFT_QUANT,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
+    DEFAULT_TARGET_QUANT,
 )
 
 
@@ -28,5 +29,5 @@ class LoadSettings:
     lookup: bool = DEFAULT_LOOKUP
     prepack: bool = DEFAULT_PREPACK
     device: str = "auto"
-    target_quant: str = "none"
+    target_quant: str = DEFAULT_TARGET_QUANT
     graphs: str = "auto"

@@ -23,17 +23,17 @@ holds the choice between the precisions (:func:`check_target_quant`, :func:`quan
 
 from __future__ import annotations
 
-import functools
 import warnings
-from pathlib import Path
 
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from transformers import PreTrainedModel
 
 from marspec.backends.int4 import INT4_UNAVAILABLE, int4_available, quantize_int4
+from marspec.backends.int8 import INT8_UNAVAILABLE, RowwiseInt8Linear, rowwise_int8_available
 from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
 from marspec.backends.row_attention import check_row_attention, use_row_attention
+from marspec.defaults import DEFAULT_TARGET_QUANT
 from marspec.errors import MarspecError
 
 DRAFT_QUANTS = ("none", "int8", "int4")
@@ -65,98 +65,6 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-# CPU features with an int8 dot product that sums into 32 bits. Without one, x86 int8 kernels add pairs
-# of uint8 x int8 products in 16 bits, which saturates for activations near 255 against weights near
-# 127: the products would be quietly wrong (the same way in every row, so strict would still equal plain).
-_INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-
-
-INT8_UNAVAILABLE = (
-    "target_quant='int8' needs oneDNN's int8 kernels and a CPU with an int8 dot product (x86 VNNI or "
-    "AMX), which this torch build or CPU lacks: use target_quant='none'"
-)
-
-
-@functools.cache
-def rowwise_int8_available() -> bool:
-    """Whether this torch build has oneDNN's int8 linear kernels and this CPU an int8 dot product that
-    cannot saturate (x86 with VNNI or AMX; read from Linux's /proc/cpuinfo, so elsewhere: no)."""
-    ops = torch.ops.onednn
-    if not (
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "qlinear_prepack")
-        and hasattr(ops, "qlinear_pointwise")
-    ):
-        return False
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return any(flag in flags for flag in _INT8_DOT_FLAGS)
-
-
-# The activations go in as uint8 around this zero point: oneDNN's x86 int8 kernels take unsigned inputs.
-_ZERO_POINT = 128
-# Floors for a row's largest magnitude: an all-zero row still gets a finite scale.
-_TINY = torch.finfo(torch.float32).tiny
-_PEAK_FLOOR = 1e-30
-
-
-def _int8_rows(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` (float32 [out, in]) as int8 with one symmetric scale per row: (int8 [out, in], scale
-    float32 [out]). A chunk of rows at a time, each chunk's pages handed back once it is converted: the
-    1.5B target's LM head alone is 0.9 GB of fp32."""
-    int8 = torch.empty(weight.shape, dtype=torch.int8)
-    scale = torch.empty(weight.shape[0], dtype=torch.float32)
-    for start in range(0, weight.shape[0], rows_per_chunk):
-        chunk = weight[start : start + rows_per_chunk]  # [rows, in]
-        peak = torch.maximum(chunk.amax(dim=1), chunk.amin(dim=1).neg())  # [rows]
-        chunk_scale = (peak / 127.0).clamp_min(_TINY)
-        int8[start : start + rows_per_chunk] = torch.div(chunk, chunk_scale[:, None]).round_()  # |q| <= 127
-        scale[start : start + rows_per_chunk] = chunk_scale
-        release_pages(chunk)
-    return int8, scale
-
-
-class RowwiseInt8Linear(torch.nn.Module):
-    """``nn.Linear`` with int8 weights (one scale per output channel) and int8 activations (one scale per
-    token row, chosen at run time), run by oneDNN (inference only).
-
-    Each row is quantised on its own and the int8 product is summed exactly in int32, so a row's output
-    does not depend on the other rows of the forward (bit for bit): the property a verification forward
-    needs to score a token as plain decoding's one-token step does.
-    """
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        int8_weight, scale = _int8_rows(linear.weight.detach())
-        self.weight_scale = scale
-        self.weight_zero_point = torch.zeros_like(scale, dtype=torch.int64)
-        # An opaque oneDNN tensor: [out, in] logically, blocked in memory.
-        self.packed_weight = torch.ops.onednn.qlinear_prepack(int8_weight, None)
-        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
-        rows = x.reshape(-1, self.in_features)  # [M, in]
-        # The floor keeps 127 / peak finite (an all-zero row quantises to zeros).
-        peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(_PEAK_FLOOR)  # [M, 1]
-        # Each row onto [-127, 127] by its own scale, then shifted to the kernel's unsigned range.
-        q = (rows * (127.0 / peak)).round_().add_(_ZERO_POINT).to(torch.uint8)  # [M, in]
-        # The kernel's output is int32 sum * weight scale (activation scale 1): [M, out].
-        y = torch.ops.onednn.qlinear_pointwise(
-            q, 1.0, _ZERO_POINT, self.packed_weight, self.weight_scale, self.weight_zero_point,
-            None, 1.0, 0, torch.float32, "none", [], "",
-        )  # fmt: skip
-        row_scale = peak / 127.0  # [M, 1]
-        y = y.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, y, row_scale)
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rowwise (oneDNN)"
-
-
 def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     """Replace every ``nn.Linear`` of an fp32 model with a :class:`RowwiseInt8Linear`, in place.
 
@@ -173,7 +81,7 @@ def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, RowwiseInt8Linear(child))
+                setattr(parent, name, RowwiseInt8Linear.of(child))
                 release_pages(child.weight)
                 trim_heap()
     own_remaining_tensors(model)
@@ -185,7 +93,8 @@ def check_target_quant(target_quant: str, dtype: torch.dtype) -> None:
     """Raise a one-line error unless a target loaded in ``dtype`` can be quantised to ``target_quant``
     here (before any weight is loaded). Where it runs (the CPU) and what was passed are the caller's."""
     if target_quant not in TARGET_QUANTS:
-        raise MarspecError(f"unknown target_quant {target_quant!r}: choose one of {', '.join(TARGET_QUANTS)}")
+        choices = ", ".join((DEFAULT_TARGET_QUANT, *TARGET_QUANTS))
+        raise MarspecError(f"unknown target_quant {target_quant!r}: choose one of {choices}")
     if target_quant == "int8":
         if dtype != torch.float32:
             raise MarspecError("target_quant='int8' quantises an fp32 target: use dtype='fp32'")

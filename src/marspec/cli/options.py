@@ -25,8 +25,10 @@ DtypeOpt = Annotated[
     str,
     typer.Option(
         "--dtype",
-        help="fp32 (exact; default) or bf16: half the memory, and on CPUs with AVX512-BF16 faster (1.5x "
-        "plain, 1.2x MARS on an AMD EPYC Zen 5; docs/results.md), but its outputs can differ from fp32's.",
+        help="auto (default: fp32, or the int8 engine on a CPU for a model that comes as a GGUF; see "
+        "--target-quant), fp32 (the float model, exact) or bf16: half the memory, and on CPUs with "
+        "AVX512-BF16 faster, but its outputs can differ from fp32's. Naming a dtype keeps the target a float "
+        "model.",
     ),
 ]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch threads (default: torch's choice).")]
@@ -73,15 +75,17 @@ TreeOpt = Annotated[
 DraftQuantOpt = Annotated[
     str,
     typer.Option(
-        "--draft-quant", help="int8 (default: ~3x cheaper draft forwards), int4 (4-bit weights) or none."
+        "--draft-quant",
+        help="int4 (default: 4-bit weights, the cheapest draft step on a CPU), int8 or none (CPU only).",
     ),
 ]
 TargetQuantOpt = Annotated[
     str,
     typer.Option(
         "--target-quant",
-        help="none (default), int8 or int4: the target's linear layers in int8, or 4-bit weights (CPU; "
-        "smaller and faster, a slightly different model; strict still equals plain decoding of it).",
+        help="auto (default: int8 on a CPU for a model that comes as a GGUF, built straight from it; else "
+        "none), none (the float model: with --dtype fp32, exact), int8 or int4 (CPU; smaller and faster, a "
+        "slightly different model; strict still equals plain decoding of it).",
     ),
 ]
 DraftConfidenceOpt = Annotated[

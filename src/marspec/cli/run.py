@@ -33,10 +33,12 @@ from marspec.cli.options import (
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
+    DEFAULT_DTYPE,
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     DEFAULT_RULE,
+    DEFAULT_TARGET_QUANT,
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
@@ -69,7 +71,7 @@ def generate(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
-    target_quant: TargetQuantOpt = "none",
+    target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -87,7 +89,7 @@ def generate(
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for sampling.")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     threads: ThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
@@ -156,7 +158,7 @@ def demo(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
-    target_quant: TargetQuantOpt = "none",
+    target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -165,7 +167,7 @@ def demo(
     theta: ThetaOpt = None,
     k: KOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     threads: ThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Also print the summary as JSON.")] = False,
 ) -> None:
@@ -189,7 +191,8 @@ def demo(
         summaries = _run_demo(decoder, k, theta_value, max_new_tokens)
 
     title = (
-        f"marspec demo: target {target}, draft {draft}, {dtype}, k={k}, {mars.margin} "
+        f"marspec demo: target {target} ({decoder.target_weights}), draft {draft} "
+        f"({decoder.draft_weights}), k={k}, {mars.margin} "
         f"theta={mars.theta:g}, "
         f"{len(summaries[0].results)} prompts x {max_new_tokens} new tokens"
     )

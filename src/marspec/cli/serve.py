@@ -27,10 +27,12 @@ from marspec.cli.options import (
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
+    DEFAULT_DTYPE,
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     DEFAULT_RULE,
+    DEFAULT_TARGET_QUANT,
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -99,7 +101,7 @@ def serve(
     target: TargetOpt = DEFAULT_TARGET,
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
-    target_quant: TargetQuantOpt = "none",
+    target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
     draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
@@ -118,7 +120,7 @@ def serve(
     max_request_mb: MaxRequestMbOpt = 4.0,
     served_model_name: ServedModelNameOpt = None,
     api_key: ApiKeyOpt = None,
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     threads: ThreadsOpt = None,
     log_level: LogLevelOpt = "info",
 ) -> None:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marspec.defaults import DEFAULT_K
+from marspec.defaults import DEFAULT_DTYPE, DEFAULT_K
 from marspec.errors import MarspecError
 from marspec.load_settings import LoadSettings
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -67,7 +67,7 @@ def run_task(
     k: int = DEFAULT_K,
     target: str = DEFAULT_TARGET,
     draft: str = DEFAULT_DRAFT,
-    dtype: str = "fp32",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     max_new_tokens: int | None = None,
     load_settings: LoadSettings | None = None,
@@ -99,6 +99,7 @@ def run_task(
     from marspec.eval.methods import parse_methods
     from marspec.eval.rundir import prepare_out_dir
     from marspec.eval.runner import profile_once, run_bench
+    from marspec.precision import choose_precision
     from marspec.rules import parse_theta
     from marspec.settings import GenerationOptions, Pair, settle
 
@@ -107,6 +108,12 @@ def run_task(
     if limit is not None and limit < 1:
         raise MarspecError(f"--limit must be >= 1, got {limit}")
     load_settings = load_settings or LoadSettings()
+    # The precision the pair loads with, chosen once here so the run's config records it as it ran.
+    precision = choose_precision(
+        target, load_settings.target_quant, dtype, resolve_device(load_settings.device)
+    )
+    load_settings = replace(load_settings, target_quant=precision.target_quant)
+    dtype = str(precision.dtype)
     sampling = sampling or SamplingSettings()
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
     # The run's MARS setting, settled as the library settles it (theta="auto" from the pair's

@@ -110,11 +110,20 @@ def _skeleton(config: PretrainedConfig) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def write_safetensors(path: Path, tensors: Iterator[tuple[str, np.ndarray]], count: int) -> list[str]:
-    """Write float32 ``tensors`` (about ``count`` of them, to size the header) to ``path`` one by one;
-    return their names. Memory: one tensor at a time."""
+# safetensors' names of the array types written here.
+_SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int8): "I8"}
+
+
+def write_safetensors(
+    path: Path,
+    tensors: Iterator[tuple[str, np.ndarray]],
+    count: int,
+    metadata: dict[str, str] | None = None,
+) -> list[str]:
+    """Write float32 or int8 ``tensors`` (about ``count`` of them, to size the header) to ``path`` one by
+    one, with ``metadata`` in the header; return their names. Memory: one tensor at a time."""
     reserved = _aligned(1024 + count * _HEADER_BYTES_PER_TENSOR)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     with open(path, "wb") as f:
         f.seek(8 + reserved)
@@ -123,7 +132,7 @@ def write_safetensors(path: Path, tensors: Iterator[tuple[str, np.ndarray]], cou
                 raise ValueError(f"tensor {name} appears twice in the GGUF")
             f.write(memoryview(array).cast("B"))
             header[name] = {
-                "dtype": "F32",
+                "dtype": _SAFETENSORS_DTYPES[array.dtype],
                 "shape": list(array.shape),
                 "data_offsets": [offset, offset + array.nbytes],
             }

@@ -37,7 +37,8 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if isinstance(dtype, str) and dtype.lower() in _DTYPES:
         return _DTYPES[dtype.lower()]
     raise MarspecError(
-        f"unknown dtype {dtype!r}: use fp32 (exact, the default) or bf16 (half the memory); fp16 also loads"
+        f"unknown dtype {dtype!r}: use auto (the default), fp32 (exact) or bf16 (half the memory); fp16 "
+        "also loads"
     )
 
 
@@ -45,6 +46,7 @@ def load_model(
     name_or_path: str | os.PathLike[str],
     dtype: torch.dtype | str = torch.float32,
     int4_linears: bool = False,
+    int8_linears: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
     """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
     inference; ``name_or_path`` is resolved by :func:`~marspec.models.convert.resolve_model_dir`.
@@ -54,6 +56,11 @@ def load_model(
     straight from it (:mod:`marspec.models.gguf_int4`: the same model, without writing or holding its
     float32 weights); any other quantises its float weights. A folder in marspec's cache stores the 4-bit
     model it built and later loads read it back (:mod:`marspec.models.int4_cache`).
+
+    ``int8_linears``: a folder in marspec's cache comes back as its int8 model
+    (:mod:`marspec.models.int8_store`: written once from its GGUF or float32 weights, without a float32
+    copy, then read back; its token embedding in int8 too, its attention row by row). Any other folder
+    loads in ``dtype``, for the caller to quantise (:func:`~marspec.backends.quantize.quantize_target`).
 
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
@@ -72,6 +79,11 @@ def load_model(
     else:
         fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
     model = stored = None
+    if cached and int8_linears:
+        from marspec.models.int8_store import load_int8_model
+
+        with quiet_transformers():
+            model = stored = load_int8_model(folder)
     if cached and int4_linears:
         with quiet_transformers():
             model = stored = read_int4_model(folder, torch_dtype)

@@ -1,0 +1,137 @@
+"""Int8 layers for the CPU engine: row-wise int8 linear layers, and an int8 token embedding.
+
+:class:`RowwiseInt8Linear` holds int8 weights with one scale per output channel and quantises its input
+with one scale per token row, chosen at run time. The integer product is summed exactly in int32 by
+oneDNN's int8 kernel (VNNI or AMX on x86), so a row's output is the same bits whatever else is in the
+forward: a 13-token verification scores each token exactly as plain decoding's one-token step does, and
+costs about one such step (docs/results.md). :class:`Int8Embedding` keeps the token embedding in the
+same int8 rows (a quarter of float32's bytes: the 1.5B Qwen's is 0.93 GB in float32); a tied LM head is
+built from the very same int8 rows, so the model holds its vocabulary matrix twice only in int8.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from marspec.backends.memory import release_pages
+
+# CPU features with an int8 dot product that sums into 32 bits. Without one, x86 int8 kernels add pairs
+# of uint8 x int8 products in 16 bits, which saturates for activations near 255 against weights near
+# 127: the products would be quietly wrong (the same way in every row, so strict would still equal plain).
+_INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+INT8_UNAVAILABLE = (
+    "int8 weights need oneDNN's int8 kernels and a CPU with an int8 dot product (x86 VNNI or AMX), which "
+    "this torch build or CPU lacks: use target_quant='none' (or 'int4')"
+)
+
+
+@functools.cache
+def rowwise_int8_available() -> bool:
+    """Whether this torch build has oneDNN's int8 linear kernels and this CPU an int8 dot product that
+    cannot saturate (x86 with VNNI or AMX; read from Linux's /proc/cpuinfo, so elsewhere: no)."""
+    ops = torch.ops.onednn
+    if not (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "qlinear_prepack")
+        and hasattr(ops, "qlinear_pointwise")
+    ):
+        return False
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return any(flag in flags for flag in _INT8_DOT_FLAGS)
+
+
+# The activations go in as uint8 around this zero point: oneDNN's x86 int8 kernels take unsigned inputs.
+_ZERO_POINT = 128
+# Floors for a row's largest magnitude: an all-zero row still gets a finite scale.
+_TINY = torch.finfo(torch.float32).tiny
+_PEAK_FLOOR = 1e-30
+
+
+def int8_rows(weight: torch.Tensor, rows_per_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` (float [out, in]) as int8 with one symmetric scale per row: (int8 [out, in], scale
+    float32 [out]). A chunk of rows at a time, each chunk's pages handed back once it is converted: the
+    1.5B target's LM head alone is 0.9 GB of fp32."""
+    int8 = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32)
+    for start in range(0, weight.shape[0], rows_per_chunk):
+        chunk = weight[start : start + rows_per_chunk].float()  # [rows, in]
+        peak = torch.maximum(chunk.amax(dim=1), chunk.amin(dim=1).neg())  # [rows]
+        chunk_scale = (peak / 127.0).clamp_min(_TINY)
+        int8[start : start + rows_per_chunk] = torch.div(chunk, chunk_scale[:, None]).round_()  # |q| <= 127
+        scale[start : start + rows_per_chunk] = chunk_scale
+        release_pages(weight[start : start + rows_per_chunk])
+    return int8, scale
+
+
+class RowwiseInt8Linear(torch.nn.Module):
+    """``nn.Linear`` with int8 weights (one scale per output channel) and int8 activations (one scale per
+    token row, chosen at run time), run by oneDNN (inference only).
+
+    Each row is quantised on its own and the int8 product is summed exactly in int32, so a row's output
+    does not depend on the other rows of the forward (bit for bit): the property a verification forward
+    needs to score a token as plain decoding's one-token step does.
+    """
+
+    def __init__(
+        self, int8_weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> None:
+        """From int8 weights [out, in] and their float32 scales [out] (:func:`int8_rows`); the weights are
+        copied into oneDNN's layout and not kept."""
+        super().__init__()
+        self.out_features, self.in_features = int8_weight.shape
+        self.weight_scale = weight_scale
+        self.weight_zero_point = torch.zeros_like(weight_scale, dtype=torch.int64)
+        # An opaque oneDNN tensor: [out, in] logically, blocked in memory.
+        self.packed_weight = torch.ops.onednn.qlinear_prepack(int8_weight, None)
+        self.bias = None if bias is None else bias.detach().float().clone()
+
+    @classmethod
+    def of(cls, linear: torch.nn.Linear) -> RowwiseInt8Linear:
+        """The int8 form of a float ``linear``."""
+        return cls(*int8_rows(linear.weight.detach()), linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
+        rows = x.reshape(-1, self.in_features)  # [M, in]
+        # The floor keeps 127 / peak finite (an all-zero row quantises to zeros).
+        peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(_PEAK_FLOOR)  # [M, 1]
+        # Each row onto [-127, 127] by its own scale, then shifted to the kernel's unsigned range.
+        q = (rows * (127.0 / peak)).round_().add_(_ZERO_POINT).to(torch.uint8)  # [M, in]
+        # The kernel's output is int32 sum * weight scale (activation scale 1): [M, out].
+        y = torch.ops.onednn.qlinear_pointwise(
+            q, 1.0, _ZERO_POINT, self.packed_weight, self.weight_scale, self.weight_zero_point,
+            None, 1.0, 0, torch.float32, "none", [], "",
+        )  # fmt: skip
+        row_scale = peak / 127.0  # [M, 1]
+        y = y.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, y, row_scale)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rowwise (oneDNN)"
+
+
+class Int8Embedding(torch.nn.Module):
+    """A token embedding held as int8 rows with one float32 scale per row; looks up float32 vectors.
+
+    A looked-up vector is its row times its scale, whatever else is looked up beside it."""
+
+    def __init__(self, int8_weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
+        """From int8 rows [vocab, hidden] and their scales [vocab] (kept, not copied)."""
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = int8_weight.shape
+        self.int8_weight = int8_weight
+        self.weight_scale = weight_scale
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [...] int64 -> [..., hidden] float32
+        rows = torch.nn.functional.embedding(token_ids, self.int8_weight).float()
+        return rows.mul_(self.weight_scale[token_ids].unsqueeze(-1))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows"
