@@ -21,7 +21,7 @@ import torch
 
 from marspec.api import load_lm
 from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
-from marspec.eagle3_train import head_config, spec_of
+from marspec.eagle3_training.head import head_config, spec_of
 from marspec.models import DEFAULT_TARGET, parse_dtype
 from marspec.models.eagle3 import default_layers
 
