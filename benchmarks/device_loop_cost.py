@@ -84,7 +84,7 @@ from marspec.decode import decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
 from marspec.drafters.eagle3_fixed import FixedHeadCache
 from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
-from marspec.eagle3_train import head_config, save_head, spec_of
+from marspec.eagle3_training.head import head_config, save_head, spec_of
 from marspec.models.convert import quiet_transformers
 from marspec.models.eagle3 import default_layers
 from marspec.profile import ForwardCosts

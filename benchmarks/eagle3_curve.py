@@ -1,4 +1,4 @@
-"""The training curve of EAGLE-3 head runs (``python -m marspec.eagle3_train``): held-out tau_est and loss
+"""The training curve of EAGLE-3 head runs (``python -m marspec.eagle3_training``): held-out tau_est and loss
 against tokens trained, one line per run, from each run's ``log.jsonl``.
 
     python benchmarks/eagle3_curve.py RUN_OR_LOG [RUN_OR_LOG ...] --out curve.png

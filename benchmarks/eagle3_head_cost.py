@@ -18,7 +18,7 @@ from _common import machine, median_ms, script_parser, write_json  # this folder
 
 from marspec.api import load_lm
 from marspec.drafters.eagle3_head import Eagle3Head, HeadCache
-from marspec.eagle3_train import head_config, spec_of
+from marspec.eagle3_training.head import head_config, spec_of
 from marspec.models import DEFAULT_TARGET, parse_dtype
 from marspec.models.eagle3 import default_layers
 

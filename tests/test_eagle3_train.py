@@ -1,4 +1,4 @@
-"""``python -m marspec.eagle3_train`` on a tiny random target and a tiny text: it collects shards, trains
+"""``python -m marspec.eagle3_training`` on a tiny random target and a tiny text: it collects shards, trains
 rounds, leaves a run that resumes where it stopped (no shard collected twice, the round count going on),
 refuses to resume with settings its shards were not made with, saves a head marspec loads and drafts
 with, and learns: on a text it sees again and again, the head's loss against the target falls."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from marspec.api import Decoder
-from marspec.eagle3_train import main
+from marspec.eagle3_training.cli import main
 from marspec.selftest import save_tiny_model, tiny_model
 
 TEXT = "def add(a, b): return a + b; print(add(2, 3)); " * 5  # the tiny tokenizer has no newline

@@ -372,7 +372,7 @@ def test_kept_hidden_states_and_the_heads_steps_add_no_host_read_inside_the_capt
 
 
 def _random_head(hidden: int = 32, heads: int = 4, kv_heads: int = 2, vocab: int = 97) -> Eagle3Head:
-    from marspec.eagle3_train import head_config, spec_of
+    from marspec.eagle3_training.head import head_config, spec_of
 
     target = {
         "hidden_size": hidden,

@@ -12,7 +12,7 @@ the next position. This is the layout vLLM's ``LlamaForCausalLMEagle3`` runs.
 
 The pieces (:meth:`Eagle3Head.layer_input`, :meth:`Eagle3Head.project`, :meth:`Eagle3Head.layer_output`)
 are separate so that inference (:class:`HeadCache`, with a position-written KV cache) and training
-(:mod:`marspec.eagle3_train`, whose attention spans the training-time-test steps) share them.
+(:mod:`marspec.eagle3_training`, whose attention spans the training-time-test steps) share them.
 """
 
 from __future__ import annotations

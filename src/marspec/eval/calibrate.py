@@ -76,28 +76,9 @@ def calibrate(
     called as each task's benchmark finishes; ``load`` and ``console`` are :func:`run_task`'s.
     """
     validate_budget(budget)
-    for name in tasks:
-        if name not in GRADED_TASKS:
-            raise MarspecError(
-                f"cannot calibrate on {name!r}: calibration needs a graded task ({', '.join(GRADED_TASKS)})"
-            )
-    if not tasks:
-        raise MarspecError("--task is empty: give humaneval, gsm8k or both")
-    if limit < 1:
-        raise MarspecError(f"--limit must be >= 1, got {limit}")
-    if draft == "none":
-        raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
+    _check_slice(tasks, limit, draft)
     spec = ",".join(["strict", *candidates])
-    run = settle_rule("mars")  # the run's own MARS setting: unused, each candidate names its own
-    methods = parse_methods(spec, run.theta, margin=run.margin)
-    unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
-    if unstorable:
-        raise MarspecError(
-            f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
-            "do not describe +next or +tree; compare those with marspec bench"
-        )
-    if not any(m.kind == "mars" for m in methods):
-        raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
+    methods = _candidate_methods(spec)
     load_settings = load_settings or LoadSettings()
     # A corrupt or foreign calibration file is refused now, not after hours of measuring.
     read_calibration_file(calibration_path(target, draft), target, draft)
@@ -130,6 +111,37 @@ def calibrate(
     drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
     choice = make_choice(rows, budget, temperature, questions, drafting)
     return choice, save_choice(target, draft, choice)
+
+
+def _check_slice(tasks: Sequence[str], limit: int, draft: str) -> None:
+    """Refuse, before any model loads, a calibration slice that cannot be measured."""
+    for name in tasks:
+        if name not in GRADED_TASKS:
+            raise MarspecError(
+                f"cannot calibrate on {name!r}: calibration needs a graded task ({', '.join(GRADED_TASKS)})"
+            )
+    if not tasks:
+        raise MarspecError("--task is empty: give humaneval, gsm8k or both")
+    if limit < 1:
+        raise MarspecError(f"--limit must be >= 1, got {limit}")
+    if draft == "none":
+        raise MarspecError("calibration measures speculative decoding: give a drafter with --draft")
+
+
+def _candidate_methods(spec: str) -> list[Method]:
+    """The methods of ``spec`` (strict and the candidates), refused unless at least one is a MARS setting
+    and every MARS setting is one a calibration can store."""
+    run = settle_rule("mars")  # the run's own MARS setting: unused, each candidate names its own
+    methods = parse_methods(spec, run.theta, margin=run.margin)
+    unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
+    if unstorable:
+        raise MarspecError(
+            f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
+            "do not describe +next or +tree; compare those with marspec bench"
+        )
+    if not any(m.kind == "mars" for m in methods):
+        raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
+    return methods
 
 
 def storable(method: Method) -> bool:

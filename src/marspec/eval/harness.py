@@ -30,7 +30,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from marspec.api import Decoder
+    from marspec.decode import DecodeConfig
+    from marspec.eval.bench import BenchConfig
+    from marspec.eval.datasets import Question
+    from marspec.eval.methods import Method
     from marspec.progress import Advance
+    from marspec.settings import Pair
 
 
 @dataclass(frozen=True)
@@ -91,22 +96,15 @@ def run_task(
     """
     import torch
 
-    from marspec.backends.fixed import graphs_plan
     from marspec.devices import resolve_device
-    from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS, BenchConfig, planned_runs
-    from marspec.eval.datasets import TASKS, load_task
-    from marspec.eval.grading import grader_for
-    from marspec.eval.methods import parse_methods
+    from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS
+    from marspec.eval.datasets import load_task
     from marspec.eval.rundir import prepare_out_dir
-    from marspec.eval.runner import profile_once, run_bench
+    from marspec.eval.runner import profile_once
     from marspec.precision import choose_precision
-    from marspec.rules import parse_theta
-    from marspec.settings import GenerationOptions, Pair, settle
+    from marspec.settings import Pair
 
-    if task not in TASKS:
-        raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
-    if limit is not None and limit < 1:
-        raise MarspecError(f"--limit must be >= 1, got {limit}")
+    _check_task(task, limit)
     load_settings = load_settings or LoadSettings()
     # The precision the pair loads with, chosen once here so the run's config records it as it ran.
     precision = choose_precision(
@@ -116,61 +114,25 @@ def run_task(
     dtype = str(precision.dtype)
     sampling = sampling or SamplingSettings()
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
-    # The run's MARS setting, settled as the library settles it (theta="auto" from the pair's
-    # calibration, unset values the measured default for this run's temperature), kept in config.json
-    # as settled; the methods' own rules are settled apart (marspec.eval.methods).
     pair = Pair(target, draft, target_quant=load_settings.target_quant)
-    run = settle(
-        GenerationOptions(
-            rule="mars",
-            theta=parse_theta(theta),
-            margin=margin,
-            k=k,
-            max_new_tokens=new_tokens,
-            temperature=sampling.temperature,
-            tree=tree,
-        ),
-        pair,
+    run, methods = _settled_methods(
+        method_spec, pair, theta, margin, k, new_tokens, sampling.temperature, tree
     )
-    auto = None
-    if "@auto" in method_spec:
-        auto = settle(
-            GenerationOptions(rule="mars", theta="auto", temperature=sampling.temperature), pair
-        ).rule
-    theta_value, margin = run.rule.theta, run.rule.margin
-    assert isinstance(theta_value, float)
-    methods = parse_methods(method_spec, theta_value, auto, margin)
-    tree_shape = run.tree
-    if tree_shape is not None and not any(m.tree for m in methods):
-        raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
-    if tree_shape is None and any(m.tree for m in methods):
-        raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
     questions = load_task(task, limit, offset)
     needs_draft = any(m.needs_draft_model for m in methods)
     if threads is not None:
         torch.set_num_threads(threads)
-    config = BenchConfig(
+    config = _bench_config(
         task=task,
-        methods=tuple(m.name for m in methods),
-        theta=theta_value,
-        margin=margin,
+        methods=methods,
+        run=run,
         k=k,
-        max_new_tokens=new_tokens,
+        new_tokens=new_tokens,
         target=target,
-        draft=draft if needs_draft else "none",
-        draft_quant=load_settings.draft_quant if needs_draft else "none",
-        draft_confidence=load_settings.draft_confidence if needs_draft else 0.0,
-        lookup=load_settings.lookup if needs_draft else False,
+        draft=draft if needs_draft else None,
         dtype=dtype,
-        threads=torch.get_num_threads(),
-        tree=",".join(map(str, tree_shape)) if tree_shape else None,
-        prepack=load_settings.prepack,
-        target_quant=load_settings.target_quant,
-        device=str(resolve_device(load_settings.device)),
-        graphs="on" if graphs_plan(load_settings.graphs, resolve_device(load_settings.device))[0] else "off",
-        temperature=sampling.temperature,
-        samples=sampling.samples,
-        plain_limit=sampling.plain_limit,
+        load_settings=load_settings,
+        sampling=sampling,
         # Recorded only where it can matter, so single-turn runs stay comparable with older ones.
         prefix_reuse=prefix_reuse and any(len(q.turns) > 1 for q in questions),
     )
@@ -178,7 +140,126 @@ def run_task(
     decoder = load(target, draft if needs_draft else None, dtype, threads, load_settings)
     with _status(console, "profiling forward costs (for achieved/ideal)"):
         profile_once(decoder, config, out)
-    with _progress(console, task, planned_runs(questions, methods, config)) as advance:
+    return _run_with_progress(
+        decoder, questions, methods, config, out, console, redo_contended, redo_other_cpu, redo_apart
+    )
+
+
+def _check_task(task: str, limit: int | None) -> None:
+    """Refuse an unknown task or an empty slice of it, before anything loads."""
+    from marspec.eval.datasets import TASKS
+
+    if task not in TASKS:
+        raise MarspecError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if limit is not None and limit < 1:
+        raise MarspecError(f"--limit must be >= 1, got {limit}")
+
+
+def _settled_methods(
+    method_spec: str,
+    pair: Pair,
+    theta: str | None,
+    margin: str | None,
+    k: int,
+    new_tokens: int,
+    temperature: float,
+    tree: str | None,
+) -> tuple[DecodeConfig, list[Method]]:
+    """The run's MARS setting, settled as the library settles it (theta="auto" from the pair's
+    calibration, unset values the measured default for this run's temperature), kept in config.json as
+    settled; and the methods, whose own rules are settled apart (marspec.eval.methods)."""
+    from marspec.eval.methods import parse_methods
+    from marspec.rules import parse_theta
+    from marspec.settings import GenerationOptions, settle
+
+    options = GenerationOptions(
+        rule="mars",
+        theta=parse_theta(theta),
+        margin=margin,
+        k=k,
+        max_new_tokens=new_tokens,
+        temperature=temperature,
+        tree=tree,
+    )
+    run = settle(options, pair)
+    auto = None
+    if "@auto" in method_spec:
+        auto = settle(GenerationOptions(rule="mars", theta="auto", temperature=temperature), pair).rule
+    assert isinstance(run.rule.theta, float)
+    methods = parse_methods(method_spec, run.rule.theta, auto, run.rule.margin)
+    if run.tree is not None and not any(m.tree for m in methods):
+        raise MarspecError("--tree is set but no method drafts a tree: add e.g. mars+tree to --methods")
+    if run.tree is None and any(m.tree for m in methods):
+        raise MarspecError("a +tree method needs a tree shape: pass --tree, e.g. --tree 2,2")
+    return run, methods
+
+
+def _bench_config(
+    *,
+    task: str,
+    methods: list[Method],
+    run: DecodeConfig,
+    k: int,
+    new_tokens: int,
+    target: str,
+    draft: str | None,
+    dtype: str,
+    load_settings: LoadSettings,
+    sampling: SamplingSettings,
+    prefix_reuse: bool,
+) -> BenchConfig:
+    """What the run records in config.json; ``draft`` is None when no method drafts with a model (its
+    drafting settings are then recorded as absent). Reads torch's thread count, set by then."""
+    import torch
+
+    from marspec.backends.fixed import graphs_plan
+    from marspec.devices import resolve_device
+    from marspec.eval.bench import BenchConfig
+
+    device = resolve_device(load_settings.device)
+    return BenchConfig(
+        task=task,
+        methods=tuple(m.name for m in methods),
+        theta=run.rule.theta,
+        margin=run.rule.margin,
+        k=k,
+        max_new_tokens=new_tokens,
+        target=target,
+        draft=draft if draft is not None else "none",
+        draft_quant=load_settings.draft_quant if draft is not None else "none",
+        draft_confidence=load_settings.draft_confidence if draft is not None else 0.0,
+        lookup=load_settings.lookup if draft is not None else False,
+        dtype=dtype,
+        threads=torch.get_num_threads(),
+        tree=",".join(map(str, run.tree)) if run.tree else None,
+        prepack=load_settings.prepack,
+        target_quant=load_settings.target_quant,
+        device=str(device),
+        graphs="on" if graphs_plan(load_settings.graphs, device)[0] else "off",
+        temperature=sampling.temperature,
+        samples=sampling.samples,
+        plain_limit=sampling.plain_limit,
+        prefix_reuse=prefix_reuse,
+    )
+
+
+def _run_with_progress(
+    decoder: Decoder,
+    questions: list[Question],
+    methods: list[Method],
+    config: BenchConfig,
+    out: Path,
+    console: Console | None,
+    redo_contended: bool,
+    redo_other_cpu: bool,
+    redo_apart: bool,
+) -> dict[str, Any]:
+    """Run (or resume) the benchmark, showing each decode's progress on ``console``."""
+    from marspec.eval.bench import planned_runs
+    from marspec.eval.grading import grader_for
+    from marspec.eval.runner import run_bench
+
+    with _progress(console, config.task, planned_runs(questions, methods, config)) as advance:
 
         def done(question, method, sample: int, skipped: bool) -> None:
             which = f" sample {sample}" if config.samples > 1 else ""
@@ -190,7 +271,7 @@ def run_task(
             methods,
             config,
             out,
-            grader_for(task),
+            grader_for(config.task),
             done,
             redo_contended,
             redo_other_cpu,

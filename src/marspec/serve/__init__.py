@@ -2,8 +2,10 @@
 
 ``schemas`` (request bodies -> a generation) · ``engine`` (one worker thread owning the Decoder, a bounded
 queue, cancellation between decode steps) · ``responses`` (OpenAI bodies and SSE chunks) · ``metrics``
-(Prometheus) · ``app`` (the FastAPI app and its error handlers) · ``server`` (uvicorn, SIGTERM drain) ·
-``process`` (run it as a child process) · ``settings`` · ``errors`` (OpenAI error bodies).
+(Prometheus) · ``served_model`` (what the routes do: complete, describe the model, report health) ·
+``routes`` (the endpoints) · ``app`` (the FastAPI app assembled: routes, guards, error handlers) ·
+``server`` (uvicorn, SIGTERM drain) · ``process`` (run it as a child process) · ``settings`` ·
+``errors`` (OpenAI error bodies).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from marspec.errors import MarspecError
+
 # OpenAI's `type` for each status the server answers with.
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -50,6 +52,16 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    """The error body for an exception raised while answering: its own for an :class:`ApiError`, a 400
+    for a user error, else a 500 that names no internals (the server log has the traceback)."""
+    if isinstance(exc, ApiError):
+        return exc.body()
+    if isinstance(exc, MarspecError):
+        return error_body(400, str(exc))
+    return error_body(500, "internal server error: the generation failed (see the server log)")
 
 
 class ErrorResponse(JSONResponse):

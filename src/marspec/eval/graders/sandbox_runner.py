@@ -78,19 +78,25 @@ def install_guard(work: str) -> None:
     """Patch this interpreter so the program cannot write outside ``work``, start or signal other
     processes, or open sockets. A program can undo it (it is Python); the boot stage's namespaces and
     limits are the barrier that holds when it does."""
-    import _io
-    import _posixsubprocess
-    import _socket
-    import socket
+    _guard_writes(_write_check(work))
+    _guard_processes()
+    _guard_network()
 
+
+def deny(what: str) -> Callable[..., NoReturn]:
+    """A replacement for a function the program may not call: it raises PermissionError naming ``what``."""
+
+    def blocked(*args: Any, **kwargs: Any) -> NoReturn:
+        raise PermissionError(errno.EPERM, f"sandbox: {what} is not allowed")
+
+    return blocked
+
+
+def _write_check(work: str) -> Callable[..., None]:
+    """``check(path, dir_fd=None)``: raise PermissionError unless ``path`` (resolved as the system would,
+    through links and ``dir_fd``) may be written. Holds the real path functions, taken before any guard."""
     allowed = {"/dev/null"}
     real_realpath, real_readlink = os.path.realpath, os.readlink
-
-    def deny(what: str) -> Callable[..., NoReturn]:
-        def blocked(*args: Any, **kwargs: Any) -> NoReturn:
-            raise PermissionError(errno.EPERM, f"sandbox: {what} is not allowed")
-
-        return blocked
 
     def resolve(path: Any, dir_fd: int | None = None) -> str | None:
         if isinstance(path, int):
@@ -107,6 +113,13 @@ def install_guard(work: str) -> None:
                 "sandbox: writing outside the work directory is not allowed",
                 os.fsdecode(os.fspath(path)),
             )
+
+    return check
+
+
+def _guard_writes(check: Callable[..., None]) -> None:
+    """Every way to open a file for writing, and every os function that writes a path, calls ``check``."""
+    import _io
 
     real_open = io.open
 
@@ -156,6 +169,11 @@ def install_guard(work: str) -> None:
         guard_paths(name, [(0, "src_dir_fd"), (1, "dst_dir_fd")])
     guard_paths("symlink", [(1, "dir_fd")])  # writes through links are checked on their real path
 
+
+def _guard_processes() -> None:
+    """No process is started, and no signal sent to another process."""
+    import _posixsubprocess
+
     for name in ("system", "popen", "fork", "forkpty", "execv", "execve", "execl", "execle", "execlp",
                  "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl",
                  "spawnle", "spawnlp", "spawnlpe", "posix_spawn", "posix_spawnp", "killpg", "setsid",
@@ -170,6 +188,12 @@ def install_guard(work: str) -> None:
         return _kill(pid, sig)
 
     os.kill = guarded_kill
+
+
+def _guard_network() -> None:
+    """No socket is made, and no name looked up."""
+    import _socket
+    import socket
 
     class NoSocket(_socket.socket):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
