@@ -4,9 +4,9 @@
 with one scale per token row, chosen at run time. The integer product is summed exactly in int32 by
 oneDNN's int8 kernel (VNNI or AMX on x86), so a row's output is the same bits whatever else is in the
 forward: a 13-token verification scores each token exactly as plain decoding's one-token step does, and
-costs about one such step (docs/results.md). :class:`Int8Embedding` keeps the token embedding in the
-same int8 rows (a quarter of float32's bytes: the 1.5B Qwen's is 0.93 GB in float32); a tied LM head is
-built from the very same int8 rows, so the model holds its vocabulary matrix twice only in int8.
+costs about one such step (docs/results.md). :class:`Int8Embedding` keeps the token embedding in int8
+too, with a scale per group of channels (about 0.28 of float32's bytes: the 1.5B Qwen's is 0.93 GB in
+float32), so the model holds its vocabulary matrix, embedding and LM head, only in int8.
 """
 
 from __future__ import annotations
@@ -117,21 +117,38 @@ class RowwiseInt8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rowwise (oneDNN)"
 
 
-class Int8Embedding(torch.nn.Module):
-    """A token embedding held as int8 rows with one float32 scale per row; looks up float32 vectors.
+# Channels of an embedding row sharing one scale. One scale per row (as the linear layers' weights
+# have) lost SmolLM2-135M's copy of a sentence beside int8 linear layers; groups of 32 kept it.
+EMBEDDING_GROUP = 32
 
-    A looked-up vector is its row times its scale, whatever else is looked up beside it."""
+
+def int8_groups(weight: torch.Tensor, group: int = EMBEDDING_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` (float [rows, cols], ``cols`` a multiple of ``group``) as int8 with one symmetric scale
+    per ``group`` channels of a row: (int8 [rows, cols], scale float32 [rows, cols / group]). Rows whose
+    width is not a multiple of ``group`` get one scale each."""
+    rows, cols = weight.shape
+    group = group if cols % group == 0 else cols
+    int8, scale = int8_rows(weight.reshape(rows * cols // group, group))
+    return int8.reshape(rows, cols), scale.reshape(rows, cols // group)
+
+
+class Int8Embedding(torch.nn.Module):
+    """A token embedding held as int8 with one float32 scale per group of channels
+    (:func:`int8_groups`); looks up float32 vectors, each the same whatever is looked up beside it."""
 
     def __init__(self, int8_weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
-        """From int8 rows [vocab, hidden] and their scales [vocab] (kept, not copied)."""
+        """From int8 rows [vocab, hidden] and their group scales [vocab, hidden / group] (kept, not
+        copied)."""
         super().__init__()
         self.num_embeddings, self.embedding_dim = int8_weight.shape
+        self.group = self.embedding_dim // weight_scale.shape[1]
         self.int8_weight = int8_weight
         self.weight_scale = weight_scale
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [...] int64 -> [..., hidden] float32
-        rows = torch.nn.functional.embedding(token_ids, self.int8_weight).float()
-        return rows.mul_(self.weight_scale[token_ids].unsqueeze(-1))
+        rows = torch.nn.functional.embedding(token_ids, self.int8_weight).float()  # [..., hidden]
+        grouped = rows.unflatten(-1, (-1, self.group))  # [..., hidden / group, group]
+        return grouped.mul_(self.weight_scale[token_ids].unsqueeze(-1)).flatten(-2)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows"
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 in groups of {self.group}"

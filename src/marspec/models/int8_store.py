@@ -2,12 +2,13 @@
 time, then loaded from that file in seconds.
 
 The file holds, for every linear layer, its int8 weights and per-row float32 scales
-(:func:`~marspec.backends.int8.int8_rows`); for the token embedding the same; everything else (norms,
-biases) in float32. Writing it dequantizes one GGUF tensor at a time (the bytes the float32 conversion
+(:func:`~marspec.backends.int8.int8_rows`); for the token embedding its int8 weights with a scale per
+group of channels; everything else (norms, biases) in float32. Writing it dequantizes one GGUF tensor at a time (the bytes the float32 conversion
 would write, :func:`~marspec.models.gguf_weights.gguf_tensors`) and quantises it at once, so neither
 disk nor memory ever holds the float32 model; a folder holding float32 weights instead is read the same
 way. The result is the same model, bit for bit, whichever the source: int8 rows of the same float32
-values. A tied LM head is stored once, as the embedding's rows: the head is built from them on load.
+values. The token embedding's int8 has a scale per group of channels (:func:`int8_groups`), the LM
+head's one per row, as the int8 kernel takes them; a tied head is stored from the embedding's weight.
 
 Plain int8 and float32 arrays, so unlike the 4-bit store the file does not depend on the torch release
 or the CPU that wrote it; oneDNN's blocked layout is made from it on load (:class:`RowwiseInt8Linear`).
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_rows
+from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_groups, int8_rows
 from marspec.backends.memory import release_pages, trim_heap
 from marspec.backends.row_attention import use_row_attention
 from marspec.errors import MarspecError, one_line
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("marspec")
 
 # Bumped when what the file holds changes; a file of another format is written again.
-_FORMAT = "1"
+_FORMAT = "2"
 _INT8, _SCALE = "int8_weight", "weight_scale"
 
 
@@ -88,24 +89,16 @@ def _read(folder: Path, path: Path) -> PreTrainedModel | None:
 def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
     """Put the stored ``tensors`` into ``model`` (on the meta device): int8 layers where they were
     stored, the rest assigned as they are."""
-    embedding_name = _name_of(model, model.get_input_embeddings())
-    embedding = Int8Embedding(
-        tensors.pop(f"{embedding_name}.{_INT8}"), tensors.pop(f"{embedding_name}.{_SCALE}")
-    )
-    model.set_submodule(embedding_name, embedding)
-    head = model.get_output_embeddings()
-    tied_head = _name_of(model, head) if _is_tied(model) else None
+    embedding = _name_of(model, model.get_input_embeddings())
+    int8, scale = tensors.pop(f"{embedding}.{_INT8}"), tensors.pop(f"{embedding}.{_SCALE}")
+    model.set_submodule(embedding, Int8Embedding(int8, scale))
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
             continue
-        if name == tied_head:
-            int8, scale = embedding.int8_weight, embedding.weight_scale
-        else:
-            int8, scale = tensors.pop(f"{name}.{_INT8}"), tensors.pop(f"{name}.{_SCALE}")
+        int8, scale = tensors.pop(f"{name}.{_INT8}"), tensors.pop(f"{name}.{_SCALE}")
         bias = tensors.pop(f"{name}.bias") if module.bias is not None else None
         model.set_submodule(name, RowwiseInt8Linear(int8, scale, bias))
-        if name != tied_head:
-            release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again
+        release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again
     model.load_state_dict(tensors, strict=True, assign=True)
 
 
@@ -156,19 +149,32 @@ def _stored_tensors(
     skeleton: PreTrainedModel, source: Iterator[tuple[str, np.ndarray]]
 ) -> Iterator[tuple[str, np.ndarray]]:
     """What the file holds for each float tensor of ``source``: int8 rows and scales for the weights of
-    linear layers and of the token embedding, the float32 tensor for anything else."""
-    rowwise = {name for name, m in skeleton.named_modules() if type(m) is torch.nn.Linear}
-    rowwise.add(_name_of(skeleton, skeleton.get_input_embeddings()))
+    linear layers (a tied LM head's from the embedding's weight), int8 groups and scales for the token
+    embedding, the float32 tensor for anything else."""
+    linears = {name for name, m in skeleton.named_modules() if type(m) is torch.nn.Linear}
+    embedding = _name_of(skeleton, skeleton.get_input_embeddings())
+    tied_head = _name_of(skeleton, skeleton.get_output_embeddings()) if _is_tied(skeleton) else None
     for name, array in source:
         owner, _, leaf = name.rpartition(".")
-        if owner in rowwise and leaf == "weight":
-            int8, scale = int8_rows(torch.from_numpy(array if array.flags.writeable else array.copy()))
-            yield f"{owner}.{_INT8}", int8.numpy()
-            yield f"{owner}.{_SCALE}", scale.numpy()
+        weight = torch.from_numpy(array if array.flags.writeable else array.copy())
+        if owner == embedding and leaf == "weight":
+            yield from _int8_tensors(owner, int8_groups(weight))
+            if tied_head is not None:
+                yield from _int8_tensors(tied_head, int8_rows(weight))
+        elif owner in linears and leaf == "weight":
+            yield from _int8_tensors(owner, int8_rows(weight))
         else:
             yield name, array
-        del array
+        del array, weight
         trim_heap()  # the float32 tensor's pages go back before the next one is read
+
+
+def _int8_tensors(
+    owner: str, quantised: tuple[torch.Tensor, torch.Tensor]
+) -> Iterator[tuple[str, np.ndarray]]:
+    int8, scale = quantised
+    yield f"{owner}.{_INT8}", int8.numpy()
+    yield f"{owner}.{_SCALE}", scale.numpy()
 
 
 def _is_tied(model: PreTrainedModel) -> bool:
