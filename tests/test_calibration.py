@@ -6,13 +6,18 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from marspec import Decoder, MarspecError
 from marspec.calibration import Candidate, Choice, calibration_path, choose, load_choice, save_choice
 from marspec.cli import app
+from marspec.precision import choose_precision
 
 SMALL = "smollm2-135m-instruct"
+# The precision the CLI loads SMALL in when none is named (the int8 engine on a CPU that has it): a
+# calibration is stored for the target's precision.
+SMALL_QUANT = choose_precision(SMALL, "auto", "auto", torch.device("cpu")).target_quant
 runner = CliRunner()
 
 
@@ -110,6 +115,16 @@ def test_decoder_theta_auto_uses_the_stored_setting(decoder):
     assert (opts.theta, opts.margin) == (0.05, "prob_ratio")
 
 
+def test_a_quantised_targets_calibration_is_its_own():
+    save_choice(SMALL, "ngram", choice(0.05, "prob_ratio"), "int8")
+    assert calibration_path(SMALL, "ngram", "int8") != calibration_path(SMALL, "ngram")
+    assert load_choice(SMALL, "ngram", 0.0, "int8").theta == 0.05
+    with pytest.raises(MarspecError, match="--target-quant none"):
+        load_choice(SMALL, "ngram", 0.0)  # the float model's: none stored
+    with pytest.raises(MarspecError, match=r"'smollm2-135m-instruct \(int4\)'.*--target-quant int4"):
+        load_choice(SMALL, "ngram", 0.0, "int4")
+
+
 def _options():
     from marspec.api import GenerationOptions
 
@@ -122,7 +137,7 @@ def test_cli_calibrate_end_to_end_then_theta_auto(calibration_dir, tmp_path):
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     assert "chose" in result.output and "theta=auto" in result.output
-    stored = json.loads(calibration_path(SMALL, "ngram").read_text())["greedy"]
+    stored = json.loads(calibration_path(SMALL, "ngram", SMALL_QUANT).read_text())["greedy"]
     assert {r["method"] for r in stored["table"]} == {"mars-prob@0.05", "mars-ratio@0.99"}
     assert stored["tasks"]["gsm8k"] == ["gsm8k/0", "gsm8k/1"]
     assert (stored["margin"], stored["theta"]) in {
@@ -151,10 +166,10 @@ def test_cli_calibrate_end_to_end_then_theta_auto(calibration_dir, tmp_path):
 
     # The same run, read back by `marspec choose`, supports the same choice without measuring again.
     run = tmp_path / "runs" / "gsm8k-t0"
-    calibration_path(SMALL, "ngram").unlink()
+    calibration_path(SMALL, "ngram", SMALL_QUANT).unlink()
     chosen = runner.invoke(app, ["choose", str(run), "--budget", "0.99"])
     assert chosen.exit_code == 0, chosen.output
-    again = json.loads(calibration_path(SMALL, "ngram").read_text())["greedy"]
+    again = json.loads(calibration_path(SMALL, "ngram", SMALL_QUANT).read_text())["greedy"]
     assert (again["margin"], again["theta"], again["tasks"]) == (
         stored["margin"],
         stored["theta"],
@@ -193,7 +208,7 @@ def test_cli_bad_calibration_input_is_one_line_and_exit_2(args, needle, tmp_path
 
 
 def test_cli_refuses_a_corrupt_calibration_before_measuring(calibration_dir, tmp_path):
-    path = calibration_path(SMALL, "ngram")
+    path = calibration_path(SMALL, "ngram", SMALL_QUANT)
     path.parent.mkdir(parents=True)
     path.write_text("[]")
     result = runner.invoke(
@@ -227,8 +242,8 @@ def test_calibration_is_callable_from_the_library(calibration_dir, tmp_path):
     )
     assert loads == [(SMALL, "ngram", "fp32", 1)]
     assert finished == [("gsm8k", tmp_path / "gsm8k-t0", 1)]
-    assert path == calibration_path(SMALL, "ngram")
-    rule = load_choice(SMALL, "ngram", 0.0)  # theta="auto" now finds it
+    assert path == calibration_path(SMALL, "ngram", SMALL_QUANT)
+    rule = load_choice(SMALL, "ngram", 0.0, SMALL_QUANT)  # theta="auto" now finds it
     assert (rule.margin, rule.theta) == (choice.margin, choice.theta)
     stored = json.loads(path.read_text())["greedy"]
     assert (stored["margin"], stored["theta"]) == (choice.margin, choice.theta)

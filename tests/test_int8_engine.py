@@ -58,7 +58,7 @@ def test_a_known_models_int8_model_is_written_from_its_gguf_without_float_weight
     # No float32 matrix is left: what is float32 is vectors (norms, scales, biases).
     assert all(p.dim() == 1 for p in model.parameters())
     with safe_open(int8_model_file(folder), framework="pt") as stored:
-        names = set(stored.keys())  # noqa: SIM118
+        names = set(stored.keys())
     assert {"lm_head.int8_weight", "model.embed_tokens.int8_weight"} <= names  # tied or not
     ids = tokenizer("hello world", return_tensors="pt").input_ids
     assert torch.isfinite(_logits(model, ids)).all()
@@ -173,7 +173,8 @@ def test_a_float_checkpoint_keeps_its_precision_with_a_hint_naming_the_int8_engi
 
 
 def test_an_unknown_precision_is_refused_naming_the_choices() -> None:
-    with pytest.raises(MarspecError, match="unknown target_quant 'int3': choose one of auto, none, int8, int4"):
+    refusal = "unknown target_quant 'int3': choose one of auto, none, int8, int4"
+    with pytest.raises(MarspecError, match=refusal):
         Decoder("smollm2-135m-instruct", None, target_quant="int3", device="cpu")
 
 

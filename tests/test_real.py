@@ -14,10 +14,11 @@ from test_gguf_int4 import assert_same_4bit_weights
 
 from marspec import Decoder, MarspecError
 from marspec.backends.int4 import Int4Linear, int4_available
-from marspec.backends.quantize import RowwiseInt8Linear, rowwise_int8_available
+from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
 from marspec.models.int4_cache import int4_model_file, read_int4_model
+from marspec.models.int8_store import int8_model_file
 
 pytestmark = pytest.mark.real
 
@@ -316,19 +317,27 @@ def test_a_chats_next_turn_keeps_its_cache_and_decodes_as_a_fresh_prefill(decode
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
-def test_an_int8_target_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding(int8_pair):
-    """The invariants hold for the int8 target (a different model from the fp32 one): its strict and
-    MARS(theta=1) decodes equal its own plain decoding, and a chat's next turn on the kept cache equals a
-    fresh prefill, because each token row is quantised on its own. One prompt, as for the 4-bit pair:
-    tests/test_target_quant.py checks the rows' independence directly."""
+def test_the_default_cpu_engine_keeps_strict_mars_theta_one_and_block_equal_to_its_plain_decoding(
+    int8_pair, gguf_only_cache
+):
+    """What a CPU user gets naming no precision (issue 67): the int8 target (a different model from the
+    fp32 one), built straight from its packaged GGUF with no float32 weights written, its embedding and
+    LM head in int8 too, and a 4-bit draft. Its strict, MARS(theta=1) and block decodes equal its own plain
+    decoding, 13-token verifications included, and a chat's next turn on the kept cache equals a fresh
+    prefill, because each token row is quantised on its own. One prompt: tests/test_target_quant.py and
+    tests/test_int8_engine.py check the rows' independence directly."""
     decoder = int8_pair
+    assert (decoder.target_quant, decoder.target_weights, decoder.draft_weights) == ("int8", "int8", "int4")
+    assert not list(gguf_only_cache.rglob(WEIGHTS_FILE))
+    assert int8_model_file(gguf_only_cache / "models" / DEFAULT_TARGET).is_file()
     layers = list(decoder.target.model.modules())
     assert any(isinstance(m, RowwiseInt8Linear) for m in layers)
+    assert isinstance(decoder.target.model.get_input_embeddings(), Int8Embedding)
     assert not any(type(m) is torch.nn.Linear for m in layers)
     plain = decoder.generate(PROMPTS[0], rule="plain", max_new_tokens=NEW_TOKENS)
     assert len(plain.token_ids) == NEW_TOKENS
-    for opts in ({"rule": "strict"}, {"rule": "mars", "theta": 1.0}):
-        run = decoder.generate(PROMPTS[0], k=5, max_new_tokens=NEW_TOKENS, **opts)
+    for opts in ({"rule": "strict"}, {"rule": "mars", "theta": 1.0}, {"rule": "block"}):
+        run = decoder.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, **opts)
         assert run.token_ids == plain.token_ids, opts
         assert run.stats.target_forwards < plain.stats.target_forwards
     conversation = [{"role": "user", "content": PROMPTS[0]}]
@@ -349,7 +358,7 @@ def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decodin
     and the GGUF path builds the quantised float model bit for bit (tests/test_gguf_int4.py)."""
     decoder = int4_pair
     assert not list(gguf_only_cache.rglob(WEIGHTS_FILE))
-    assert len(list(gguf_only_cache.rglob(GGUF_FILE))) == 2
+    assert len(list(gguf_only_cache.rglob(GGUF_FILE))) == 2  # the int8 pair's cache: its GGUFs are kept
     assert not any(type(m) is torch.nn.Linear for m in decoder.target.model.modules())
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     new_tokens = 24

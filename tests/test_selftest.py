@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 import marspec.decode
 import marspec.selftest.equality as equality
 import marspec.selftest.sampling as sampling
+from marspec.backends.int8 import rowwise_int8_available
 from marspec.cli import app
 from marspec.drafters.model import ModelDrafter
 from marspec.errors import MarspecError
@@ -59,6 +60,7 @@ def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
         "speculative sampling is lossless",
         "one device read per step",
         "fixed shapes == eager",
+        *(["int8 engine: strict == plain, no-relax rules == strict"] if rowwise_int8_available() else []),
     ]
     for key in ("python", "torch", "transformers", "device", "attention (SDPA)", "CPU kernels"):
         assert report.environment[key] and not report.environment[key].startswith("unknown"), key

@@ -999,13 +999,18 @@ def test_a_request_naming_no_time_limit_takes_the_servers() -> None:
 
 
 def test_theta_auto_server_uses_the_pairs_calibration(tmp_path, monkeypatch) -> None:
+    import torch
+
     from marspec.calibration import Choice, save_choice
+    from marspec.precision import choose_precision
 
     monkeypatch.setenv("MARSPEC_CALIBRATION_DIR", str(tmp_path / "calibrations"))
     flags = [*BASE_FLAGS, "--rule", "mars", "--theta", "auto"]
     refused = runner.invoke(app, ["serve", *flags])
     assert refused.exit_code == 2 and "marspec calibrate" in refused.output  # no calibration yet
-    save_choice(MODEL, "ngram", Choice("prob_ratio", 0.05, 0.99, True, "test", 0.0, {}))
+    # Stored for the precision the server loads the model in, naming none: a calibration is a model's.
+    quant = choose_precision(MODEL, "auto", "auto", torch.device("cpu")).target_quant
+    save_choice(MODEL, "ngram", Choice("prob_ratio", 0.05, 0.99, True, "test", 0.0, {}), quant)
     proc = launch(flags, tmp_path / "server.log")  # the child inherits MARSPEC_CALIBRATION_DIR
     try:
         with httpx.Client(base_url=proc.url, timeout=120) as c:

@@ -19,6 +19,7 @@ from marspec.cli import app
 from marspec.drafters import ModelDrafter
 from marspec.errors import MarspecError
 from marspec.rules import Rule
+from marspec.settings import GenerationOptions
 
 needs_onednn_int8 = pytest.mark.skipif(
     not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels"
@@ -130,11 +131,18 @@ def test_a_target_that_cannot_be_quantised_is_refused_before_loading(target, opt
 
 
 @needs_onednn_int8
-def test_theta_auto_is_refused_for_an_int8_target():
+def test_theta_auto_reads_the_int8_targets_own_calibration(tmp_path, monkeypatch):
+    """The int8 target is another model: a calibration of the float target does not speak for it."""
+    from marspec.calibration import Choice, save_choice
+
+    monkeypatch.setenv("MARSPEC_CALIBRATION_DIR", str(tmp_path))
+    save_choice(SMALL, "ngram", Choice("prob_ratio", 0.05, 0.99, True, "test", 0.0, {}))  # the float target's
     decoder = Decoder(SMALL, "ngram", target_quant="int8")
-    with pytest.raises(MarspecError, match="calibration of the unquantised target"):
+    with pytest.raises(MarspecError, match=r"\(int8\).*marspec calibrate .* --target-quant int8"):
         decoder.generate("Hi", rule="mars", theta="auto", max_new_tokens=2)
-    assert decoder.generate("Hi", rule="mars", theta=0.9, max_new_tokens=2).token_ids
+    save_choice(SMALL, "ngram", Choice("prob_ratio", 0.3, 0.99, True, "test", 0.0, {}), "int8")
+    rule = decoder.settle(GenerationOptions(rule="mars", theta="auto")).rule
+    assert (rule.margin, rule.theta) == ("prob_ratio", 0.3)
 
 
 def test_the_cli_refuses_an_unknown_target_quant_in_one_line():

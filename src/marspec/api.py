@@ -265,8 +265,6 @@ class Decoder:
         if not isinstance(prepack, bool):
             raise MarspecError(f"prepack must be true or false, got {prepack!r}")
         precision = choose_precision(target, target_quant, dtype, self.device)
-        if precision.hint is not None:
-            log.warning(precision.hint)
         torch_dtype = parse_dtype(precision.dtype)
         self.target_quant = _check_target_quant(precision.target_quant, target, torch_dtype, self.device)
         quantized_target = self.target_quant != "none"
@@ -342,6 +340,8 @@ class Decoder:
             vocab_size=self.target.vocab_size,
             device=self.target.device,
         )
+        if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
+            log.warning(precision.hint)
 
     @property
     def tokenizer(self):

@@ -116,10 +116,12 @@ def choose(candidates: list[Candidate], budget: float) -> tuple[str, float, bool
     )
 
 
-def calibration_path(target: str, draft: str) -> Path:
+def calibration_path(target: str, draft: str, target_quant: str = "none") -> Path:
     """Where the calibration of a pair lives (one file for both regimes): in the model cache's
-    ``calibrations`` folder, or in $MARSPEC_CALIBRATION_DIR."""
-    safe = "__".join(_file_safe(name) for name in (target, draft))
+    ``calibrations`` folder, or in $MARSPEC_CALIBRATION_DIR. A quantised target is another model, so its
+    calibration is a file of its own (named with ``target_quant``)."""
+    names = (target, draft) if target_quant == "none" else (target, draft, target_quant)
+    safe = "__".join(_file_safe(name) for name in names)
     folder = os.environ.get("MARSPEC_CALIBRATION_DIR")
     return (Path(folder).expanduser() if folder else cache_dir() / "calibrations") / f"{safe}.json"
 
@@ -128,9 +130,9 @@ def _file_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
-def _how_to(target: str, draft: str, regime: Regime) -> str:
+def _how_to(target: str, draft: str, regime: Regime, target_quant: str = "none") -> str:
     temp = " --temperature 1.0" if regime == "sampling" else ""
-    return f"marspec calibrate --target {target} --draft {draft}{temp}"
+    return f"marspec calibrate --target {target} --draft {draft} --target-quant {target_quant}{temp}"
 
 
 def read_calibration_file(path: Path, target: str, draft: str) -> dict[str, Any] | None:
@@ -154,31 +156,34 @@ def read_calibration_file(path: Path, target: str, draft: str) -> dict[str, Any]
     return data
 
 
-def load_choice(target: str, draft: str, temperature: float) -> Rule:
-    """The calibrated MARS rule for this pair at this temperature (greedy or sampling)."""
+def load_choice(target: str, draft: str, temperature: float, target_quant: str = "none") -> Rule:
+    """The calibrated MARS rule for this pair (its target in ``target_quant``) at this temperature
+    (greedy or sampling)."""
     regime = regime_of(temperature)
-    path = calibration_path(target, draft)
+    path = calibration_path(target, draft, target_quant)
     data = read_calibration_file(path, target, draft)
     entry = None if data is None else data.get(regime)
     if entry is None:
+        target_named = target if target_quant == "none" else f"{target} ({target_quant})"
         raise MarspecError(
-            f"theta='auto' needs a {regime} calibration of target {target!r} with draft {draft!r} and "
-            f"there is none: run `{_how_to(target, draft, regime)}` (or give theta a number)"
+            f"theta='auto' needs a {regime} calibration of target {target_named!r} with draft {draft!r} "
+            f"and there is none: run `{_how_to(target, draft, regime, target_quant)}` (or give theta a "
+            "number)"
         )
     try:
         return Rule(name="mars", theta=float(entry["theta"]), margin=entry["margin"])
     except (KeyError, TypeError, ValueError) as exc:
         raise MarspecError(
             f"the calibration file {path} is corrupt (bad {regime} entry: {exc}): delete it and run "
-            f"`{_how_to(target, draft, regime)}` again"
+            f"`{_how_to(target, draft, regime, target_quant)}` again"
         ) from None
 
 
-def save_choice(target: str, draft: str, choice: Choice) -> Path:
-    """Store ``choice`` for the pair's regime, keeping the other regime's entry; written atomically, so
-    a failure never leaves a half-written file."""
+def save_choice(target: str, draft: str, choice: Choice, target_quant: str = "none") -> Path:
+    """Store ``choice`` for the pair's regime (its target in ``target_quant``), keeping the other
+    regime's entry; written atomically, so a failure never leaves a half-written file."""
     Rule(name="mars", theta=choice.theta, margin=choice.margin)  # store only what theta="auto" can use
-    path = calibration_path(target, draft)
+    path = calibration_path(target, draft, target_quant)
     data = read_calibration_file(path, target, draft) or {
         "version": FILE_VERSION,
         "target": target,

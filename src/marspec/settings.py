@@ -286,13 +286,8 @@ def calibration_of(target: str, draft: str | None, target_quant: str = "none") -
     ``theta="auto"``, available by name so a command can refuse a missing one before loading weights."""
 
     def calibrated(temperature: float) -> Rule:
-        if target_quant != "none":
-            raise MarspecError(
-                f"theta='auto' reads a calibration of the unquantised target, and this Decoder's target is "
-                f"{target_quant}: give theta a number (or use target_quant='none')"
-            )
         assert draft is not None  # settle refuses a lossy rule without a drafter first
-        return load_choice(target, draft, temperature)
+        return load_choice(target, draft, temperature, target_quant)
 
     return calibrated
 

@@ -30,7 +30,13 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
 from transformers import PreTrainedModel
 
 from marspec.backends.int4 import INT4_UNAVAILABLE, int4_available, quantize_int4
-from marspec.backends.int8 import INT8_UNAVAILABLE, RowwiseInt8Linear, rowwise_int8_available
+from marspec.backends.int8 import (
+    INT8_UNAVAILABLE,
+    Int8Embedding,
+    RowwiseInt8Linear,
+    int8_groups,
+    rowwise_int8_available,
+)
 from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
 from marspec.backends.row_attention import check_row_attention, use_row_attention
 from marspec.defaults import DEFAULT_TARGET_QUANT
@@ -68,9 +74,10 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
 def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     """Replace every ``nn.Linear`` of an fp32 model with a :class:`RowwiseInt8Linear`, in place.
 
-    About a quarter of the linear weights' bytes; the embeddings and norms stay fp32. An LM head tied to
-    the input embeddings gets an int8 copy and the embedding keeps its own. The model's attention is
-    switched to the row-by-row form (:func:`use_row_attention`).
+    About a quarter of the linear weights' bytes; the token embedding becomes an :class:`Int8Embedding`
+    (int8 with a scale per group of channels) and the norms stay fp32: the same model as the int8 engine
+    stores for a GGUF (:mod:`marspec.models.int8_store`). The model's attention is switched to the
+    row-by-row form (:func:`use_row_attention`).
     """
     if next(model.parameters()).dtype != torch.float32:
         raise MarspecError("int8 target quantisation needs the target loaded in fp32 (use dtype='fp32')")
@@ -84,6 +91,10 @@ def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
                 setattr(parent, name, RowwiseInt8Linear.of(child))
                 release_pages(child.weight)
                 trim_heap()
+    embedding = model.get_input_embeddings()
+    if type(embedding) is torch.nn.Embedding:  # after the layers: a tied head reads its weight
+        model.set_input_embeddings(Int8Embedding(*int8_groups(embedding.weight.detach())))
+        release_pages(embedding.weight)
     own_remaining_tensors(model)
     trim_heap()
     return model

@@ -25,15 +25,18 @@ from marspec.cli.options import (
     PrepackOpt,
     SamplesOpt,
     TargetOpt,
+    TargetQuantOpt,
     TemperatureOpt,
     ThreadsOpt,
 )
 from marspec.defaults import (
     DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
+    DEFAULT_DTYPE,
     DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
+    DEFAULT_TARGET_QUANT,
 )
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -47,6 +50,7 @@ def calibrate(
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
+    target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
     task: Annotated[
         str, typer.Option("--task", help="Comma-separated graded tasks: humaneval, gsm8k.")
     ] = "humaneval,gsm8k",
@@ -61,7 +65,7 @@ def calibrate(
     temperature: TemperatureOpt = 0.0,
     samples: SamplesOpt = 1,
     k: KOpt = DEFAULT_K,
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     threads: ThreadsOpt = None,
     max_new_tokens: MaxNewOpt = None,
     out: OutOpt = Path("runs/calibrate"),
@@ -87,7 +91,7 @@ def calibrate(
             dtype=dtype,
             threads=threads,
             max_new_tokens=max_new_tokens,
-            load_settings=LoadSettings(draft_quant, draft_confidence, lookup, prepack, device),
+            load_settings=LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant),
             out=out,
             load=load_decoder,
             console=err,
@@ -115,8 +119,9 @@ def choose(
         validate_budget(budget)
         config, choice = choice_from_runs(runs, budget)
         target, draft = config["target"], config["draft"]
-        read_calibration_file(calibration_path(target, draft), target, draft)
-        path = save_choice(target, draft, choice)
+        target_quant = config.get("target_quant", "none")  # runs from before quantised targets had none
+        read_calibration_file(calibration_path(target, draft, target_quant), target, draft)
+        path = save_choice(target, draft, choice, target_quant)
     _print_calibration(target, draft, choice, path)
 
 

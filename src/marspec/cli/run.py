@@ -109,7 +109,7 @@ def generate(
             stop=stop or None,
             tree=tree,
         )
-        _check_calibrated(options, target, draft, target_quant)
+        _check_calibrated(options, target, draft, target_quant, dtype, device)
         decoder = load_decoder(
             target,
             None if options.rule == "plain" else draft,
@@ -120,11 +120,17 @@ def generate(
         _generate_and_print(decoder, prompt, options, as_json)
 
 
-def _check_calibrated(options: GenerationOptions, target: str, draft: str, target_quant: str) -> None:
-    """``--theta auto`` without a stored calibration of the pair is refused here, before the weights
-    load."""
+def _check_calibrated(
+    options: GenerationOptions, target: str, draft: str, target_quant: str, dtype: str, device: str
+) -> None:
+    """``--theta auto`` without a stored calibration of the pair (its target in the precision it will
+    load in) is refused here, before the weights load."""
     if options.theta != AUTO or draft in (None, "none"):
         return
+    from marspec.devices import resolve_device
+    from marspec.precision import choose_precision
+
+    target_quant = choose_precision(target, target_quant, dtype, resolve_device(device)).target_quant
     settle_rule(
         options.rule,
         options.theta,

@@ -10,7 +10,7 @@ plain decoding, the most expensive method, is not needed here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from marspec.calibration import (
     save_choice,
     validate_budget,
 )
-from marspec.defaults import DEFAULT_K
+from marspec.defaults import DEFAULT_DTYPE, DEFAULT_K
 from marspec.errors import MarspecError
 from marspec.eval.harness import DecoderLoader, SamplingSettings, new_decoder, run_task
 from marspec.eval.methods import Method, parse_methods
@@ -58,7 +58,7 @@ def calibrate(
     temperature: float = 0.0,
     samples: int = 1,
     k: int = DEFAULT_K,
-    dtype: str = "fp32",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
     max_new_tokens: int | None = None,
     load_settings: LoadSettings | None = None,
@@ -75,13 +75,23 @@ def calibrate(
     does). Returns the choice and the file it was stored in. ``on_task(task, folder, summary)`` is
     called as each task's benchmark finishes; ``load`` and ``console`` are :func:`run_task`'s.
     """
+    from marspec.devices import resolve_device
+    from marspec.precision import choose_precision
+
     validate_budget(budget)
     _check_slice(tasks, limit, draft)
     spec = ",".join(["strict", *candidates])
     methods = _candidate_methods(spec)
     load_settings = load_settings or LoadSettings()
+    # The target's precision, chosen once: the calibration is stored for it (another precision is
+    # another model).
+    precision = choose_precision(
+        target, load_settings.target_quant, dtype, resolve_device(load_settings.device)
+    )
+    load_settings = replace(load_settings, target_quant=precision.target_quant)
+    dtype = str(precision.dtype)
     # A corrupt or foreign calibration file is refused now, not after hours of measuring.
-    read_calibration_file(calibration_path(target, draft), target, draft)
+    read_calibration_file(calibration_path(target, draft, precision.target_quant), target, draft)
     rows: list[Candidate] = []
     questions = {}
     for name in tasks:
@@ -110,7 +120,7 @@ def calibrate(
         questions[name] = list(summary["qids"])
     drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
     choice = make_choice(rows, budget, temperature, questions, drafting)
-    return choice, save_choice(target, draft, choice)
+    return choice, save_choice(target, draft, choice, precision.target_quant)
 
 
 def _check_slice(tasks: Sequence[str], limit: int, draft: str) -> None:

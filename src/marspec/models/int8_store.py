@@ -1,14 +1,14 @@
 """A converted folder's int8 model: written once from its GGUF (or its float32 weights) a tensor at a
 time, then loaded from that file in seconds.
 
-The file holds, for every linear layer, its int8 weights and per-row float32 scales
-(:func:`~marspec.backends.int8.int8_rows`); for the token embedding its int8 weights with a scale per
-group of channels; everything else (norms, biases) in float32. Writing it dequantizes one GGUF tensor at a time (the bytes the float32 conversion
-would write, :func:`~marspec.models.gguf_weights.gguf_tensors`) and quantises it at once, so neither
-disk nor memory ever holds the float32 model; a folder holding float32 weights instead is read the same
-way. The result is the same model, bit for bit, whichever the source: int8 rows of the same float32
-values. The token embedding's int8 has a scale per group of channels (:func:`int8_groups`), the LM
-head's one per row, as the int8 kernel takes them; a tied head is stored from the embedding's weight.
+The file holds, for every linear layer, its int8 weights and per-row float32 scales, as the int8 kernel
+takes them (:func:`~marspec.backends.int8.int8_rows`; a tied LM head's from the embedding's weight);
+for the token embedding its int8 weights with a scale per group of channels
+(:func:`~marspec.backends.int8.int8_groups`); everything else (norms, biases) in float32. Writing it
+dequantizes one GGUF tensor at a time (the bytes the float32 conversion would write,
+:func:`~marspec.models.gguf_weights.gguf_tensors`) and quantises it at once, so neither disk nor memory
+ever holds the float32 model; a folder holding float32 weights instead is read the same way, into the
+same model bit for bit.
 
 Plain int8 and float32 arrays, so unlike the 4-bit store the file does not depend on the torch release
 or the CPU that wrote it; oneDNN's blocked layout is made from it on load (:class:`RowwiseInt8Linear`).
@@ -46,7 +46,7 @@ _INT8, _SCALE = "int8_weight", "weight_scale"
 def int8_model_file(folder: Path) -> Path:
     """Where ``folder``'s int8 model is stored: in a folder of its own, since loaders of a checkpoint
     (vLLM among them) take every ``*.safetensors`` at a folder's top level for its weights."""
-    return folder / "int8" / "model.safetensors"
+    return folder / "int8" / "int8.safetensors"
 
 
 def load_int8_model(folder: Path) -> PreTrainedModel:

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from marspec.devices import resolve_device
+from marspec.selftest.engines import int8_engine_keeps_the_invariants
 from marspec.selftest.environment import environment
 from marspec.selftest.equality import (
     compare_runs,
@@ -62,6 +63,7 @@ __all__ = [
     "environment",
     "first_difference",
     "fixed_equals_eager",
+    "int8_engine_keeps_the_invariants",
     "no_relax_equals_strict",
     "one_read_per_step",
     "reads_per_step",
@@ -93,7 +95,9 @@ def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -
             sampling_is_lossless(where),
             one_read_per_step(decoder),
             fixed_equals_eager(decoder, tiny_decoder(Path(tmp), where, graphs="on")),
+            int8_engine_keeps_the_invariants(Path(tmp), where),
         )
+        checks = tuple(check for check in checks if check is not None)
     env = environment(where)
     if on_cpu:
         env["torch threads"] = f"{used} for the checks ({env['torch threads']} in this process otherwise)"

@@ -98,11 +98,14 @@ def save_tiny_model(folder: Path, model: PreTrainedModel) -> Path:
     return folder
 
 
-def tiny_decoder(folder: Path, device: torch.device, graphs: str = "off") -> Decoder:
+def tiny_decoder(
+    folder: Path, device: torch.device, graphs: str = "off", target_quant: str = "none"
+) -> Decoder:
     """A Decoder for a tiny target and its noisy draft, saved under ``folder`` (once) and loaded by path
     the way a user's models are (dtype fp32, the device's default kernels, ``graphs`` as given: eager by
     default). The draft's confidence stop and prompt lookup are off: both add host reads by design (one
-    per drafted token, one per lookup)."""
+    per drafted token, one per lookup). ``target_quant``: the target's precision (the default is its
+    float model)."""
     from marspec.api import Decoder
 
     if not (folder / "target").exists():
@@ -117,4 +120,5 @@ def tiny_decoder(folder: Path, device: torch.device, graphs: str = "off") -> Dec
         draft_confidence=0.0,
         lookup=False,
         graphs=graphs,
+        target_quant=target_quant,
     )
