@@ -3,7 +3,11 @@
 The surface users import (``Decoder``, ``GenerationOptions``, ``GenerationResult``, ``GenerationStream``,
 ``generate``), kept in one place to be read as one. The work is elsewhere: the loop in ``decode.py``,
 settling a generation's options in ``settings.py`` (where ``GenerationOptions`` lives), models in
-``models/`` and ``backends/``.
+``models/`` and ``backends/``, the precision chosen in ``precision.py``.
+
+Why it is over 450 lines: a third of it is ``Decoder``'s documentation of every argument, which users
+read here (``help(marspec.Decoder)``); the rest is the checks made before any weight loads and the
+assembly of a pair from its parts, each a short function, kept beside the one class that uses them.
 """
 
 from __future__ import annotations
@@ -164,6 +168,17 @@ def _eagle3_drafter(
     return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence, cache=cache)
 
 
+def _check_drafting(threads: object, draft_confidence: object, draft_quant: str, prepack: object) -> None:
+    """A one-line error for a bad thread count, confidence stop, draft precision or prepack flag."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
+    if not (isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0):
+        raise MarspecError(f"draft_confidence must be a number in [0, 1], got {draft_confidence!r}")
+    check_draft_quant(draft_quant)
+    if not isinstance(prepack, bool):
+        raise MarspecError(f"prepack must be true or false, got {prepack!r}")
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
@@ -255,15 +270,9 @@ class Decoder:
         self.device = resolve_device(device)
         # (the fixed-shape path, captured as CUDA graphs), checked before any weight is loaded.
         self.fixed_shape, self.captured = graphs_plan(graphs, self.device)
+        _check_drafting(threads, draft_confidence, draft_quant, prepack)
         if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
             torch.set_num_threads(threads)
-        if not (isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0):
-            raise MarspecError(f"draft_confidence must be a number in [0, 1], got {draft_confidence!r}")
-        check_draft_quant(draft_quant)
-        if not isinstance(prepack, bool):
-            raise MarspecError(f"prepack must be true or false, got {prepack!r}")
         precision = choose_precision(target, target_quant, dtype, self.device)
         torch_dtype = parse_dtype(precision.dtype)
         self.target_quant = _check_target_quant(precision.target_quant, target, torch_dtype, self.device)
@@ -286,7 +295,6 @@ class Decoder:
             quantize_target(self.target.model, self.target_quant)
         if self.fixed_shape:
             self.target = fixed_shape_lm(self.target, self.captured)
-        on_cpu = self.device.type == "cpu"
         self.drafter: Drafter | None = None
         # The drafter's weights in words: None without one, "none" for n-gram lookup.
         self.draft_weights: str | None = None
@@ -302,30 +310,7 @@ class Decoder:
             head_drafter = _eagle3_drafter(head, head_layers, self.target, draft_confidence)
             self.drafter = HybridDrafter(head_drafter) if lookup else head_drafter
         else:
-            # int8 (fbgemm) and int4 are CPU kernels: elsewhere the draft runs in the target's dtype.
-            quantize = on_cpu and draft_quant != "none" and not isinstance(draft, HFCausalLM)
-            # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
-            # dtype (bf16 halves its embedding). The draft's dtype does not bear on exactness anyway.
-            draft_dtype = torch.float32 if quantize and draft_quant == "int8" else torch_dtype
-            draft_lm, _ = load_lm(
-                draft,
-                draft_dtype,
-                prepack and not quantize,
-                self.device,
-                int4_linears=quantize and draft_quant == "int4",
-                int8_linears=quantize and draft_quant == "int8",
-            )
-            if quantize:
-                quantize_draft(draft_lm.model, draft_quant)
-            self.draft_name = draft_lm.name
-            self.draft_weights = draft_quant if quantize else _dtype_name(draft_lm.dtype)
-            if self.fixed_shape:
-                draft_lm = fixed_shape_lm(draft_lm, self.captured)
-            model_drafter = ModelDrafter(
-                draft_lm,
-                self.target.vocab_size,
-                min_confidence=draft_confidence,
-            )
+            model_drafter = self._model_drafter(draft, draft_quant, torch_dtype, prepack, draft_confidence)
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
         # The weights each model runs with, in words (the demo's and the bench's tables name them).
         self.target_weights = self.target_quant if quantized_target else _dtype_name(self.target.dtype)
@@ -342,6 +327,37 @@ class Decoder:
         )
         if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
             log.warning(precision.hint)
+
+    def _model_drafter(
+        self,
+        draft: str | HFCausalLM,
+        draft_quant: str,
+        dtype: torch.dtype,
+        prepack: bool,
+        confidence: float,
+    ) -> ModelDrafter:
+        """A draft model loaded (or taken as passed in) to draft for the loaded target; sets
+        :attr:`draft_name` and :attr:`draft_weights`."""
+        # int8 and int4 are CPU kernels: elsewhere the draft runs in the target's dtype.
+        quantize = self.device.type == "cpu" and draft_quant != "none" and not isinstance(draft, HFCausalLM)
+        # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
+        # dtype (bf16 halves its embedding). The draft's dtype does not bear on exactness anyway.
+        draft_dtype = torch.float32 if quantize and draft_quant == "int8" else dtype
+        draft_lm, _ = load_lm(
+            draft,
+            draft_dtype,
+            prepack and not quantize,
+            self.device,
+            int4_linears=quantize and draft_quant == "int4",
+            int8_linears=quantize and draft_quant == "int8",
+        )
+        if quantize:
+            quantize_draft(draft_lm.model, draft_quant)
+        self.draft_name = draft_lm.name
+        self.draft_weights = draft_quant if quantize else _dtype_name(draft_lm.dtype)
+        if self.fixed_shape:
+            draft_lm = fixed_shape_lm(draft_lm, self.captured)
+        return ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=confidence)
 
     @property
     def tokenizer(self):

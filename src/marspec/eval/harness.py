@@ -96,22 +96,14 @@ def run_task(
     """
     import torch
 
-    from marspec.devices import resolve_device
     from marspec.eval.bench import DEFAULT_MAX_NEW_TOKENS
     from marspec.eval.datasets import load_task
     from marspec.eval.rundir import prepare_out_dir
     from marspec.eval.runner import profile_once
-    from marspec.precision import choose_precision
     from marspec.settings import Pair
 
     _check_task(task, limit)
-    load_settings = load_settings or LoadSettings()
-    # The precision the pair loads with, chosen once here so the run's config records it as it ran.
-    precision = choose_precision(
-        target, load_settings.target_quant, dtype, resolve_device(load_settings.device)
-    )
-    load_settings = replace(load_settings, target_quant=precision.target_quant)
-    dtype = str(precision.dtype)
+    load_settings, dtype = _with_precision(target, load_settings or LoadSettings(), dtype)
     sampling = sampling or SamplingSettings()
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
     pair = Pair(target, draft, target_quant=load_settings.target_quant)
@@ -143,6 +135,18 @@ def run_task(
     return _run_with_progress(
         decoder, questions, methods, config, out, console, redo_contended, redo_other_cpu, redo_apart
     )
+
+
+def _with_precision(target: str, load_settings: LoadSettings, dtype: str) -> tuple[LoadSettings, str]:
+    """The load settings and dtype with the precision the pair loads in chosen (``"auto"`` replaced),
+    once, so that the run's config records it as it ran."""
+    from marspec.devices import resolve_device
+    from marspec.precision import choose_precision
+
+    precision = choose_precision(
+        target, load_settings.target_quant, dtype, resolve_device(load_settings.device)
+    )
+    return replace(load_settings, target_quant=precision.target_quant), str(precision.dtype)
 
 
 def _check_task(task: str, limit: int | None) -> None:
