@@ -240,13 +240,13 @@ compat: install-compat compat-models
 NEWEST_LOCK := constraints/py3.12-newest.txt
 NEWEST_VENV ?= .venv-newest
 NEWEST_PYTHON ?= $(call find_python,3.12)
-# Backends and caches, model conversion and loading (transformers' GGUF reads and the stored 4-bit models,
-# whose packed layout is torch's, among them), the decode loop, verification, trees, lossless sampling,
+# Backends and caches, model conversion and loading (transformers' GGUF reads, the int8 engine and the
+# stored 4-bit models, whose packed layout is torch's, among them), the decode loop, verification, trees, lossless sampling,
 # published summaries (numpy's rounding) and one benchmark with transformers' own assisted and
 # prompt-lookup generation.
 NEWEST_TESTS := tests/test_backends.py tests/test_kv_cache.py tests/test_models.py tests/test_hub.py \
 	tests/test_gguf_parse.py tests/test_gguf_int4.py tests/test_prefix_reuse.py tests/test_prepack.py \
-	tests/test_target_quant.py tests/test_decode.py \
+	tests/test_target_quant.py tests/test_int8_engine.py tests/test_decode.py \
 	tests/test_verify.py tests/test_tree.py tests/test_sampling_lossless.py tests/test_committed_runs.py \
 	tests/test_bench.py::test_tiny_bench_end_to_end_and_resume
 

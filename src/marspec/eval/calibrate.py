@@ -10,7 +10,7 @@ plain decoding, the most expensive method, is not needed here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from marspec.calibration import (
 )
 from marspec.defaults import DEFAULT_DTYPE, DEFAULT_K
 from marspec.errors import MarspecError
-from marspec.eval.harness import DecoderLoader, SamplingSettings, new_decoder, run_task
+from marspec.eval.harness import DecoderLoader, SamplingSettings, new_decoder, run_task, with_precision
 from marspec.eval.methods import Method, parse_methods
 from marspec.eval.rundir import load_records, read_run
 from marspec.load_settings import LoadSettings
@@ -75,23 +75,16 @@ def calibrate(
     does). Returns the choice and the file it was stored in. ``on_task(task, folder, summary)`` is
     called as each task's benchmark finishes; ``load`` and ``console`` are :func:`run_task`'s.
     """
-    from marspec.devices import resolve_device
-    from marspec.precision import choose_precision
-
     validate_budget(budget)
     _check_slice(tasks, limit, draft)
     spec = ",".join(["strict", *candidates])
     methods = _candidate_methods(spec)
-    load_settings = load_settings or LoadSettings()
     # The target's precision, chosen once: the calibration is stored for it (another precision is
     # another model).
-    precision = choose_precision(
-        target, load_settings.target_quant, dtype, resolve_device(load_settings.device)
-    )
-    load_settings = replace(load_settings, target_quant=precision.target_quant)
-    dtype = str(precision.dtype)
+    load_settings, dtype = with_precision(target, load_settings or LoadSettings(), dtype)
+    target_quant = load_settings.target_quant
     # A corrupt or foreign calibration file is refused now, not after hours of measuring.
-    read_calibration_file(calibration_path(target, draft, precision.target_quant), target, draft)
+    read_calibration_file(calibration_path(target, draft, target_quant), target, draft)
     rows: list[Candidate] = []
     questions = {}
     for name in tasks:
@@ -120,7 +113,7 @@ def calibrate(
         questions[name] = list(summary["qids"])
     drafting = {"k": k, "dtype": dtype, "samples": samples, **asdict(load_settings)}
     choice = make_choice(rows, budget, temperature, questions, drafting)
-    return choice, save_choice(target, draft, choice, precision.target_quant)
+    return choice, save_choice(target, draft, choice, target_quant)
 
 
 def _check_slice(tasks: Sequence[str], limit: int, draft: str) -> None:

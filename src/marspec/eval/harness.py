@@ -103,7 +103,7 @@ def run_task(
     from marspec.settings import Pair
 
     _check_task(task, limit)
-    load_settings, dtype = _with_precision(target, load_settings or LoadSettings(), dtype)
+    load_settings, dtype = with_precision(target, load_settings or LoadSettings(), dtype)
     sampling = sampling or SamplingSettings()
     new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[task]
     pair = Pair(target, draft, target_quant=load_settings.target_quant)
@@ -137,7 +137,7 @@ def run_task(
     )
 
 
-def _with_precision(target: str, load_settings: LoadSettings, dtype: str) -> tuple[LoadSettings, str]:
+def with_precision(target: str, load_settings: LoadSettings, dtype: str) -> tuple[LoadSettings, str]:
     """The load settings and dtype with the precision the pair loads in chosen (``"auto"`` replaced),
     once, so that the run's config records it as it ran."""
     from marspec.devices import resolve_device
