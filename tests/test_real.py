@@ -349,6 +349,31 @@ def test_the_default_cpu_engine_keeps_strict_mars_theta_one_and_block_equal_to_i
     assert kept.stats.reused_tokens > 0 and kept.token_ids == fresh.token_ids
 
 
+@pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
+def test_requests_decoded_together_on_the_default_engine_decode_as_each_does_alone(int8_pair):
+    """Continuous batching on the default CPU engine (issue 69): four prompts, each with its own rule,
+    k, temperature, seed and length, decoded two at a time (the later ones join as the earlier end, at
+    different steps), every one equal to its solo decode token for token, a relaxing MARS and seeded
+    sampling included; inside the batch strict equals plain and MARS at theta 1 equals strict."""
+    decoder = int8_pair
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]
+    settings = [
+        {"rule": "strict", "max_new_tokens": NEW_TOKENS},
+        {**PAPER, "max_new_tokens": 40},
+        {"rule": "mars", "temperature": 0.8, "seed": 11, "max_new_tokens": 32},
+        {"rule": "plain", "max_new_tokens": NEW_TOKENS},
+    ]
+    alone = [decoder.generate(p, **s) for p, s in zip(prompts, settings, strict=True)]
+    together = decoder.generate_many(prompts, max_batch=2, per_prompt=settings)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.relaxed_positions for r in together] == [r.relaxed_positions for r in alone]
+    assert alone[1].relaxed_positions  # the paper's MARS relaxed: the draft mattered, alone and together
+    assert together[0].token_ids == together[3].token_ids  # strict == plain, each beside another request
+    rules = [{"rule": "mars", "theta": 1.0}, {"rule": "strict"}]
+    theta_one = decoder.generate_many(prompts[:2], per_prompt=rules, max_new_tokens=NEW_TOKENS)
+    assert theta_one[0].token_ids == together[0].token_ids
+
+
 @pytest.mark.skipif(not int4_available(), reason="this torch build has no int4 CPU kernels")
 def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decoding(int4_pair, gguf_only_cache):
     """The 4-bit target (and a 4-bit draft) is another model again: its strict and MARS(theta=1) decodes

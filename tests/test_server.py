@@ -1,9 +1,10 @@
 """`marspec serve` for real: server subprocesses on loopback running SmolLM2-135M with n-gram drafting, talked
 to with the official openai client and httpx.
 
-One server (`server`, --max-queue 1) takes the API, error and load-behaviour tests; a second one
-(`short_server`, short time limit and shutdown grace) takes the time-limit tests and is then stopped with
-SIGTERM while requests are in flight.
+One server (`server`, --max-queue 1, one request at a time) takes the API, error and load-behaviour
+tests; a second one (`short_server`, short time limit and shutdown grace) takes the time-limit tests and
+is then stopped with SIGTERM while requests are in flight; a third (`batch_server`, --max-batch 2) decodes
+requests together and is checked against its own answers to each request alone.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def chat(content: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = launch([*BASE_FLAGS, "--max-queue", "1"], tmp_path_factory.mktemp("server") / "server.log")
+    # One request at a time, so that the queue tests below know which request runs and which waits.
+    flags = [*BASE_FLAGS, "--max-queue", "1", "--max-batch", "1"]
+    proc = launch(flags, tmp_path_factory.mktemp("server") / "server.log")
     yield proc
     status = proc.stop()
     assert status == 0, proc.log()
@@ -723,7 +726,16 @@ class OpenStream:
         assert self.response.status_code == 200
         # Keep the iterator: dropping a half-read one makes httpx close the connection.
         self.lines = self.response.iter_lines()
-        assert next(self.lines).startswith("data: {")
+        self.first = next(self.lines)
+        assert self.first.startswith("data: {")
+
+    def text(self) -> str:
+        """Read the stream to its end: the text of all its events, the first included."""
+        lines = [self.first, *self.lines]
+        events = [
+            json.loads(line.removeprefix("data: ")) for line in lines if line and line != "data: [DONE]"
+        ]
+        return "".join(event["choices"][0]["text"] for event in events if event.get("choices"))
 
     def close(self) -> None:
         """Hang up, as a client that goes away does."""
@@ -888,7 +900,17 @@ SHORT_LIMIT_S = 3.0
 def short_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # The server-wide limit outlasts the SIGTERM test's grace, so that a request's own limit never ends
     # it first, whatever the machine's load.
-    flags = [*BASE_FLAGS, "--request-timeout", "60", "--shutdown-grace", "2", "--max-queue", "4"]
+    flags = [
+        *BASE_FLAGS,
+        "--request-timeout",
+        "60",
+        "--shutdown-grace",
+        "2",
+        "--max-queue",
+        "4",
+        "--max-batch",
+        "1",
+    ]
     proc = launch(flags, tmp_path_factory.mktemp("short") / "server.log")
     yield proc
     proc.stop()  # normally already stopped by the SIGTERM test
@@ -1032,3 +1054,63 @@ def test_theta_auto_server_uses_the_pairs_calibration(tmp_path, monkeypatch) -> 
         assert "marspec calibrate" in card["sampling"]["error"]  # only greedy was calibrated
     finally:
         assert proc.stop() == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Continuous batching: requests decoded together answer what each answers alone
+
+
+@pytest.fixture(scope="module")
+def batch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    flags = [*BASE_FLAGS, "--max-batch", "2", "--max-queue", "4"]
+    proc = launch(flags, tmp_path_factory.mktemp("batch") / "server.log")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+    assert "Traceback" not in proc.log()
+
+
+# Greedy strict, MARS at the paper's setting (which relaxes on this chat), seeded sampling and plain:
+# each request's own settings, through both endpoints.
+MARS_PAPER = {"rule": "mars", "theta": 0.9, "margin": "logit_ratio", "k": 4}
+BATCH_REQUESTS = [
+    (TEXT, {"model": MODEL, "prompt": LIST_PROMPT, "max_tokens": 40, "marspec": {"rule": "strict"}}),
+    (CHAT, {"model": MODEL, "messages": chat(EXPLAIN_PROMPT), "max_tokens": 40, "marspec": MARS_PAPER}),
+    (TEXT, {"model": MODEL, "prompt": EXPLAIN_PROMPT, "max_tokens": 30, "temperature": 0.8, "seed": 7}),
+    (TEXT, {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 24, "marspec": {"rule": "plain"}}),
+]
+
+
+def choice_text(answer: dict[str, Any]) -> str:
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def test_requests_decoded_together_answer_as_each_does_alone(batch_server: ServerProcess) -> None:
+    url = batch_server.url
+    alone = [httpx.post(f"{url}{path}", json=body, timeout=120).json() for path, body in BATCH_REQUESTS]
+    # A long generation holds one slot while the four requests come at once: each is decoded beside it
+    # or beside another of them, the rest wait and join as slots free up.
+    running = OpenStream(url, LONG_BODY)
+    together = [Background(url, path, body) for path, body in BATCH_REQUESTS]
+    answers = [b.join() for b in together]
+    running.close()
+    for (status, answer, _), solo_answer in zip(answers, alone, strict=True):
+        assert status == 200
+        assert choice_text(answer) == choice_text(solo_answer)
+        assert answer["marspec"]["relaxed_positions"] == solo_answer["marspec"]["relaxed_positions"]
+    assert alone[1]["marspec"]["relaxed_positions"]  # MARS relaxed, alone and together
+    assert metric(url, "marspec_batch_peak") == 2  # target forwards served two requests at once
+
+
+def test_a_request_leaving_a_batch_does_not_disturb_the_other(batch_server: ServerProcess) -> None:
+    url = batch_server.url
+    body = {**LONG_BODY, "max_tokens": 60, "marspec": {"rule": "strict"}}
+    expected = httpx.post(f"{url}{TEXT}", json=body, timeout=120).json()["choices"][0]["text"]
+    leaving = OpenStream(url, LONG_BODY)  # decoding, then gone while the next one decodes beside it
+    staying = OpenStream(url, body)
+    leaving.close()
+    text = staying.text()
+    staying.close()
+    assert text == expected
+    assert metric(url, "marspec_batch_peak") == 2
+    wait_until(lambda: metric(url, "marspec_batch_size") == 0)

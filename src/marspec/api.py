@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -30,6 +30,8 @@ from marspec.backends.quantize import (
     quantize_draft,
     quantize_target,
 )
+from marspec.batch.many import BatchStream, decode_many
+from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DTYPE
 from marspec.detok import IncrementalDetokenizer
@@ -395,12 +397,46 @@ class Decoder:
         """Like ``generate`` but returns an iterator of text deltas; see ``GenerationStream``."""
         return GenerationStream(self._generate(prompt, GenerationOptions.of(options), stream=True))
 
-    def _generate(
-        self, prompt: Prompt, opts: GenerationOptions, stream: bool
-    ) -> Generator[str, None, GenerationResult]:
-        config = self.settle(opts)
-        drafter = None if opts.rule == "plain" else self.drafter
-        stops = stop_strings(opts.stop)
+    def generate_many(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        max_batch: int | None = None,
+        per_prompt: Sequence[Mapping[str, Any]] | None = None,
+        **options: Any,
+    ) -> list[GenerationResult]:
+        """Generate continuations of several prompts decoded together; one result per prompt, in order.
+
+        Up to ``max_batch`` sequences (default: :func:`marspec.batch.many.default_max_batch`) share each
+        model forward; the rest start as others finish. ``options`` are :class:`GenerationOptions` fields
+        for every prompt; ``per_prompt`` (one mapping per prompt) overrides them for one (its rule, k,
+        temperature, seed, stops, ...). On the CPU engines (int8, int4) each result is the one
+        :meth:`generate` gives for that prompt alone, token for token (greedy, or sampling with a seed).
+        """
+        gen = decode_many(self, prompts, max_batch=max_batch, per_prompt=per_prompt, stream=False, **options)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
+
+    def stream_many(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        max_batch: int | None = None,
+        per_prompt: Sequence[Mapping[str, Any]] | None = None,
+        **options: Any,
+    ) -> BatchStream:
+        """Like :meth:`generate_many`, but an iterator of ``(prompt index, text delta)`` pairs in the order
+        they are decoded; see :class:`~marspec.batch.many.BatchStream`."""
+        return BatchStream(
+            decode_many(self, prompts, max_batch=max_batch, per_prompt=per_prompt, stream=True, **options)
+        )
+
+    def prompt_ids(self, prompt: Prompt, opts: GenerationOptions) -> torch.Tensor:
+        """``prompt`` as the target's token ids (long[L], on its device), in the chat form ``opts`` asks
+        for; raises a one-line error when it leaves no room in the target's context."""
         chat = self.chat_default if opts.chat is None else opts.chat
         prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
         ctx = self.target.context_length
@@ -409,6 +445,22 @@ class Decoder:
                 f"prompt is {prompt_ids.shape[0]} tokens but {self.target.name!r} has a context of {ctx}: "
                 "shorten the prompt"
             )
+        return prompt_ids
+
+    def decode_on(
+        self, slot: Slot, prompt: Prompt, opts: GenerationOptions, stream: bool
+    ) -> Generator[str, None, GenerationResult]:
+        """:meth:`stream`'s generation on a batch's slot (:mod:`marspec.batch`): its caches, its drafter."""
+        return self._generate(prompt, opts, stream, slot)
+
+    def _generate(
+        self, prompt: Prompt, opts: GenerationOptions, stream: bool, slot: Slot | None = None
+    ) -> Generator[str, None, GenerationResult]:
+        config = self.settle(opts)
+        target = self.target if slot is None else slot.target
+        drafter = None if opts.rule == "plain" else self.drafter if slot is None else slot.drafter
+        stops = stop_strings(opts.stop)
+        prompt_ids = self.prompt_ids(prompt, opts)
         # Without a seed, draw one from the OS: torch.seed() would also reseed torch's global generator.
         seed = opts.seed if opts.seed is not None else secrets.randbits(63)
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
@@ -421,7 +473,7 @@ class Decoder:
         detok = IncrementalDetokenizer(self.tokenizer) if (stream or stops) else None
         finish: FinishReason = "length"
         start = time.perf_counter()
-        steps = decode(self.target, drafter, prompt_ids, config, stats, generator)
+        steps = decode(target, drafter, prompt_ids, config, stats, generator)
         try:
             for step in steps:
                 for i in step.committed_relaxed:

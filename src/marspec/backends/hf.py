@@ -127,6 +127,25 @@ class HFCausalLM:
             self._ids = grown
         self._ids[self._cached : end] = tokens
 
+    def note_appended(self, tokens: torch.Tensor) -> None:
+        """Count ``tokens`` (long[n]), which a forward has just written into the cache's next ``n``
+        positions: their ids, their hidden states when kept, the cached length. Every forward that writes
+        this model's cache calls it once (a packed forward, :mod:`marspec.backends.packed`, for each
+        sequence it served)."""
+        self._record_ids(tokens)
+        self._states.store(self._cached)
+        self._cached += int(tokens.shape[0])
+
+    @property
+    def cache_layers(self) -> list:
+        """The KV cache's layers (transformers' ``CacheLayerMixin`` objects), in layer order."""
+        return self._cache.layers
+
+    @property
+    def captures_hidden_states(self) -> bool:
+        """Whether forwards also keep some layers' hidden states (:meth:`capture_hidden_states`)."""
+        return bool(self._states.layers)
+
     def _new_cache(self) -> DynamicCache:
         config = self.model.config
         return position_cache(config) if self.position_cache else DynamicCache(config=config)
@@ -145,9 +164,7 @@ class HFCausalLM:
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
-        self._record_ids(tokens)
-        self._states.store(self._cached)
-        self._cached += int(tokens.shape[0])
+        self.note_appended(tokens)
         logits = out.logits[0].float()  # [n or 1, V]
         self._timer.stop(start)
         return logits
@@ -171,9 +188,7 @@ class HFCausalLM:
             **{self._cache_keyword: self._cache},
             use_cache=True,
         )
-        self._record_ids(tokens)
-        self._states.store(self._cached)
-        self._cached += int(tokens.shape[0])
+        self.note_appended(tokens)
         logits = out.logits[0].float()  # [N+1, V]
         self._timer.stop(start)
         return logits

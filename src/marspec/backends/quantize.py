@@ -23,6 +23,7 @@ holds the choice between the precisions (:func:`check_target_quant`, :func:`quan
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -138,6 +139,16 @@ def quantize_target(model: PreTrainedModel, target_quant: str) -> PreTrainedMode
 
 
 def quantize_draft(model: PreTrainedModel, draft_quant: str) -> PreTrainedModel:
-    """Quantise a draft's linear layers to ``draft_quant`` ("int8" or "int4"), in place. A draft's
-    rows may depend on each other (it only proposes), so its attention is left as it is."""
-    return quantize_int8(model) if draft_quant == "int8" else quantize_int4(model)
+    """Quantise a draft's linear layers to ``draft_quant`` ("int8" or "int4"), in place.
+
+    A 4-bit draft also attends row by row (where its attention layers allow it): its rows are then
+    computed alone, so sequences decoded together pack its draft steps into one forward and each still
+    drafts what it would alone (:mod:`marspec.backends.packed`); a lossy rule's output follows the draft.
+    The int8 draft's kernel scales a whole forward's activations at once, so its rows depend on each
+    other whatever the attention: it is left as it is (sequences decoded together draft one at a time)."""
+    if draft_quant == "int8":
+        return quantize_int8(model)
+    quantize_int4(model)
+    with contextlib.suppress(MarspecError):  # sliding-window layers: drafts still right, only not packed
+        use_row_attention(model)
+    return model

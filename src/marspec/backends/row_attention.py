@@ -31,6 +31,9 @@ from transformers import AttentionInterface, PreTrainedModel
 from marspec.errors import MarspecError
 
 ROW_ATTENTION = "marspec_row_by_row"
+# The keyword a packed forward of several sequences (:mod:`marspec.backends.packed`) passes its row
+# layout by: transformers hands a model forward's extra keyword arguments down to the attention function.
+PACKING_KEYWORD = "marspec_packing"
 
 
 def row_by_row_attention(
@@ -43,7 +46,12 @@ def row_by_row_attention(
     scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature; returns [B, q, H, D] and no weights."""
+    """transformers' attention-function signature; returns [B, q, H, D] and no weights. A packed forward
+    of several sequences (``kwargs[PACKING_KEYWORD]``) attends each sequence's rows against its own cache,
+    each row as here."""
+    packing = kwargs.get(PACKING_KEYWORD)
+    if packing is not None:
+        return packing.attend(module, query, key, value, scaling), None
     for unsupported in ("softcap", "sliding_window"):
         if kwargs.get(unsupported) is not None:
             raise MarspecError(f"row-by-row attention does not implement {unsupported.replace('_', ' ')}")

@@ -58,7 +58,17 @@ MaxTokensOpt = Annotated[
     int, typer.Option("--max-tokens", help="max_tokens of requests that do not give one.")
 ]
 MaxQueueOpt = Annotated[
-    int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")
+    int, typer.Option("--max-queue", help="Requests that may wait while --max-batch generate; more get 429.")
+]
+MaxBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batch",
+        help="Requests decoded together (continuous batching). Default: 2 per CPU core (4-8) on the CPU "
+        "int8/int4 engines, where they share each forward and each answer equals its solo answer; 1 "
+        "elsewhere (more would take turns: exact, no faster).",
+        show_default=False,
+    ),
 ]
 RequestTimeoutOpt = Annotated[
     float,
@@ -115,6 +125,7 @@ def serve(
     k: KOpt = DEFAULT_K,
     max_tokens: MaxTokensOpt = 256,
     max_queue: MaxQueueOpt = 8,
+    max_batch: MaxBatchOpt = None,
     request_timeout: RequestTimeoutOpt = 300.0,
     shutdown_grace: ShutdownGraceOpt = 20.0,
     max_request_mb: MaxRequestMbOpt = 4.0,
@@ -146,6 +157,7 @@ def serve(
             model_name=served_model_name or target,
             defaults=defaults,
             max_queue=max_queue,
+            max_batch=max_batch,
             request_timeout=request_timeout or None,
             shutdown_grace=shutdown_grace,
             max_request_bytes=round(max_request_mb * 2**20) if math.isfinite(max_request_mb) else 0,

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from marspec.devices import resolve_device
-from marspec.selftest.engines import int8_engine_keeps_the_invariants
+from marspec.selftest.engines import batch_decodes_as_alone, int8_engine_keeps_the_invariants
 from marspec.selftest.environment import environment
 from marspec.selftest.equality import (
     compare_runs,
@@ -58,6 +58,7 @@ __all__ = [
     "Check",
     "HostReads",
     "SelftestReport",
+    "batch_decodes_as_alone",
     "chi_square",
     "compare_runs",
     "environment",
@@ -96,6 +97,7 @@ def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -
             one_read_per_step(decoder),
             fixed_equals_eager(decoder, tiny_decoder(Path(tmp), where, graphs="on")),
             int8_engine_keeps_the_invariants(Path(tmp), where),
+            batch_decodes_as_alone(Path(tmp), where),
         )
         checks = tuple(check for check in checks if check is not None)
     env = environment(where)

@@ -1,5 +1,6 @@
-"""The CPU's quantised engine keeps the invariants: on the int8 engine (the default on a CPU for a model
-that comes as a GGUF), strict equals plain and rules that cannot relax equal strict, token for token."""
+"""The engines keep the invariants: on the CPU's int8 engine (the default on a CPU for a model that comes
+as a GGUF) strict equals plain and rules that cannot relax equal strict, token for token; and sequences
+decoded together (continuous batching) decode what each decodes alone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from pathlib import Path
 import torch
 
 from marspec.backends.int8 import rowwise_int8_available
-from marspec.selftest.equality import no_relax_equals_strict, strict_equals_plain
+from marspec.selftest.equality import (
+    NEW_TOKENS,
+    PROMPTS,
+    K,
+    compare_runs,
+    no_relax_equals_strict,
+    strict_equals_plain,
+)
 from marspec.selftest.report import Check
 from marspec.selftest.tiny import tiny_decoder
 
@@ -27,3 +35,33 @@ def int8_engine_keeps_the_invariants(folder: Path, device: torch.device) -> Chec
     if failed:
         return Check(INT8_CHECK, False, f"{failed[0].name}: {failed[0].detail}")
     return Check(INT8_CHECK, True, "; ".join(c.detail for c in checks))
+
+
+BATCH_CHECK = "batch: each sequence decodes as it does alone"
+# One prompt's own settings each, inside one batch: greedy rules, a relaxing MARS, seeded sampling.
+_BATCH_SETTINGS = (
+    {"rule": "plain"},
+    {"rule": "strict"},
+    {"rule": "mars", "theta": 0.3},
+    {"rule": "mars", "theta": 0.3, "temperature": 1.0, "seed": 3},
+)
+
+
+def batch_decodes_as_alone(folder: Path, device: torch.device) -> Check:
+    """Four prompts, each with its own rule, decoded two at a time (the later ones joining as earlier
+    ones finish) against each decoded alone, token for token: on a CPU with int8 kernels the tiny pair
+    on the int8 engine, whose forwards are packed together; elsewhere its float model, whose forwards
+    take turns."""
+    int8 = device.type == "cpu" and rowwise_int8_available()
+    decoder = tiny_decoder(folder, device, target_quant="int8" if int8 else "none")
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(_BATCH_SETTINGS))]
+    shared = {"max_new_tokens": NEW_TOKENS, "k": K, "chat": False}
+    alone = [decoder.generate(p, **shared, **s) for p, s in zip(prompts, _BATCH_SETTINGS, strict=True)]
+    together = decoder.generate_many(prompts, max_batch=2, per_prompt=list(_BATCH_SETTINGS), **shared)
+    runs = [
+        (f"prompt {i + 1}, {' '.join(f'{k}={v}' for k, v in s.items())}", a.token_ids, t.token_ids)
+        for i, (s, a, t) in enumerate(zip(_BATCH_SETTINGS, alone, together, strict=True))
+    ]
+    check = compare_runs(BATCH_CHECK, runs)
+    engine = "int8, packed" if int8 else f"{decoder.target_weights}, in turn"
+    return Check(BATCH_CHECK, check.passed, f"{check.detail} ({engine})")

@@ -9,6 +9,7 @@ an unknown model, 429 when the queue is full, 503 while shutting down; 500 only 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
 from marspec.api import Decoder
+from marspec.batch.scheduler import default_max_batch, shares_forwards
 from marspec.errors import MarspecError, one_line
 from marspec.serve.auth import ApiKeyAuth
 from marspec.serve.body_limit import BodySizeLimit
@@ -33,6 +35,8 @@ from marspec.serve.routes import router
 from marspec.serve.served_model import ServedModel
 from marspec.serve.settings import ServerSettings
 
+log = logging.getLogger("marspec.serve")
+
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
@@ -40,8 +44,21 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     """An app serving ``decoder`` under ``settings.model_name``. Its lifespan starts the engine's worker
     thread and, on shutdown, cancels what is left and joins it."""
     metrics = ServerMetrics()
+    max_batch = settings.max_batch or default_max_batch(decoder.target)
+    if max_batch > 1 and not shares_forwards(decoder.target):
+        log.warning(
+            "--max-batch %d: this target (%s weights) computes rows together, so requests decoded together "
+            "take turns at each forward: exact, but no faster than one at a time (the CPU int8 and int4 "
+            "engines share them)",
+            max_batch,
+            decoder.target_weights,
+        )
     engine = Engine(
-        decoder, max_queue=settings.max_queue, shutdown_grace=settings.shutdown_grace, metrics=metrics
+        decoder,
+        max_queue=settings.max_queue,
+        shutdown_grace=settings.shutdown_grace,
+        metrics=metrics,
+        max_batch=max_batch,
     )
     served = ServedModel(decoder, settings, engine, metrics)
 

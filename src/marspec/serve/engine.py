@@ -1,11 +1,14 @@
-"""One worker thread owns the Decoder and runs generations one at a time from a bounded queue.
+"""The engine: requests decoded together, up to ``max_batch`` at a time, from a bounded queue.
 
 The HTTP side never touches the model (or its tokenizer): it submits a :class:`Job` and reads the job's
 events (text deltas, then exactly one :class:`Finished` or :class:`Failed`) from an asyncio queue that
-the worker fills through the event loop. Stopping a job (client gone, time limit, shutdown) only sets a
-flag; the worker reads it between decode steps and ends the generation there with
-``GenerationStream.close()``, so the decoder is never interrupted midway through a step and its caches
-stay consistent: the next generation keeps what it shares with them (``reuse_prefix``) and scores the rest.
+the engine fills through the event loop. One worker thread (the dispatcher) admits queued jobs between
+decode steps, each into a slot of a :class:`marspec.batch.scheduler.Scheduler` (its own KV caches, its
+own thread running the ordinary decode loop), and runs the model forwards they gather, so a job joins
+and leaves the batch without disturbing the others (continuous batching). Stopping a job (client gone,
+time limit, shutdown) only sets a flag; its thread reads it between decode steps and ends the generation
+there with ``GenerationStream.close()``, so no cache is left midway through a step: the slot's next job
+keeps what it shares with the last one (``reuse_prefix``) and scores the rest.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from marspec.api import Decoder, GenerationOptions
+from marspec.api import Decoder, GenerationOptions, GenerationStream
+from marspec.batch.batcher import BatchClosed
+from marspec.batch.scheduler import Scheduler
+from marspec.batch.slots import Slot
 from marspec.errors import ChatTemplateError, MarspecError
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
@@ -100,12 +106,13 @@ class Job:
 
 
 class Engine:
-    """Serves :class:`Job` s one at a time on a worker thread that owns ``decoder``.
+    """Serves :class:`Job` s, up to ``max_batch`` decoded together, from a worker thread that owns
+    ``decoder``'s models.
 
-    At most ``max_queue`` jobs wait while one runs; :meth:`submit` refuses more with a 429. After
-    :meth:`begin_shutdown`, new jobs are refused (503) and queued or running ones may still finish for
-    ``shutdown_grace`` seconds; then they are cancelled. :meth:`close` cancels everything and joins the
-    worker.
+    At most ``max_queue`` jobs wait while ``max_batch`` run; :meth:`submit` refuses more with a 429.
+    After :meth:`begin_shutdown`, new jobs are refused (503) and queued or running ones may still finish
+    for ``shutdown_grace`` seconds; then they are cancelled. :meth:`close` cancels everything and joins
+    the worker.
     """
 
     def __init__(
@@ -115,13 +122,16 @@ class Engine:
         max_queue: int,
         shutdown_grace: float,
         metrics: ServerMetrics | None = None,
+        max_batch: int = 1,
     ) -> None:
         self._decoder = decoder
         self._max_queue = max_queue
         self._grace = shutdown_grace
         self._metrics = metrics
+        self._scheduler = Scheduler(decoder.target, decoder.drafter, max_batch)
+        self.max_batch = self._scheduler.max_batch
         self._pending: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: set[Job] = set()
         self._cond = threading.Condition()
         self._closed = False
         # Written by a signal handler, so without a lock (the interrupted thread may hold it).
@@ -129,7 +139,12 @@ class Engine:
         self._service_s = 1.0  # moving average of a generation's duration, for Retry-After
         self._thread = threading.Thread(target=self._run, name="marspec-engine", daemon=True)
         if metrics is not None:
-            metrics.track(lambda: self.queue_depth, lambda: self.busy)
+            metrics.track(
+                lambda: self.queue_depth,
+                lambda: self.busy,
+                lambda: self.batch_size,
+                lambda: self._scheduler.peak,
+            )
 
     def start(self) -> None:
         self._thread.start()
@@ -141,7 +156,13 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return self._running is not None
+        """Whether some job is being decoded."""
+        return bool(self._running)
+
+    @property
+    def batch_size(self) -> int:
+        """Jobs being decoded together now."""
+        return len(self._running)
 
     @property
     def alive(self) -> bool:
@@ -152,8 +173,8 @@ class Engine:
         return self._drain_deadline is not None or self._closed
 
     def retry_after(self) -> int:
-        """Whole seconds until a queue slot is likely to free up: about one generation."""
-        return max(1, math.ceil(self._service_s))
+        """Whole seconds until a queue slot is likely to free up: about one generation per batch."""
+        return max(1, math.ceil(self._service_s / self.max_batch))
 
     def submit(self, job: Job) -> None:
         """Queue ``job``, or raise ApiError: 429 when the queue is full, 503 when shutting down."""
@@ -164,16 +185,17 @@ class Engine:
         if not self.alive:
             raise ApiError(503, "the generation worker is not running", code="worker_stopped")
         with self._cond:
-            if len(self._pending) + (self._running is not None) > self._max_queue:
+            if len(self._pending) + len(self._running) >= self._max_queue + self.max_batch:
                 raise ApiError(
                     429,
                     f"the server is busy: {len(self._pending)} request(s) already wait for the model "
-                    f"(--max-queue {self._max_queue}); retry after the Retry-After header's seconds",
+                    f"beside the {len(self._running)} being decoded (--max-queue {self._max_queue}, "
+                    f"--max-batch {self.max_batch}); retry after the Retry-After header's seconds",
                     code="queue_full",
                     headers={"Retry-After": str(self.retry_after())},
                 )
             self._pending.append(job)
-            self._cond.notify()
+        self._scheduler.poke()
 
     def cancel(self, job: Job, reason: StopReason) -> None:
         """Stop ``job``: at once if it is still queued, else at the worker's next decode step. A job that
@@ -199,7 +221,7 @@ class Engine:
             self._closed = True
             dropped = list(self._pending)
             self._pending.clear()
-            self._cond.notify_all()
+        self._scheduler.poke()
         for job in dropped:
             job.stop_reason = job.stop_reason or "shutdown"
             self._stop(job, job.stop_reason)
@@ -209,23 +231,53 @@ class Engine:
     # -- the worker thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The dispatcher: admit jobs as slots free up and run the forwards the running ones gather,
+        until closed with nothing left running."""
+        scheduler = self._scheduler
+        try:
+            while True:
+                self._admit()
+                if self._closed and not self._running:
+                    return
+                if not scheduler.step(wake=self._admissible):
+                    scheduler.wait_for_work(0.05)
+                    with self._cond:
+                        if not self._pending and not self._closed:
+                            self._cond.wait(0.05)
+        finally:
+            scheduler.close()
+
+    def _admissible(self) -> bool:
+        return bool(self._pending) and len(self._running) < self.max_batch
+
+    def _admit(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if not self._pending:
-                    return  # closed, nothing left
-                job = self._running = self._pending.popleft()
+                if not self._admissible():
+                    return
+                job = self._pending.popleft()
+                self._running.add(job)
+            self._scheduler.add(self._work(job))
+
+    def _work(self, job: Job):
+        """What decodes ``job`` on a slot, in the slot's thread (every outcome ends in one final event)."""
+
+        def run(slot: Slot) -> None:
             try:
-                self._serve(job)
+                self._serve(job, slot)
+            except BatchClosed:
+                self._stop(job, "shutdown")
             except (MarspecError, ApiError) as exc:
                 self._finish(job, "rejected", Failed(exc))
-            except Exception as exc:  # a bug: answer 500 and keep serving the next requests
+            except Exception as exc:  # a bug: answer 500 and keep serving the other requests
                 log.exception("generation failed")
                 self._finish(job, "failed", Failed(exc))
             finally:
                 with self._cond:
-                    self._running = None
+                    self._running.discard(job)
+                self._scheduler.poke()
+
+        return run
 
     def _stop_reason(self, job: Job) -> StopReason | None:
         now = time.monotonic()
@@ -237,7 +289,7 @@ class Engine:
             return "shutdown"
         return None
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, slot: Slot) -> None:
         started = time.monotonic()
         queue_s = started - job.arrived
         if self._metrics is not None:
@@ -247,7 +299,7 @@ class Engine:
             self._stop(job, reason)
             return
         prompt_tokens = self._check_prompt(job)
-        stream = self._decoder.stream(job.prompt, **asdict(job.options))
+        stream = GenerationStream(self._decoder.decode_on(slot, job.prompt, job.options, stream=True))
         parts: list[str] = []
         try:
             for delta in stream:

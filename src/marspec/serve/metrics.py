@@ -86,11 +86,25 @@ class ServerMetrics:
         )
         self.queue_depth = Gauge("marspec_queue_depth", "Requests waiting for the model.", registry=r)
         self.busy = Gauge("marspec_busy", "1 while the model is generating, else 0.", registry=r)
+        self.batch_size = Gauge(
+            "marspec_batch_size", "Requests being decoded together (continuous batching).", registry=r
+        )
+        self.batch_peak = Gauge(
+            "marspec_batch_peak", "The most requests one target forward has served since the start.", registry=r
+        )
 
-    def track(self, queue_depth: Callable[[], int], busy: Callable[[], bool]) -> None:
-        """Read the queue gauges from the engine at scrape time, so they can never drift."""
+    def track(
+        self,
+        queue_depth: Callable[[], int],
+        busy: Callable[[], bool],
+        batch_size: Callable[[], int],
+        batch_peak: Callable[[], int],
+    ) -> None:
+        """Read the queue and batch gauges from the engine at scrape time, so they can never drift."""
         self.queue_depth.set_function(lambda: float(queue_depth()))
         self.busy.set_function(lambda: float(busy()))
+        self.batch_size.set_function(lambda: float(batch_size()))
+        self.batch_peak.set_function(lambda: float(batch_peak()))
 
     def observe_generation(
         self, outcome: str, prompt_tokens: int, completion_tokens: int, stats: dict[str, Any] | None

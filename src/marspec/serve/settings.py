@@ -18,7 +18,9 @@ class ServerSettings:
         model_name: the name clients pass as ``model`` (and ``/v1/models`` lists).
         defaults: generation options for fields a request leaves out; ``max_new_tokens`` is the default
             ``max_tokens``.
-        max_queue: requests that may wait while one generates; more are answered 429.
+        max_queue: requests that may wait while ``max_batch`` generate; more are answered 429.
+        max_batch: requests decoded together (continuous batching; :mod:`marspec.batch`); ``None``: the
+            pair's default (:func:`marspec.batch.scheduler.default_max_batch`).
         request_timeout: seconds from a request's arrival until it is stopped (``None``: no limit). A
             generation that runs out of time ends with what it produced so far (finish_reason "length",
             ``marspec.timed_out``); a request still waiting in the queue is answered 503.
@@ -33,6 +35,7 @@ class ServerSettings:
     model_name: str
     defaults: GenerationOptions = field(default_factory=GenerationOptions)
     max_queue: int = 8
+    max_batch: int | None = None
     request_timeout: float | None = 300.0
     shutdown_grace: float = 20.0
     max_request_bytes: int = 4 * 2**20
@@ -43,6 +46,10 @@ class ServerSettings:
             raise MarspecError("the served model name must not be blank")
         if isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int) or self.max_queue < 0:
             raise MarspecError(f"--max-queue must be an integer >= 0, got {self.max_queue!r}")
+        if self.max_batch is not None and (
+            isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1
+        ):
+            raise MarspecError(f"--max-batch must be an integer >= 1, got {self.max_batch!r}")
         if self.request_timeout is not None and not _positive(self.request_timeout):
             raise MarspecError(
                 f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}"

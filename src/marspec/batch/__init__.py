@@ -1,0 +1,1 @@
+"""Several sequences decoded together (continuous batching): :mod:`marspec.batch.scheduler`."""
