@@ -404,9 +404,9 @@ BAD_INPUTS = [
     ),
     ("max-tokens-type", CHAT, body(max_tokens="ten"), 400, "max_tokens", "invalid_type", "integer"),
     ("seed-range", CHAT, body(seed=2**64), 400, "seed", None, "64-bit"),
-    ("n", CHAT, body(n=2), 400, "n", "unsupported_parameter", "one choice"),
+    ("n", CHAT, body(n=9), 400, "n", None, "[1, 8]"),
     ("top-p", CHAT, body(top_p=0.5), 400, "top_p", "unsupported_parameter", "not supported"),
-    ("logprobs", CHAT, body(logprobs=True), 400, "logprobs", "unsupported_parameter", "log probabilities"),
+    ("top-logprobs", CHAT, body(top_logprobs=2), 400, "top_logprobs", None, "logprobs=true"),
     ("tools", CHAT, body(tools=[{"type": "function"}]), 400, "tools", "unsupported_parameter", "tools"),
     ("unknown-field", CHAT, body(frobnicate=1), 400, "frobnicate", "unsupported_parameter", "frobnicate"),
     (

@@ -21,6 +21,7 @@ _LAZY = {
     "GenerationOptions": "marspec.api",
     "GenerationResult": "marspec.api",
     "GenerationStream": "marspec.api",
+    "TokenLogprob": "marspec.api",
     "GenerationStats": "marspec.stats",
     "Rule": "marspec.rules",
     "RuleName": "marspec.rules",
@@ -50,6 +51,7 @@ __all__ = [
     "MarspecError",
     "Rule",
     "RuleName",
+    "TokenLogprob",
     "__version__",
     "generate",
     "verify_greedy",
@@ -58,7 +60,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from marspec.api import Decoder, GenerationOptions, GenerationResult, GenerationStream, generate
+    from marspec.api import (
+        Decoder,
+        GenerationOptions,
+        GenerationResult,
+        GenerationStream,
+        TokenLogprob,
+        generate,
+    )
     from marspec.interfaces import DraftTree
     from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
     from marspec.rules import Guard, Margin, Rule, RuleName

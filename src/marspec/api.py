@@ -56,6 +56,20 @@ CPU = torch.device("cpu")
 FinishReason = Literal["eos", "length", "stop"]
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability under the target (at temperature 1, from the verification
+    forward that emitted it) and the target's most likely tokens there, ``(token id, log probability)``
+    most likely first (as many as the ``logprobs`` option asked for)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token_id": self.token_id, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+
+
 @dataclass
 class GenerationResult:
     """What one generation produced.
@@ -63,6 +77,7 @@ class GenerationResult:
     ``relaxed_positions`` are indices into ``token_ids`` of the tokens accepted by relaxation (the
     places where the output may differ from strict verification); ``relaxed_top1`` holds, for each, the
     token strict would have taken there (the target's top-1), and ``relaxed_margins`` the rule's margin.
+    ``logprobs`` (with the ``logprobs`` option, else None) is aligned with ``token_ids``.
     """
 
     text: str
@@ -72,6 +87,7 @@ class GenerationResult:
     stats: GenerationStats = field(repr=False)
     relaxed_top1: list[int] = field(default_factory=list)
     relaxed_margins: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
         return {
@@ -81,16 +97,23 @@ class GenerationResult:
             "relaxed_top1": self.relaxed_top1,
             "relaxed_margins": self.relaxed_margins,
             "finish_reason": self.finish_reason,
+            "logprobs": None if self.logprobs is None else [t.to_dict() for t in self.logprobs],
             "stats": self.stats.to_dict(with_steps=with_steps),
         }
 
 
 class GenerationStream:
-    """Iterate to receive text deltas as they are decoded; ``result`` is set once iteration ends."""
+    """Iterate to receive text deltas as they are decoded; ``result`` is set once iteration ends.
 
-    def __init__(self, gen: Generator[str, None, GenerationResult]) -> None:
+    ``logprobs`` (with the ``logprobs`` option) grows as tokens are decoded: when a delta arrives it
+    holds every token decoded so far, those whose text a later delta completes included."""
+
+    def __init__(
+        self, gen: Generator[str, None, GenerationResult], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         self._gen = gen
         self.result: GenerationResult | None = None
+        self.logprobs: list[TokenLogprob] = [] if logprobs is None else logprobs
 
     def __iter__(self) -> Iterator[str]:
         self.result = yield from self._gen
@@ -384,7 +407,8 @@ class Decoder:
         ``options`` are the fields of :class:`GenerationOptions` (rule, theta, margin, k, temperature,
         seed, max_new_tokens, stop, chat). ``on_text`` receives text deltas as they are decoded.
         """
-        gen = self._generate(prompt, GenerationOptions.of(options), stream=on_text is not None)
+        opts = GenerationOptions.of(options)
+        gen = self._generate(prompt, opts, stream=on_text is not None, logprobs=[])
         while True:
             try:
                 delta = next(gen)
@@ -395,7 +419,9 @@ class Decoder:
 
     def stream(self, prompt: Prompt, **options: Any) -> GenerationStream:
         """Like ``generate`` but returns an iterator of text deltas; see ``GenerationStream``."""
-        return GenerationStream(self._generate(prompt, GenerationOptions.of(options), stream=True))
+        logprobs: list[TokenLogprob] = []
+        opts = GenerationOptions.of(options)
+        return GenerationStream(self._generate(prompt, opts, stream=True, logprobs=logprobs), logprobs)
 
     def generate_many(
         self,
@@ -448,14 +474,28 @@ class Decoder:
         return prompt_ids
 
     def decode_on(
-        self, slot: Slot, prompt: Prompt, opts: GenerationOptions, stream: bool
+        self,
+        slot: Slot,
+        prompt: Prompt,
+        opts: GenerationOptions,
+        stream: bool,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> Generator[str, None, GenerationResult]:
-        """:meth:`stream`'s generation on a batch's slot (:mod:`marspec.batch`): its caches, its drafter."""
-        return self._generate(prompt, opts, stream, slot)
+        """:meth:`stream`'s generation on a batch's slot (:mod:`marspec.batch`): its caches, its drafter;
+        ``logprobs`` as :meth:`_generate` fills it."""
+        return self._generate(prompt, opts, stream, [] if logprobs is None else logprobs, slot)
 
     def _generate(
-        self, prompt: Prompt, opts: GenerationOptions, stream: bool, slot: Slot | None = None
+        self,
+        prompt: Prompt,
+        opts: GenerationOptions,
+        stream: bool,
+        logprobs: list[TokenLogprob],
+        slot: Slot | None = None,
     ) -> Generator[str, None, GenerationResult]:
+        """The generation as text deltas (when ``stream`` or stop strings ask for them), on ``slot`` when
+        given (else the pair's own caches); its tokens' log probabilities, with the ``logprobs`` option,
+        are appended to ``logprobs`` as they are decoded."""
         config = self.settle(opts)
         target = self.target if slot is None else slot.target
         drafter = None if opts.rule == "plain" else self.drafter if slot is None else slot.drafter
@@ -481,6 +521,7 @@ class Decoder:
                     relaxed_top1.append(step.relaxed_top1[i])
                     relaxed_margins.append(step.relaxed_margins[i])
                 token_ids.extend(step.tokens)
+                logprobs.extend(map(TokenLogprob, step.tokens, step.logprobs, step.top_logprobs))
                 if step.finished:
                     finish = "eos"
                 if detok is None:
@@ -501,7 +542,14 @@ class Decoder:
             stats.wall_s = time.perf_counter() - start
         text = detok.text if detok is not None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return GenerationResult(
-            text, token_ids, relaxed_positions, finish, stats, relaxed_top1, relaxed_margins
+            text,
+            token_ids,
+            relaxed_positions,
+            finish,
+            stats,
+            relaxed_top1,
+            relaxed_margins,
+            logprobs if opts.logprobs is not None else None,
         )
 
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marspec.defaults import MAX_K
+from marspec.defaults import MAX_K, MAX_TOP_LOGPROBS
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree, TreeDrafter
 from marspec.rules import Rule, RuleName
 from marspec.stats import GenerationStats, StepRecord
 from marspec.thinking import ThinkingMarkers, ThinkingSpan
-from marspec.verify.chain import Verification
+from marspec.verify.chain import Verification, to_host
 from marspec.verify.greedy import verify_greedy
 from marspec.verify.sampling import verify_sampling
 from marspec.verify.tree import TreeVerification, verify_tree_greedy
@@ -55,6 +55,9 @@ class DecodeConfig:
     # The "thinking" guard's span markers (marspec.thinking), read from the tokenizer or given per
     # request; None for every other guard.
     thinking: ThinkingMarkers | None = None
+    # Read each emitted token's log probability under the target (temperature 1) and its top-N
+    # alternatives from the verification logits; None: not read (no work, no extra host copy).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
@@ -80,6 +83,16 @@ class DecodeConfig:
                     "with marspec.drafters.tree.parse_tree_shape"
                 )
             self.rule.check_tree()  # the rule knows whether it can judge a tree (marspec.rules)
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool)
+            or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise MarspecError(
+                f"logprobs must be None (off) or the number of alternatives to list per token, an integer "
+                f"in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}",
+                field="logprobs",
+            )
         if not isinstance(self.reuse_prefix, bool):
             raise MarspecError(f"reuse_prefix must be true or false, got {self.reuse_prefix!r}")
         if self.tree is not None and self.temperature > 0:
@@ -108,6 +121,10 @@ class Step:
     accepted: int = 0  # draft tokens the rule accepted
     judged: int = 0  # accepted drafts the text goes on from (those after an accepted EOS are not)
     margins: tuple[float, ...] = ()  # the rule's margin at each draft position it judged
+    # With DecodeConfig.logprobs: each committed token's log probability under the target (temperature
+    # 1), and the target's top-N (token, log probability) there, most likely first; aligned with tokens.
+    logprobs: tuple[float, ...] = ()
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
     @property
     def committed_relaxed(self) -> list[int]:
@@ -187,7 +204,7 @@ def _steps(
             seq[length : length + n_draft] = draft.tokens
         # Score and verify: one target forward, one host read (inside the verifier).
         span = None if markers is None else markers.span(draft.tokens, thinking)
-        verdict = _score_and_verify(target, seq, length, draft, tree, config, generator, span)
+        logits, verdict = _score_and_verify(target, seq, length, draft, tree, config, generator, span)
         tokens, judged, finished = _cut_at_eos(verdict, config.eos_token_ids)
         thinking = markers is not None and markers.open_after(tokens, thinking)
         # Commit: accepted chain drafts are in place; the correction or bonus token, and a sibling a
@@ -195,6 +212,10 @@ def _steps(
         placed = verdict.chain_prefix if isinstance(verdict, TreeVerification) else verdict.n_accepted
         for i in range(placed, len(tokens)):
             seq[length + i] = tokens[i]
+        read = _NO_LOGPROBS
+        if config.logprobs is not None and tokens:
+            rows = [0, *verdict.path] if isinstance(verdict, TreeVerification) else None
+            read = _token_logprobs(logits, rows, seq[length : length + len(tokens)], config.logprobs)
         # Roll back both caches to the accepted prefix; the newest token stays pending.
         if isinstance(verdict, TreeVerification):
             target.keep_path(length - 1, verdict.path)
@@ -208,7 +229,8 @@ def _steps(
             drafter.rollback(min(length - 1, draft_valid))
         if config.adaptive_k and n_draft:
             draft_len = _next_draft_len(draft_len, verdict.n_accepted == n_draft, config.k)
-        yield _step(verdict, tokens, finished, judged, n_draft, len(tree) - n_draft if tree else 0)
+        siblings = len(tree) - n_draft if tree else 0
+        yield _step(verdict, tokens, finished, judged, n_draft, siblings, read)
         if finished:
             return
 
@@ -222,16 +244,16 @@ def _score_and_verify(
     config: DecodeConfig,
     generator: torch.Generator | None,
     span: ThinkingSpan | None = None,
-) -> Verification:
-    """One target forward over ``[pending] + draft`` (a chain, or a tree's nodes) and the rule's verdict.
-    Row i of the logits predicts the token after ``draft[i-1]``: row 0 verifies draft[0], the last row
-    is the bonus position."""
+) -> tuple[torch.Tensor, Verification]:
+    """One target forward over ``[pending] + draft`` (a chain, or a tree's nodes): its logits and the
+    rule's verdict. Row i of the logits predicts the token after ``draft[i-1]``: row 0 verifies
+    draft[0], the last row is the bonus position."""
     if tree is not None:
         logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
-        return verify_tree_greedy(logits, tree, config.rule, config.relaxable)
+        return logits, verify_tree_greedy(logits, tree, config.rule, config.relaxable)
     logits = target.forward(seq[length - 1 : length + len(draft)])  # [1 + k, V]
     if config.temperature > 0:
-        return verify_sampling(
+        return logits, verify_sampling(
             logits,
             draft.tokens,
             draft.probs,
@@ -241,7 +263,36 @@ def _score_and_verify(
             config.relaxable,
             span,
         )
-    return verify_greedy(logits, draft.tokens, config.rule, config.relaxable, draft.probs, span)
+    return logits, verify_greedy(logits, draft.tokens, config.rule, config.relaxable, draft.probs, span)
+
+
+_TokenLogprobs = tuple[tuple[float, ...], tuple[tuple[tuple[int, float], ...], ...]]
+_NO_LOGPROBS: _TokenLogprobs = ((), ())
+
+
+def _token_logprobs(
+    logits: torch.Tensor, rows: list[int] | None, tokens: torch.Tensor, top: int
+) -> _TokenLogprobs:
+    """The committed ``tokens``' log probabilities under the target at temperature 1 and its ``top``
+    most likely tokens at each, read from the verification ``logits`` in one device-to-host copy.
+
+    Row ``rows[i]`` of ``logits`` is the distribution token ``i`` was emitted from: for a chain the
+    first rows in order (None), for a tree the root's and then each accepted path node's. Only the
+    emitted rows are normalised."""
+    n = tokens.shape[0]
+    if rows is None:
+        emitted = logits[:n]
+    else:
+        emitted = logits.index_select(0, torch.tensor(rows[:n], device=logits.device))
+    logp = torch.log_softmax(emitted.float(), dim=-1)  # [n, V]
+    chosen = logp.gather(1, tokens.view(n, 1).to(logits.device))[:, 0]  # [n]
+    top_values, top_ids = logp.topk(top, dim=-1)  # [n, top], most likely first
+    chosen_h, values_h, ids_h = to_host(chosen, top_values, top_ids)
+    values_rows, ids_rows = values_h.view(n, top).tolist(), ids_h.view(n, top).long().tolist()
+    alternatives = tuple(
+        tuple(zip(ids, values, strict=True)) for ids, values in zip(ids_rows, values_rows, strict=True)
+    )
+    return tuple(chosen_h.tolist()), alternatives
 
 
 def _cut_at_eos(verdict: Verification, eos_token_ids: frozenset[int]) -> tuple[list[int], int, bool]:
@@ -262,10 +313,17 @@ def _next_draft_len(draft_len: int, all_accepted: bool, k: int) -> int:
 
 
 def _step(
-    verdict: Verification, tokens: list[int], finished: bool, judged: int, drafted: int, siblings: int
+    verdict: Verification,
+    tokens: list[int],
+    finished: bool,
+    judged: int,
+    drafted: int,
+    siblings: int,
+    read: _TokenLogprobs = _NO_LOGPROBS,
 ) -> Step:
     """The step as Python values, from the verdict the verifier already read back to the host in the
-    step's one copy (nothing here waits on a device)."""
+    step's one copy, and the log probabilities ``read`` in their own when asked for (nothing here waits
+    on a device)."""
     relaxed_at = tuple(i for i, flag in enumerate(verdict.relaxed.tolist()) if flag)
     top1 = verdict.top1.tolist() if verdict.top1 is not None and relaxed_at else []
     margins = tuple(verdict.margins.tolist())
@@ -280,6 +338,8 @@ def _step(
         accepted=verdict.n_accepted,
         judged=judged,
         margins=margins,
+        logprobs=read[0],
+        top_logprobs=read[1],
     )
 
 

@@ -22,6 +22,9 @@ DEFAULT_K = 12
 # unbounded k let a server request reserve gigabytes). The measured optimum is 12 and a longer draft is
 # almost never accepted whole (docs/results.md); 64 leaves room for lookup drafters copying long spans.
 MAX_K = 64
+# The most alternatives a generation's log probabilities list per token (the ``logprobs`` option):
+# OpenAI's chat bound (top_logprobs <= 20), and what one step's copy of them to the host stays small at.
+MAX_TOP_LOGPROBS = 20
 # The draft's weights on a CPU: 4-bit weights make the cheapest one-token step (the 0.5B Qwen: 17 ms against
 # 27 for row-wise int8 and 21 for fbgemm's int8, AMD EPYC, 2 threads; docs/results.md, "The int8 engine").
 DEFAULT_DRAFT_QUANT = "int4"

@@ -104,6 +104,11 @@ class GenerationOptions:
             keys and values, computed in other chunks, may round a near-tie the other way, so turn it
             off for runs that must not depend on order. An int8 draft always re-reads the whole prompt
             (dynamic quantisation scales each forward as a whole, so its cache depends on chunking).
+        logprobs: None (off), or N in [0, 20]: return each generated token's log probability under the
+            target at temperature 1 (its raw logits, read from the verification forward that emitted the
+            token) and the target's N most likely tokens there (``GenerationResult.logprobs``). A relaxed
+            MARS token gets its own, lower, log probability. Off costs nothing; on, one more small copy to
+            the host per step.
     """
 
     rule: str | None = None
@@ -121,6 +126,7 @@ class GenerationOptions:
     reuse_prefix: bool = True
     window: int | None = None
     thinking: tuple[str, str] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Frozen: the rule in use is written once, here, so every later copy (replace) holds it named.
@@ -193,6 +199,7 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
         reuse_prefix=options.reuse_prefix,
         relaxable=relaxable,
         thinking=markers,
+        logprobs=options.logprobs,
     )
 
 

@@ -23,13 +23,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from marspec.api import Decoder, GenerationOptions, GenerationStream
+from marspec.api import Decoder, GenerationOptions, GenerationStream, TokenLogprob
 from marspec.batch.batcher import BatchClosed
 from marspec.batch.scheduler import Scheduler
 from marspec.batch.slots import Slot
 from marspec.errors import ChatTemplateError, MarspecError
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
+from marspec.serve.logprobs import TokenEntry, token_entries
 from marspec.serve.metrics import ServerMetrics
 
 log = logging.getLogger("marspec.serve")
@@ -44,7 +45,8 @@ class Outcome:
 
     ``stats`` is ``GenerationStats.to_dict()``; it is ``None`` for a timed-out generation, whose
     acceptance counters the library does not return once a stream is closed early (then
-    ``completion_tokens`` is the re-tokenized length of ``text``).
+    ``completion_tokens`` is the re-tokenized length of ``text``). ``logprobs``: every generated token's,
+    when the request asked for them (else None).
     """
 
     text: str
@@ -55,13 +57,16 @@ class Outcome:
     relaxed_positions: list[int]
     timed_out: bool
     queue_s: float
+    logprobs: tuple[TokenEntry, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Delta:
-    """New text, in order."""
+    """New text, in order, and the log probabilities of the tokens decoded since the last delta (when
+    the request asked for them; a token whose text is still held back comes with it)."""
 
     text: str
+    logprobs: tuple[TokenEntry, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -299,14 +304,20 @@ class Engine:
             self._stop(job, reason)
             return
         prompt_tokens = self._check_prompt(job)
-        stream = GenerationStream(self._decoder.decode_on(slot, job.prompt, job.options, stream=True))
+        logprobs: list[TokenLogprob] = []
+        stream = GenerationStream(
+            self._decoder.decode_on(slot, job.prompt, job.options, True, logprobs), logprobs
+        )
         parts: list[str] = []
+        entries: list[TokenEntry] = []  # the log probabilities sent so far, as text
         try:
             for delta in stream:
                 if not parts and self._metrics is not None:
                     self._metrics.time_to_first_token.observe(time.monotonic() - job.arrived)
                 parts.append(delta)
-                job.post(Delta(delta))
+                new = token_entries(self._decoder.tokenizer, stream.logprobs[len(entries) :])
+                entries.extend(new)
+                job.post(Delta(delta, new))
                 reason = self._stop_reason(job)
                 if reason is not None:
                     break
@@ -326,15 +337,28 @@ class Engine:
                 relaxed_positions=result.relaxed_positions,
                 timed_out=False,
                 queue_s=queue_s,
+                logprobs=self._logprobs(job, entries, stream.logprobs),
             )
             self._finish(job, "completed", Finished(outcome))
         elif reason == "timeout":
             text = "".join(parts)
             completion_tokens = len(self._decoder.tokenizer(text, add_special_tokens=False).input_ids)
-            outcome = Outcome(text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s)
+            logprobs = self._logprobs(job, entries, stream.logprobs)
+            outcome = Outcome(
+                text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s, logprobs
+            )
             self._finish(job, "timed_out", Finished(outcome))
         else:
             self._stop(job, reason, prompt_tokens)
+
+    def _logprobs(
+        self, job: Job, sent: list[TokenEntry], decoded: list[TokenLogprob]
+    ) -> tuple[TokenEntry, ...] | None:
+        """Every decoded token's log probabilities as text (those not sent in a delta made now), or None
+        when the request did not ask for them."""
+        if job.options.logprobs is None:
+            return None
+        return (*sent, *token_entries(self._decoder.tokenizer, decoded[len(sent) :]))
 
     def _check_prompt(self, job: Job) -> int:
         """Count the prompt's tokens and refuse one that does not fit the context with OpenAI's error code

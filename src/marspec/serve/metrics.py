@@ -90,7 +90,9 @@ class ServerMetrics:
             "marspec_batch_size", "Requests being decoded together (continuous batching).", registry=r
         )
         self.batch_peak = Gauge(
-            "marspec_batch_peak", "The most requests one target forward has served since the start.", registry=r
+            "marspec_batch_peak",
+            "The most requests one target forward has served since the start.",
+            registry=r,
         )
 
     def track(

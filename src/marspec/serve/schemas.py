@@ -3,7 +3,7 @@
 Pydantic checks shapes and types; the values are checked by the library's own
 :class:`~marspec.api.GenerationOptions`, so the rules for theta, k, temperature, ... live in one place
 and a :class:`~marspec.errors.MarspecError` from them becomes a 400 naming the offending parameter. What
-the server cannot do (several choices, logprobs, nucleus sampling, tools, ...) is refused with a 400
+the server cannot do (nucleus sampling, penalties, tools, ...) is refused with a 400
 that says so, never silently ignored.
 """
 
@@ -22,11 +22,14 @@ from marspec.errors import MarspecError
 from marspec.prompting import Prompt, check_text
 from marspec.rules import LOSSLESS_RULES
 from marspec.serve.errors import ApiError
+from marspec.serve.logprobs import MAX_CHAT_TOP, MAX_COMPLETION_TOP
 from marspec.serve.settings import ServerSettings
 
 INT64 = (-(2**63), 2**63 - 1)  # OpenAI's seed range; torch would fail on larger seeds with a 500
 SHOWN_CHARS = 80  # the most of a client's value an error message quotes
 MAX_TEMPERATURE = 2.0  # OpenAI's upper bound (the library itself accepts any temperature >= 0)
+# The most choices (n) one request may ask for: each is a generation of its own, queued as one.
+MAX_CHOICES = 8
 
 
 class _Body(BaseModel):
@@ -76,8 +79,8 @@ class _GenerationBody(_Body):
     stream_options: StreamOptions | None = None
     marspec: MarspecParams | None = None
     user: str | None = None  # an end-user id for the caller's own records; it does not affect generation
+    n: int | None = None  # choices, each generated on its own (choice i with seed + i when seeded)
     # Accepted only at their neutral value (clients often send those explicitly); see UNSUPPORTED.
-    n: Any = None
     top_p: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
@@ -89,8 +92,8 @@ class ChatCompletionRequest(_GenerationBody):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # alternatives listed per token, with logprobs=true
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
@@ -100,7 +103,7 @@ class CompletionRequest(_GenerationBody):
     """``POST /v1/completions``."""
 
     prompt: str | list[str]
-    logprobs: Any = None
+    logprobs: int | None = None  # alternatives listed per token (0: the chosen token's only)
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
@@ -108,14 +111,11 @@ class CompletionRequest(_GenerationBody):
 
 # Parameters marspec does not implement, with the values that mean "not used" and why it cannot do more.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), "generates one choice per request"),
-    "best_of": ((1,), "generates one choice per request"),
+    "best_of": ((1,), "returns every choice it generates (n) and picks none"),
     "top_p": ((1,), "samples from the full distribution (temperature only)"),
     "presence_penalty": ((0,), "applies no penalties"),
     "frequency_penalty": ((0,), "applies no penalties"),
     "logit_bias": (({},), "does not bias logits"),
-    "logprobs": ((False, 0), "does not return log probabilities"),
-    "top_logprobs": ((0,), "does not return log probabilities"),
     "echo": ((False,), "does not echo prompts"),
     "suffix": (("",), "does not insert text"),
     "tools": (([],), "does not call tools"),
@@ -133,6 +133,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     timeout: float | None  # seconds from arrival, None = no limit
+    n: int = 1  # choices
 
 
 def parse_request(
@@ -179,6 +180,7 @@ def parse_request(
         ("temperature", body.temperature, "temperature"),
         ("seed", body.seed, "seed"),
         ("stop", body.stop, "stop"),
+        _logprobs(body),
         *((f, getattr(extra, f), f"marspec.{f}") for f in ("rule", "theta", "margin", "k")),
     ]
     options = _options(settings.defaults, [(f, v, p) for f, v, p in overrides if v is not None], chat)
@@ -190,7 +192,35 @@ def parse_request(
             param="marspec.rule",
         )
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return GenerationRequest(prompt, options, body.stream, include_usage, _timeout(extra, settings))
+    timeout = _timeout(extra, settings)
+    return GenerationRequest(prompt, options, body.stream, include_usage, timeout, _choices(body))
+
+
+def _choices(body: ChatCompletionRequest | CompletionRequest) -> int:
+    if body.n is None:
+        return 1
+    if not 1 <= body.n <= MAX_CHOICES:
+        raise ApiError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {body.n}", param="n")
+    return body.n
+
+
+def _logprobs(body: ChatCompletionRequest | CompletionRequest) -> tuple[str, int | None, str]:
+    """The ``logprobs`` option a request asks for (None: off), as an override ``(field, value, param)``:
+    chat's ``logprobs`` (true/false) and ``top_logprobs`` (0-20, with logprobs), completions'
+    ``logprobs`` (0-5 alternatives)."""
+    if isinstance(body, CompletionRequest):
+        top, param, bound = body.logprobs, "logprobs", MAX_COMPLETION_TOP
+    else:
+        top, param, bound = body.top_logprobs, "top_logprobs", MAX_CHAT_TOP
+    if top is not None and not 0 <= top <= bound:
+        raise ApiError(400, f"{param} must be an integer in [0, {bound}], got {top}", param=param)
+    if isinstance(body, CompletionRequest):
+        return "logprobs", top, param
+    if top and not body.logprobs:
+        raise ApiError(
+            400, "top_logprobs lists alternatives of logprobs: set logprobs=true too", param="top_logprobs"
+        )
+    return "logprobs", (top or 0) if body.logprobs else None, "logprobs"
 
 
 def _check_unicode(prompt: Prompt) -> None:

@@ -17,7 +17,17 @@ from marspec.api import Decoder, GenerationOptions
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt, fewest_tokens, longest_token_bytes, render_prompt
 from marspec.rules import LOSSLESS_RULES
-from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job, context_length_error
+from marspec.serve.engine import (
+    Delta,
+    Engine,
+    Event,
+    Failed,
+    Finished,
+    Job,
+    Outcome,
+    StopReason,
+    context_length_error,
+)
 from marspec.serve.errors import ApiError, error_payload
 from marspec.serve.metrics import ServerMetrics
 from marspec.serve.responses import Responder, sse
@@ -53,30 +63,36 @@ class ServedModel:
             gen = replace(gen, options=self.decoder.resolve_theta(gen.options))
         except MarspecError as exc:
             raise ApiError(400, str(exc), param="marspec.theta") from None
-        job = Job(gen.prompt, gen.options, timeout=gen.timeout)
-        engine.submit(job)
+        jobs = [Job(gen.prompt, choice_options(gen.options, i), timeout=gen.timeout) for i in range(gen.n)]
+        for submitted, job in enumerate(jobs):
+            try:
+                engine.submit(job)
+            except ApiError:  # the queue took only some of the choices: none of them runs
+                for earlier in jobs[:submitted]:
+                    engine.cancel(earlier, "disconnect")
+                raise
+        choices = Choices(jobs)
         out = Responder(
             isinstance(body, ChatCompletionRequest), settings.model_name, gen.options, gen.include_usage
         )
         try:
+            if not gen.stream:
+                return JSONResponse(out.response(await self._outcomes(request, choices)))
             # Streams too wait for the first event before answering, so that an error found by the
             # worker (a prompt longer than the context, a queue timeout) still gets its status code.
-            event = await self._wait_for_event(request, job, first=gen.stream)
-            if gen.stream and not isinstance(event, Failed):
-                return StreamingResponse(
-                    self._stream_events(job, event, out),
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                    # Runs after Starlette saw the client disconnect, too: a second, certain cancel hook.
-                    background=BackgroundTask(engine.cancel, job, "disconnect"),
-                )
-        except BaseException:  # cancelled by the server (shutdown timeout) or the client left
-            engine.cancel(job, "disconnect")
+            index, event = await self._next_event(request, choices, first=True)
+            if isinstance(event, Failed):
+                raise event.error
+            return StreamingResponse(
+                self._stream_events(choices, index, event, out),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+                # Runs after Starlette saw the client disconnect, too: a second, certain cancel hook.
+                background=BackgroundTask(choices.cancel, engine, "disconnect"),
+            )
+        except BaseException:  # a choice failed, the server cancelled (shutdown timeout) or the client left
+            choices.cancel(engine, "disconnect")
             raise
-        if isinstance(event, Failed):
-            raise event.error
-        assert isinstance(event, Finished)
-        return JSONResponse(out.response(event.outcome))
 
     def model_card(self) -> dict[str, Any]:
         """The model as ``/v1/models`` lists it, with marspec's defaults."""
@@ -96,21 +112,33 @@ class ServedModel:
         body = {"status": status, "model": self.settings.model_name, "queue_depth": engine.queue_depth}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
-    async def _wait_for_event(self, request: Request, job: Job, first: bool) -> Event:
-        """The job's first event (``first``) or its final one. Meanwhile, every DISCONNECT_POLL_S (also
-        while deltas keep arriving), check the client is still there; if not, cancel the job, answer 499."""
+    async def _outcomes(self, request: Request, choices: Choices) -> list[Outcome]:
+        """Every choice's outcome, in order; a choice's failure is raised."""
+        finals: dict[int, Outcome] = {}
+        while len(finals) < len(choices.jobs):
+            index, event = await self._next_event(request, choices, first=False)
+            if isinstance(event, Failed):
+                raise event.error
+            assert isinstance(event, Finished)
+            finals[index] = event.outcome
+        return [finals[i] for i in range(len(choices.jobs))]
+
+    async def _next_event(self, request: Request, choices: Choices, first: bool) -> tuple[int, Event]:
+        """The choices' next event (``first``) or next final one, with its choice's index. Meanwhile,
+        every DISCONNECT_POLL_S (also while deltas keep arriving), check the client is still there; if
+        not, cancel the choices, answer 499."""
         checked = time.monotonic()
         while True:
             try:
-                event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+                index, event = await asyncio.wait_for(choices.events.get(), DISCONNECT_POLL_S)
                 if first or not isinstance(event, Delta):
-                    return event
+                    return index, event
             except TimeoutError:
                 pass
             if time.monotonic() - checked >= DISCONNECT_POLL_S:
                 checked = time.monotonic()
                 if await request.is_disconnected():
-                    self.engine.cancel(job, "disconnect")
+                    choices.cancel(self.engine, "disconnect")
                     raise ApiError(499, "the client closed the request", code="client_closed_request")
 
     def _refuse_if_surely_too_long(self, prompt: Prompt, chat: bool | None) -> None:
@@ -129,28 +157,66 @@ class ServedModel:
             param = "prompt" if isinstance(prompt, str) else "messages"
             raise context_length_error(context_length, f"at least {fewest:,}", param)
 
-    async def _stream_events(self, job: Job, event: Event, out: Responder) -> AsyncIterator[bytes]:
-        ended = False
+    async def _stream_events(
+        self, choices: Choices, index: int, event: Event, out: Responder
+    ) -> AsyncIterator[bytes]:
+        """The choices' chunks, each tagged with its choice's index, from ``event`` (choice ``index``'s)
+        on; usage once every choice has ended. A choice's failure ends the stream with an error event."""
+        n = len(choices.jobs)
+        sent = [0] * n  # log probabilities each choice's text chunks carried
+        outcomes: dict[int, Outcome] = {}
         try:
-            for chunk in out.opening_chunks():
+            for chunk in out.opening_chunks(n):
                 yield sse(chunk)
             while True:
                 if isinstance(event, Delta):
-                    yield sse(out.text_chunk(event.text))
+                    sent[index] += len(event.logprobs)
+                    yield sse(out.text_chunk(index, event.text, event.logprobs))
                 elif isinstance(event, Finished):
-                    ended = True
-                    for chunk in out.closing_chunks(event.outcome):
-                        yield sse(chunk)
-                    break
+                    outcomes[index] = event.outcome
+                    unsent = (event.outcome.logprobs or ())[sent[index] :]
+                    yield sse(out.closing_chunk(index, event.outcome, unsent))
+                    if len(outcomes) == n:
+                        for chunk in out.usage_chunk([outcomes[i] for i in range(n)]):
+                            yield sse(chunk)
+                        break
                 else:  # failed after the response started (shutdown, or a bug): an OpenAI error event
-                    ended = True
                     yield sse(error_payload(event.error))
                     break
-                event = await job.events.get()
+                index, event = await choices.events.get()
             yield sse("[DONE]")
-        finally:
-            if not ended:  # the client went away (Starlette cancelled or closed this generator)
-                self.engine.cancel(job, "disconnect")
+        finally:  # the client went away (Starlette cancelled or closed this generator), or a choice failed
+            if len(outcomes) < n:
+                choices.cancel(self.engine, "disconnect")
+
+
+class Choices:
+    """A request's jobs, one per choice, their events merged into one queue as ``(choice index,
+    event)``. Create it on the event loop that reads ``events``, once every job is submitted."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        self.jobs = jobs
+        self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        # Each forwarder ends with its job's final event, which every submitted job posts.
+        self._forwarders = [asyncio.create_task(self._forward(i, job)) for i, job in enumerate(jobs)]
+
+    async def _forward(self, index: int, job: Job) -> None:
+        while True:
+            event = await job.events.get()
+            self.events.put_nowait((index, event))
+            if not isinstance(event, Delta):
+                return
+
+    def cancel(self, engine: Engine, reason: StopReason) -> None:
+        """Stop every choice that has not ended."""
+        for job in self.jobs:
+            engine.cancel(job, reason)
+
+
+def choice_options(options: GenerationOptions, index: int) -> GenerationOptions:
+    """Choice ``index``'s options: its own seed, ``seed + index`` when the request gives one (so choice 0
+    is the answer of the same request with n = 1); without one each choice draws its own."""
+    return options if options.seed is None else replace(options, seed=options.seed + index)
 
 
 def defaults_card(decoder: Decoder, defaults: GenerationOptions) -> dict[str, Any]:
