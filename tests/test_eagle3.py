@@ -479,3 +479,15 @@ def test_the_cli_generates_with_a_head_by_hub_id_offline(target_dir, head_dir, p
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["token_ids"] == plain_runs[2][0] and result["stats"]["accepted_exact"] > 0
+
+
+def test_sequences_decoded_together_each_keep_their_own_head_and_states(target_dir, runner_up_head_dir):
+    """An EAGLE-3 head in a batch (issue 69): each sequence gets its own head cache, reading its own
+    slot's hidden states; the target keeps states, so its forwards run one sequence at a time. Every
+    output equals the sequence decoded alone, a relaxing MARS (a head proposing runner-ups) included."""
+    decoder = Decoder(str(target_dir), str(runner_up_head_dir), device="cpu", draft_confidence=0.0)
+    settings = [{"rule": "strict", "k": 3}, {"rule": "mars", "theta": 0.3, "k": 3}, {"rule": "plain"}]
+    alone = [decoder.generate(p, **options(**s)) for p, s in zip(PROMPTS, settings, strict=True)]
+    together = decoder.generate_many(PROMPTS, max_batch=2, per_prompt=settings, **options())
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert alone[1].relaxed_positions and alone[0].stats.drafted > 0

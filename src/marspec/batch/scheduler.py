@@ -128,9 +128,10 @@ class Scheduler:
         """Wake a :meth:`step` that waits, to check its ``wake`` again (call after it may have turned)."""
         self._batcher.poke()
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Sleep until a work is queued or ``timeout`` seconds pass (for a dispatcher with nothing to do)."""
-        self._batcher.wait_until(lambda: bool(self._queue), timeout)
+    def wait_for_work(self, timeout: float, wake: Callable[[], bool] | None = None) -> None:
+        """Sleep until a work is queued, ``wake`` turns true (see :meth:`poke`) or ``timeout`` seconds
+        pass (for a dispatcher with nothing to do)."""
+        self._batcher.wait_until(lambda: bool(self._queue) or (wake is not None and wake()), timeout)
 
     def close(self, timeout: float = 30.0) -> list[Work]:
         """Stop: sequences waiting for a forward fail with :class:`BatchClosed` (works end at their next

@@ -245,10 +245,7 @@ class Engine:
                 if self._closed and not self._running:
                     return
                 if not scheduler.step(wake=self._admissible):
-                    scheduler.wait_for_work(0.05)
-                    with self._cond:
-                        if not self._pending and not self._closed:
-                            self._cond.wait(0.05)
+                    scheduler.wait_for_work(0.5, wake=lambda: self._admissible() or self._closed)
         finally:
             scheduler.close()
 
