@@ -61,6 +61,7 @@ def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
         "one device read per step",
         "fixed shapes == eager",
         *(["int8 engine: strict == plain, no-relax rules == strict"] if rowwise_int8_available() else []),
+        "batch: each sequence decodes as it does alone",
     ]
     for key in ("python", "torch", "transformers", "device", "attention (SDPA)", "CPU kernels"):
         assert report.environment[key] and not report.environment[key].startswith("unknown"), key
