@@ -6,7 +6,10 @@ each streaming the demo's prompts (marspec.demo.DEMO_PROMPTS) one after another 
 tokens (the server's default rule, strict: lossless, unless --rule). Reports per level: aggregate
 completion tok/s (all tokens over the level's wall time), each request's own tok/s (its tokens over its
 time from first to last token), and time to first token; and checks every answer against that prompt's
-answer with one client (greedy decoding: any difference would be a batching bug). Writes JSON.
+answer with one client (greedy decoding: any difference would be a batching bug). With --llama-python,
+then runs llama.cpp on the same machine in the same run, decoding the same prompts as 1, 2, 4 and 8
+sequences of one batch (benchmarks/llama_cpp_batched.py, in that Python's environment, on the target's
+packaged GGUF), and puts its JSON beside marspec's. Writes JSON.
 
     python benchmarks/batch_serving.py --clients 1 2 4 8 --max-tokens 128 \\
         --out docs/results/batch-serving.json
@@ -14,8 +17,10 @@ answer with one client (greedy decoding: any difference would be a batching bug)
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -102,12 +107,29 @@ def level(url: str, clients: int, max_tokens: int, extra: dict[str, Any]) -> dic
     }
 
 
+def llama_cpp_batched(args: argparse.Namespace) -> dict[str, Any]:
+    """llama.cpp's batched greedy decoding of the same prompts, run in ``--llama-python``'s environment."""
+    from engines import gguf_of  # this folder's: the target's packaged GGUF as a file
+
+    from marspec.models import DEFAULT_TARGET
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "llama.json"
+        script = Path(__file__).with_name("llama_cpp_batched.py")
+        command = [args.llama_python, str(script), "--model", str(gguf_of(DEFAULT_TARGET, Path(scratch)))]
+        command += ["--sequences", ",".join(map(str, args.clients)), "--max-new-tokens", str(args.max_tokens)]
+        command += ["--threads", str(args.threads), "--out", str(out)]
+        subprocess.run(command, check=True)
+        return json.loads(out.read_text())
+
+
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rule", default=None, help="the requests' rule (default: the server's, strict)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--llama-python", help="a Python with llama-cpp-python (omit: no llama.cpp run)")
     add_threads(parser)
     args = parser.parse_args()
     extra = {"marspec": {"rule": args.rule}} if args.rule else {}
@@ -135,6 +157,7 @@ def main() -> None:
                 )
         finally:
             server.stop()
+    llama = llama_cpp_batched(args) if args.llama_python else None
     solo = {r["prompt"]: r["text"] for r in levels[0]["requests"]}
     differing = sum(
         r["text"] != solo[r["prompt"]] for lv in levels for r in lv["requests"] if r["prompt"] in solo
@@ -160,6 +183,7 @@ def main() -> None:
             "rule": args.rule or "strict (the server's default)",
             "answers_differing_from_one_client": differing,
             "levels": levels,
+            "llama_cpp_batched": llama,
         },
     )
 
