@@ -130,6 +130,8 @@ runner = CliRunner()
         (["--rule", "fast"], "unknown rule"),
         (["--max-tokens", "0"], "max_new_tokens"),
         (["--max-queue", "-1"], "--max-queue"),
+        (["--max-batch", "0"], "--max-batch"),
+        (["--max-batch", "2", "--graphs", "on"], "--graphs off"),
         (["--request-timeout", "-1"], "--request-timeout"),
         (["--shutdown-grace", "-1"], "--shutdown-grace"),
         (["--max-request-mb", "0"], "--max-request-mb"),

@@ -163,6 +163,7 @@ def serve(
             max_request_bytes=round(max_request_mb * 2**20) if math.isfinite(max_request_mb) else 0,
             api_key=api_key,
         )
+        _check_batching(max_batch, graphs, device)
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
             load_settings = LoadSettings(
@@ -174,6 +175,19 @@ def serve(
             run_server(decoder, settings, sock, log_level)
         finally:
             sock.close()
+
+
+def _check_batching(max_batch: int | None, graphs: str, device: str) -> None:
+    """Refuse, before any model loads, a batch the chosen engine cannot decode: the fixed-shape path
+    (CUDA graphs) decodes one request at a time."""
+    if max_batch is None or max_batch <= 1:
+        return
+    from marspec.backends.fixed import graphs_plan
+    from marspec.batch.slots import FIXED_SHAPE_REFUSAL
+    from marspec.devices import resolve_device
+
+    if graphs_plan(graphs, resolve_device(device))[0]:
+        raise MarspecError(f"--max-batch {max_batch}: {FIXED_SHAPE_REFUSAL}")
 
 
 def _listening(model_name: str, host: str, sock: socket.socket, api_key: str | None) -> str:
