@@ -1,23 +1,28 @@
-r"""The engines table (issue 57, item 5): llama.cpp plain and speculative against marspec plain, strict and
-MARS with the fp32, int8 and int4 target, on one machine and the same prompts, with each process's
-own peak memory.
+r"""The engines table (issue 57, item 5; issue 67, item 5): llama.cpp plain and speculative against marspec
+plain, strict and MARS as a user gets it (no precision named: on a CPU the int8 target engine built from
+the packaged GGUF with a 4-bit draft; ``marspec.precision``), on one machine and the same prompts, with
+each process's own peak memory and the default pair's model cache on disk.
 
 The demo's prompts (``marspec.demo.DEMO_PROMPTS``) through the target's chat template, greedy,
-``--max-new-tokens`` each. marspec's rows are ``marspec demo --json`` runs, one process per precision
-(the int4 one with the 4-bit draft: the laptop pair); llama.cpp's are benchmarks/llama_cpp_engine.py in
-an environment with llama-cpp-python (no marspec dependency), on the pair's own packaged Q4_K_M GGUFs,
-fed the very token ids marspec encodes. Peak memory is each process's own VmHWM. Tokens per second
-(per-prompt means, as the demo's) count the prompt's prefill, as marspec's statistics do.
+``--max-new-tokens`` each. marspec's rows are ``marspec demo --json`` runs, one process each: "default"
+names no precision (the ``marspec.Decoder()`` defaults), "int4" is the 4-bit pair (``--target-quant int4
+--draft-quant int4``, the old laptop pair; not run unless named in ``--only``). llama.cpp's are
+benchmarks/llama_cpp_engine.py in an environment with llama-cpp-python (no marspec dependency), on the
+pair's own packaged Q4_K_M GGUFs, fed the very token ids marspec encodes. Peak memory is each process's own
+VmHWM. Tokens per second (per-prompt means, as the demo's) count the prompt's prefill, as marspec's
+statistics do. The machine's load average is recorded before and after: ratios inside one run are what
+count.
 
     python benchmarks/engines.py --llama-python .venv-llamacpp/bin/python \
-        --out docs/results/engines.json
+        --out docs/results/engines-2026-12-02.json
 
-A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,fp32,int8,int4).
+A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,default,int4).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,19 +30,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 
 from marspec.demo import DEMO_PROMPTS
 from marspec.eval.peak_memory import run_measured
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, get_spec, resolve_model_dir
-from marspec.models.cache import held_gguf
+from marspec.models.cache import WEIGHTS_FILE, held_gguf
+from marspec.models.int4_cache import int4_model_file
+from marspec.models.int8_store import int8_model_file
 from marspec.models.tokenizers import read_tokenizer
 from marspec.prompting import encode_prompt
 
 HERE = Path(__file__).resolve().parent
 MARSPEC_ROWS = {
-    "fp32": [],
-    "int8": ["--target-quant", "int8"],
+    "default": [],
     "int4": ["--target-quant", "int4", "--draft-quant", "int4"],
 }
 
@@ -49,6 +56,31 @@ def gguf_of(name: str, scratch: Path) -> Path:
         return held
     out = scratch / f"{name}.gguf"
     get_spec(name).write_gguf(out)
+    return out
+
+
+def default_pair_cache() -> dict[str, Any]:
+    """The default pair's model cache on disk: each folder whole (``du``: it may hold files of other
+    precisions or older versions) and the files the default engines read (the target's int8 store, the
+    draft's 4-bit one, configuration and tokenizer)."""
+    engine_files = {
+        DEFAULT_TARGET: int8_model_file(resolve_model_dir(DEFAULT_TARGET)),
+        DEFAULT_DRAFT: int4_model_file(resolve_model_dir(DEFAULT_DRAFT), torch.float32),
+    }
+    out: dict[str, Any] = {}
+    for name, engine_file in engine_files.items():
+        folder = resolve_model_dir(name)
+        files = {str(p.relative_to(folder)): p.stat() for p in sorted(folder.rglob("*")) if p.is_file()}
+        weights = {WEIGHTS_FILE} | {f for f in files if f.endswith(".gguf")}
+        read = [f for f in files if "/" not in f and f not in weights]
+        read.append(str(engine_file.relative_to(folder)))
+        out[name] = {
+            "folder": str(folder),
+            "du_bytes": sum(st.st_blocks * 512 for st in files.values()),
+            "files": {f: st.st_size for f, st in files.items()},
+            "read_by_default": read,
+            "read_by_default_bytes": sum(files[f].st_size for f in read),
+        }
     return out
 
 
@@ -89,6 +121,7 @@ def llama_cpp_rows(python: str, threads: int, n: int, k: int) -> dict[str, Any]:
             ),
             "peak_gib": result["peak_gib"] if mode != "plain" else result["peak_gib_target_only_loaded"],
             "runs": runs,
+            "build": result["build"],
         }
     return rows
 
@@ -117,10 +150,11 @@ def main() -> int:
     add_threads(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="llama.cpp's draft length")
-    parser.add_argument("--only", default="llama.cpp,fp32,int8,int4")
+    parser.add_argument("--only", default="llama.cpp,default")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     only = args.only.split(",")
+    load_before = os.getloadavg()
     rows: dict[str, Any] = {}
     if args.out and args.out.exists():
         rows = json.loads(args.out.read_text())["rows"]  # rows not rerun are kept
@@ -139,14 +173,21 @@ def main() -> int:
         peak = "—" if r.get("peak_gib") is None else f"{r['peak_gib'] * 2**30 / 1e9:.2f} GB"
         same = f"{r['same_as_plain']}/{len(DEMO_PROMPTS)}"
         print(f"| {key} | {r['tokens_per_s']:.2f} | {ratio} | {same} | {peak} |")
+    cache = default_pair_cache()
+    for name, c in cache.items():
+        read, whole = c["read_by_default_bytes"] / 1e9, c["du_bytes"] / 1e9
+        print(f"{name}: {read:.2f} GB read by the default engines, its cache folder {whole:.2f} GB")
     if args.out:
         meta = {
             **machine(),
             "threads": args.threads,
             "max_new_tokens": args.max_new_tokens,
             "k": args.k,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "command": " ".join(["python", *sys.argv]),
         }
-        write_json(args.out, {"meta": meta, "rows": rows})
+        write_json(args.out, {"meta": meta, "rows": rows, "default_pair_cache": cache})
     return 0
 
 

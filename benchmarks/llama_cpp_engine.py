@@ -8,7 +8,8 @@ Runs in its own environment (llama-cpp-python is no marspec dependency; numpy is
 SPEC.json: {"target": GGUF, "draft": GGUF, "prompts": [[ids...], ...], "max_new_tokens": N,
 "threads": T, "k": K, "eos": [ids...]}. Prints one JSON object: per prompt and mode ("plain",
 "speculative") the new tokens, wall seconds (prefill included, as marspec's tok/s counts it), target
-forwards, and for speculative the accepted draft tokens; and this process's own peak memory (VmHWM).
+forwards, and for speculative the accepted draft tokens; this process's own peak memory (VmHWM); and the
+build (llama-cpp-python's version, llama.cpp's system info: the instruction sets it was built for).
 
 Speculative decoding is llama.cpp's greedy draft-then-verify (its speculative example's scheme): the
 draft proposes K tokens one at a time, the target scores the last accepted token and the K drafts in one
@@ -150,7 +151,17 @@ def main() -> None:
         runs.append(
             {"prompt": i, "mode": "speculative", **speculative(target, draft, prompt, n, spec["k"], eos)}
         )
-    print(json.dumps({"runs": runs, "peak_gib_target_only_loaded": loaded_plain, "peak_gib": peak_gib()}))
+    build = {"llama_cpp_python": lc.__version__, "system_info": lc.llama_print_system_info().decode()}
+    print(
+        json.dumps(
+            {
+                "runs": runs,
+                "peak_gib_target_only_loaded": loaded_plain,
+                "peak_gib": peak_gib(),
+                "build": build,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
