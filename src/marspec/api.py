@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -49,6 +49,9 @@ from marspec.precision import choose_precision
 from marspec.prompting import Prompt, encode_prompt
 from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("marspec")
 
@@ -131,6 +134,7 @@ def load_lm(
     int4_linears: bool = False,
     int8_linears: bool = False,
     int8_embedding: bool = False,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
@@ -139,7 +143,8 @@ def load_lm(
     (:func:`~marspec.models.loading.load_model`: a known model builds them from its GGUF, or reads them
     back once stored), with ``int8_embedding`` its token embedding in int8 too (a draft's form).
     ``int8_linears``: a model of marspec's cache comes back as its stored int8 model
-    (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise."""
+    (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise.
+    ``tokenizer``: one already loaded to use instead of the model's own (a draft's: its target's)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
     hf_model, tokenizer, spec = load_model(
@@ -149,6 +154,7 @@ def load_lm(
         int8_linears=int8_linears,
         int8_embedding=int8_embedding,
         keep_gguf=False,  # the cache keeps what this form's later loads read
+        tokenizer=tokenizer,
     )
     if device.type != "cpu":
         hf_model.to(device)
@@ -383,6 +389,8 @@ class Decoder:
             int4_linears=quantize and draft_quant == "int4",
             int8_linears=quantize and draft_quant == "int8",
             int8_embedding=quantize and draft_quant == "int4",  # what quantize_draft makes of it
+            # Checked to be the target's (check_same_tokenizer): one tokenizer in memory, not two.
+            tokenizer=self.tokenizer,
         )
         if quantize:
             quantize_draft(draft_lm.model, draft_quant)

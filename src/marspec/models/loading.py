@@ -56,6 +56,7 @@ def load_model(
     int8_linears: bool = False,
     int8_embedding: bool = False,
     keep_gguf: bool = True,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
     """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
     inference; ``name_or_path`` is resolved by :func:`~marspec.models.convert.resolve_model_dir`.
@@ -77,6 +78,9 @@ def load_model(
     GGUF (:func:`~marspec.models.convert.release_gguf`), so the cache holds what later loads of this form
     read and no more (the default pair: 2.3 GB, not 3.9); another form assembles it again from the
     installed packages. The library's loads do this (:func:`marspec.api.load_lm`).
+
+    ``tokenizer``: one already loaded to use instead of the folder's (a draft's, checked to be its
+    target's: a Qwen2.5 tokenizer holds ~0.1 GB).
 
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
@@ -109,7 +113,8 @@ def load_model(
     info: dict[str, list[str]] = {}
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             if gguf is not None:
                 from marspec.models.gguf_int4 import load_gguf_int4
 
