@@ -37,7 +37,7 @@ def forward_costs(repeats: int) -> dict[str, float]:
 
     models = {
         "target int8": load_model(TARGET, int8_linears=True)[0],
-        "draft int4": load_model(DRAFT, dtype="fp32", int4_linears=True)[0],
+        "draft int4": load_model(DRAFT, dtype="fp32", int4_linears=True, int8_embedding=True)[0],
         "draft int8 row-wise": load_model(DRAFT, int8_linears=True)[0],
         "draft int8 fbgemm": quantize_int8(load_model(DRAFT, dtype="fp32")[0]),
     }

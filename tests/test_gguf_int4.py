@@ -15,8 +15,10 @@ from transformers import PreTrainedTokenizerBase
 
 from marspec.api import Decoder
 from marspec.backends.int4 import Int4Linear, int4_available, quantize_int4
+from marspec.backends.int8 import Int8Embedding, rowwise_int8_available, use_int8_embedding
+from marspec.errors import MarspecError
 from marspec.models import MODELS, gguf_int4, int4_cache, loading
-from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE, held_gguf
+from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE, check_cached_folder, held_gguf
 from marspec.models.convert import float_model_dir, resolve_model_dir
 from marspec.models.int4_cache import int4_model_file, read_int4_model
 from marspec.models.loading import load_model
@@ -195,6 +197,81 @@ def test_a_4bit_pair_of_a_known_model_needs_no_float_weights_and_strict_equals_p
         assert (
             decoder.generate("hello world", rule=rule, theta=theta, k=3, max_new_tokens=12).token_ids == plain
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_drafts_4bit_form_has_an_int8_embedding_stored_apart_and_read_back(
+    known: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, tokenizer, _ = load_model(known, dtype=dtype, int4_linears=True, int8_embedding=True)
+    embedding = built.get_input_embeddings()
+    assert isinstance(embedding, Int8Embedding) and embedding.lookup_dtype == dtype
+    assert isinstance(built.get_output_embeddings(), Int4Linear)  # tied or not: the head as it was
+    folder = resolve_model_dir(known)
+    assert int4_model_file(folder, dtype, int8_embedding=True).is_file()
+    assert not int4_model_file(folder, dtype).exists()  # the other form (a 4-bit target's) is its own file
+    with monkeypatch.context() as patched:
+        patched.setattr(gguf_int4, "load_gguf_int4", _fail)
+        patched.setattr(loading, "quantize_int4", _fail)
+        stored, _, _ = load_model(known, dtype=dtype, int4_linears=True, int8_embedding=True)
+    assert_same_4bit_model(built, stored, tokenizer, dtype)
+    theirs = stored.get_input_embeddings()
+    assert isinstance(theirs, Int8Embedding) and theirs.lookup_dtype == dtype
+    assert all(torch.equal(t, theirs.tensors[leaf]) for leaf, t in embedding.tensors.items())
+    # The same model as the float32 conversion quantised so (what quantize_draft makes of a float draft).
+    floats, _, _ = load_model(known, dtype=dtype)
+    quantize_int4(floats)
+    use_int8_embedding(floats)
+    assert_same_4bit_model(built, floats, tokenizer, dtype)
+    # A plain 4-bit load of the same folder keeps its float embedding.
+    plain, _, _ = load_model(known, dtype=dtype, int4_linears=True)
+    assert type(plain.get_input_embeddings()) is torch.nn.Embedding
+
+
+@pytest.mark.parametrize(
+    "form",
+    [{"int8_linears": True}, {"int4_linears": True}, {"int4_linears": True, "int8_embedding": True}],
+    ids=["int8", "int4", "int4-draft"],
+)
+def test_a_load_that_releases_the_gguf_leaves_its_stored_form_and_the_gguf_is_assembled_again_when_needed(
+    known: str, form: dict[str, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if form.get("int8_linears") and not rowwise_int8_available():
+        pytest.skip("no oneDNN int8 kernels on this CPU")
+    first, tokenizer, _ = load_model(known, keep_gguf=False, **form)
+    folder = resolve_model_dir(known)
+    assert held_gguf(folder) is None and not (folder / WEIGHTS_FILE).exists()
+    check_cached_folder(folder)  # complete as it is
+    with monkeypatch.context() as patched:  # a later load of the form reads it back: no GGUF, no package
+        patched.setitem(MODELS, known, _unassemblable(MODELS[known]))
+        again, _, _ = load_model(known, keep_gguf=False, **form)
+    ids = tokenizer("hello world", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(first(ids).logits, again(ids).logits)
+    # Another form assembles the GGUF again from the packages, and stored, releases it again.
+    other = not form.get("int8_embedding", False)
+    load_model(known, int4_linears=True, int8_embedding=other, keep_gguf=False)
+    assert int4_model_file(folder, torch.float32, other).is_file() and held_gguf(folder) is None
+    # So does a float load, whose float32 weights stay.
+    load_model(known)
+    assert (folder / WEIGHTS_FILE).is_file() and held_gguf(folder) is None
+
+
+def _unassemblable(spec: ModelSpec) -> ModelSpec:
+    """``spec`` whose GGUF cannot be assembled (its packages gone)."""
+    from dataclasses import replace
+
+    return replace(spec, modules=("marspec_no_such_module",), requirements=("gone==1.0",))
+
+
+def test_a_released_gguf_whose_packages_are_gone_is_named_with_the_command_that_installs_them(
+    known: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_model(known, int4_linears=True, keep_gguf=False)
+    monkeypatch.setitem(MODELS, known, _unassemblable(MODELS[known]))
+    load_model(known, int4_linears=True)  # the stored form needs no package
+    with pytest.raises(MarspecError, match=r"gone==1\.0"):
+        load_model(known)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16"])

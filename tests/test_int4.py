@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from marspec import Decoder
 from marspec.backends.int4 import GROUP_SIZE, Int4Linear, int4_available, quantize_int4
+from marspec.backends.int8 import Int8Embedding
+from marspec.backends.packed import rows_alone
 from marspec.backends.quantize import quantize_draft, quantize_target
 from marspec.cli import app
 from marspec.drafters import ModelDrafter
@@ -102,11 +104,31 @@ def test_an_int4_draft_only_proposes(prompt):
     target = tiny_lm(0, "target")
     draft = tiny_lm(0, "int4-draft")  # the target's own weights, in 4 bits: it proposes well
     quantize_draft(draft.model, "int4")
+    assert isinstance(draft.model.get_input_embeddings(), Int8Embedding)
     spec, _, stats = run(
         target, ModelDrafter(draft, target.vocab_size), prompt, rule=Rule("strict"), k=4, max_new_tokens=30
     )
     assert stats.accepted_exact > 0
     assert spec == reference_greedy(target, prompt, 30)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int4_drafts_rows_are_computed_alone_with_its_int8_embedding(prompt, dtype):
+    """A 4-bit draft's embedding is int8 (a quarter of float32's bytes) and looks up each row alone, so
+    sequences decoded together may still pack its steps (marspec.backends.packed)."""
+    lm = tiny_lm(0, "int4-draft", layers=2)
+    weight = lm.model.get_input_embeddings().weight.detach().to(dtype).clone()
+    quantize_draft(lm.model.to(dtype), "int4")
+    embedding = lm.model.get_input_embeddings()
+    assert isinstance(embedding, Int8Embedding) and embedding.lookup_dtype == dtype
+    looked_up = embedding(prompt)
+    assert looked_up.dtype == dtype
+    # Within half an int8 step of the weight, plus the lookup dtype's own rounding.
+    tolerance = float(embedding.weight_scale[prompt].amax()) / 2 + float(weight.float().abs().max()) / 128
+    assert float((looked_up.float() - weight[prompt].float()).abs().max()) <= tolerance
+    assert isinstance(lm.model.get_output_embeddings(), Int4Linear)  # the head as it was
+    assert rows_alone(lm)
+    assert_chain_rows_scored_as_one_token_forwards(lm, prompt)
 
 
 def test_a_sliding_window_model_is_refused():
@@ -137,8 +159,9 @@ def test_decoder_runs_an_int4_target_and_draft_and_strict_equals_plain(dtype):
     decoder = Decoder(SMALL, SMALL, dtype=dtype, target_quant="int4", draft_quant="int4", threads=1)
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     assert decoder.drafter is not None
-    # An int4 draft keeps the target's dtype: its embedding is halved with bf16.
-    assert decoder.drafter.draft_model.model.get_input_embeddings().weight.dtype == decoder.target.model.dtype
+    # An int4 draft keeps the target's dtype: its int8 embedding looks up vectors in it.
+    embedding = decoder.drafter.draft_model.model.get_input_embeddings()
+    assert isinstance(embedding, Int8Embedding) and embedding.lookup_dtype == decoder.target.model.dtype
     plain = decoder.generate("The capital of France is", rule="plain", max_new_tokens=16, chat=False)
     strict = decoder.generate("The capital of France is", rule="strict", k=4, max_new_tokens=16, chat=False)
     assert strict.token_ids == plain.token_ids

@@ -330,6 +330,10 @@ def test_the_default_cpu_engine_keeps_strict_mars_theta_one_and_block_equal_to_i
     assert (decoder.target_quant, decoder.target_weights, decoder.draft_weights) == ("int8", "int8", "int4")
     assert not list(gguf_only_cache.rglob(WEIGHTS_FILE))
     assert int8_model_file(gguf_only_cache / "models" / DEFAULT_TARGET).is_file()
+    draft = gguf_only_cache / "models" / DEFAULT_DRAFT
+    assert int4_model_file(draft, torch.float32, int8_embedding=True).is_file()
+    assert not list(gguf_only_cache.rglob(GGUF_FILE))  # released once the stored forms were written
+    assert isinstance(decoder.drafter.draft_model.model.get_input_embeddings(), Int8Embedding)
     layers = list(decoder.target.model.modules())
     assert any(isinstance(m, RowwiseInt8Linear) for m in layers)
     assert isinstance(decoder.target.model.get_input_embeddings(), Int8Embedding)
@@ -383,7 +387,8 @@ def test_an_int4_pair_keeps_strict_and_mars_theta_one_equal_to_its_plain_decodin
     and the GGUF path builds the quantised float model bit for bit (tests/test_gguf_int4.py)."""
     decoder = int4_pair
     assert not list(gguf_only_cache.rglob(WEIGHTS_FILE))
-    assert len(list(gguf_only_cache.rglob(GGUF_FILE))) == 2  # the int8 pair's cache: its GGUFs are kept
+    # The target's GGUF, assembled again from its packages for its 4-bit form, released once it was stored.
+    assert not list(gguf_only_cache.rglob(GGUF_FILE))
     assert not any(type(m) is torch.nn.Linear for m in decoder.target.model.modules())
     assert any(isinstance(m, Int4Linear) for m in decoder.target.model.modules())
     new_tokens = 24
@@ -405,8 +410,12 @@ def test_the_int4_pair_stores_its_4bit_models_and_a_later_load_reads_them_back(i
         (DEFAULT_DRAFT, int4_pair.drafter.draft_model.model),
     ):
         folder = gguf_only_cache / "models" / name
-        assert int4_model_file(folder, torch.float32).is_file()
-        stored = read_int4_model(folder, torch.float32)
+        draft_form = name == DEFAULT_DRAFT  # its token embedding in int8
+        assert int4_model_file(folder, torch.float32, draft_form).is_file()
+        stored = read_int4_model(folder, torch.float32, draft_form)
         assert stored is not None
         assert_same_4bit_weights(loaded, stored, torch.float32)
+        if draft_form:
+            ours, theirs = loaded.get_input_embeddings().tensors, stored.get_input_embeddings().tensors
+            assert all(torch.equal(t, theirs[leaf]) for leaf, t in ours.items())
         del stored

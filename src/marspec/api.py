@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -49,6 +49,9 @@ from marspec.precision import choose_precision
 from marspec.prompting import Prompt, encode_prompt
 from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("marspec")
 
@@ -130,18 +133,28 @@ def load_lm(
     device: torch.device = CPU,
     int4_linears: bool = False,
     int8_linears: bool = False,
+    int8_embedding: bool = False,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
     oneDNN's layout, and on the CPU its attention groups key/value heads under masks (both CPU kernel
     choices: not applied on another device). ``int4_linears``: its linear layers come back in 4 bits
     (:func:`~marspec.models.loading.load_model`: a known model builds them from its GGUF, or reads them
-    back once stored). ``int8_linears``: a model of marspec's cache comes back as its stored int8 model
-    (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise."""
+    back once stored), with ``int8_embedding`` its token embedding in int8 too (a draft's form).
+    ``int8_linears``: a model of marspec's cache comes back as its stored int8 model
+    (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise.
+    ``tokenizer``: one already loaded to use instead of the model's own (a draft's: its target's)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
     hf_model, tokenizer, spec = load_model(
-        model, dtype=dtype, int4_linears=int4_linears, int8_linears=int8_linears
+        model,
+        dtype=dtype,
+        int4_linears=int4_linears,
+        int8_linears=int8_linears,
+        int8_embedding=int8_embedding,
+        keep_gguf=False,  # the cache keeps what this form's later loads read
+        tokenizer=tokenizer,
     )
     if device.type != "cpu":
         hf_model.to(device)
@@ -366,7 +379,7 @@ class Decoder:
         # int8 and int4 are CPU kernels: elsewhere the draft runs in the target's dtype.
         quantize = self.device.type == "cpu" and draft_quant != "none" and not isinstance(draft, HFCausalLM)
         # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
-        # dtype (bf16 halves its embedding). The draft's dtype does not bear on exactness anyway.
+        # dtype (its embedding is int8 either way). The draft's dtype does not bear on exactness anyway.
         draft_dtype = torch.float32 if quantize and draft_quant == "int8" else dtype
         draft_lm, _ = load_lm(
             draft,
@@ -375,6 +388,9 @@ class Decoder:
             self.device,
             int4_linears=quantize and draft_quant == "int4",
             int8_linears=quantize and draft_quant == "int8",
+            int8_embedding=quantize and draft_quant == "int4",  # what quantize_draft makes of it
+            # Checked to be the target's (check_same_tokenizer): one tokenizer in memory, not two.
+            tokenizer=self.tokenizer,
         )
         if quantize:
             quantize_draft(draft_lm.model, draft_quant)

@@ -6,17 +6,22 @@ oneDNN's int8 kernel (VNNI or AMX on x86), so a row's output is the same bits wh
 forward: a 13-token verification scores each token exactly as plain decoding's one-token step does, and
 costs about one such step (docs/results.md). :class:`Int8Embedding` keeps the token embedding in int8
 too, with a scale per group of channels (about 0.28 of float32's bytes: the 1.5B Qwen's is 0.93 GB in
-float32), so the model holds its vocabulary matrix, embedding and LM head, only in int8.
+float32), so the model holds its vocabulary matrix, embedding and LM head, only in int8; a 4-bit draft
+keeps its embedding in this form too (:func:`use_int8_embedding`).
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from marspec.backends.memory import release_pages
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # CPU features with an int8 dot product that sums into 32 bits. Without one, x86 int8 kernels add pairs
 # of uint8 x int8 products in 16 bits, which saturates for activations near 255 against weights near
@@ -134,9 +139,12 @@ def int8_groups(weight: torch.Tensor, group: int = EMBEDDING_GROUP) -> tuple[tor
 
 class Int8Embedding(torch.nn.Module):
     """A token embedding held as int8 with one float32 scale per group of channels
-    (:func:`int8_groups`); looks up float32 vectors, each the same whatever is looked up beside it."""
+    (:func:`int8_groups`); looks up vectors in ``lookup_dtype`` (float32 unless the model runs in
+    another), each the same whatever is looked up beside it."""
 
-    def __init__(self, int8_weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
+    def __init__(
+        self, int8_weight: torch.Tensor, weight_scale: torch.Tensor, lookup_dtype: torch.dtype = torch.float32
+    ) -> None:
         """From int8 rows [vocab, hidden] and their group scales [vocab, hidden / group] (kept, not
         copied)."""
         super().__init__()
@@ -144,11 +152,30 @@ class Int8Embedding(torch.nn.Module):
         self.group = self.embedding_dim // weight_scale.shape[1]
         self.int8_weight = int8_weight
         self.weight_scale = weight_scale
+        self.lookup_dtype = lookup_dtype
 
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [...] int64 -> [..., hidden] float32
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What the embedding holds, by name (what the constructor takes back)."""
+        return {"int8_weight": self.int8_weight, "weight_scale": self.weight_scale}
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [...] int64 -> [..., hidden]
         rows = torch.nn.functional.embedding(token_ids, self.int8_weight).float()  # [..., hidden]
         grouped = rows.unflatten(-1, (-1, self.group))  # [..., hidden / group, group]
-        return grouped.mul_(self.weight_scale[token_ids].unsqueeze(-1)).flatten(-2)
+        looked_up = grouped.mul_(self.weight_scale[token_ids].unsqueeze(-1)).flatten(-2)
+        return looked_up.to(self.lookup_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 in groups of {self.group}"
+
+
+def use_int8_embedding(model: PreTrainedModel) -> None:
+    """Replace ``model``'s float token embedding with its :class:`Int8Embedding` (looking up vectors in
+    the embedding's dtype), in place, handing the float weight's pages back; nothing to do if it is int8
+    already. Call it after the linear layers are rewritten: a tied LM head reads the embedding's weight."""
+    embedding = model.get_input_embeddings()
+    if type(embedding) is not torch.nn.Embedding:
+        return
+    weight = embedding.weight.detach()
+    model.set_input_embeddings(Int8Embedding(*int8_groups(weight), lookup_dtype=weight.dtype))
+    release_pages(weight)

@@ -16,9 +16,12 @@ from marspec.errors import MarspecError
 
 # Bumped when the layout of a converted folder changes; folders of an unreadable format are reconverted.
 # 2: a known model's folder holds its GGUF (GGUF_FILE); the float32 weights are written on first need.
-CACHE_FORMAT = 2
-_READABLE_FORMATS = (1, 2)  # format 1 folders hold float32 weights only, which 2 reads as they are
+# 3: a known model's folder may have released its GGUF (its marker says GGUF_RELEASED), which is then
+# assembled again from its installed packages when a form not stored yet needs it.
+CACHE_FORMAT = 3
+_READABLE_FORMATS = (1, 2, 3)  # format 1 folders hold float32 weights only, which 2 and 3 read as they are
 MARKER_FILE = "marspec.json"
+GGUF_RELEASED = "gguf_released"
 WEIGHTS_FILE = "model.safetensors"
 GGUF_FILE = "model.gguf"
 
@@ -83,6 +86,26 @@ def held_gguf(folder: Path) -> Path | None:
     return path if _gguf_ok(path) else None
 
 
+def gguf_released(folder: Path) -> bool:
+    """Whether a converted folder (a known model's) released its GGUF: assembled again when needed."""
+    try:
+        marker = json.loads((folder / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and bool(marker.get(GGUF_RELEASED))
+
+
+def mark_gguf_released(folder: Path) -> None:
+    """Record in a converted folder's marker that its GGUF is released (a new marker renamed into place,
+    in the format that knows what that means)."""
+    path = folder / MARKER_FILE
+    marker = json.loads(path.read_text()) | {"format": CACHE_FORMAT, GGUF_RELEASED: True}
+    partial = folder / f".{MARKER_FILE}.tmp"
+    partial.write_text(json.dumps(marker, indent=2) + "\n")
+    share_file(partial)
+    os.replace(partial, path)
+
+
 def check_cached_folder(folder: Path) -> None:
     """Raise MarspecError naming `folder` if a converted folder is incomplete or damaged."""
     problem = None
@@ -95,7 +118,7 @@ def check_cached_folder(folder: Path) -> None:
     else:
         if not isinstance(marker, dict) or marker.get("format") not in _READABLE_FORMATS:
             problem = "written by another marspec version"
-        elif not has_float_weights(folder) and held_gguf(folder) is None:
+        elif not has_float_weights(folder) and held_gguf(folder) is None and not marker.get(GGUF_RELEASED):
             problem = f"{WEIGHTS_FILE} is missing or truncated"
     if problem:
         raise MarspecError(

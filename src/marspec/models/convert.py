@@ -5,7 +5,10 @@ Loading a GGUF with transformers dequantizes every tensor, which takes tens of s
 converted once into a plain folder in the cache (``config.json``, ``model.safetensors`` in float32,
 tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. A known model's folder
 keeps its GGUF (``model.gguf``) instead, until a float load first needs the float32 weights, which then
-replace it: its 4-bit path reads the GGUF and never needs them. Known names resolve to
+replace it: its int8 and 4-bit paths read the GGUF and never need them. Once a load's own form is stored
+(the int8 or 4-bit model), the GGUF is a copy of what the installed packages hold: a load that asks
+releases it (:func:`release_gguf`), and it is assembled again when another form needs it
+(:func:`folder_gguf`). Known names resolve to
 installed packages and paths to local files, without the network; any other ``ORG/NAME`` is a Hugging
 Face Hub id, resolved by :mod:`marspec.models.hub`.
 """
@@ -35,8 +38,10 @@ from marspec.models.cache import (
     check_cached_folder,
     file_lock,
     gguf_cache_key,
+    gguf_released,
     has_float_weights,
     held_gguf,
+    mark_gguf_released,
     models_root,
     share_file,
 )
@@ -184,23 +189,24 @@ def _convert_gguf(
 
 
 def ensure_float_weights(folder: Path) -> None:
-    """Write the float32 weights of a converted folder that holds only its GGUF (a known model's), once,
-    in the GGUF's place.
+    """Write the float32 weights of a converted folder that holds only its GGUF (a known model's, or one
+    that released it: :func:`folder_gguf`), once, in the GGUF's place.
 
     A known model is prepared with its GGUF (its packaged size on disk); a model loaded in floats then
     needs its float32 safetensors (7.1 GB for the default target), written here the first time. The
     4-bit path reads the GGUF and never needs them (:mod:`marspec.models.gguf_int4`).
     """
-    gguf = held_gguf(folder)
-    if gguf is None or has_float_weights(folder):
+    if folder_gguf(folder) is None or has_float_weights(folder):
         return
     from rich.console import Console
     from transformers import AutoConfig
 
     fix = f"delete {folder} and it will be converted again"
-    with file_lock(folder.parent / ".locks" / f"{folder.name}.lock"):
+    with _folder_lock(folder):
         if has_float_weights(folder):  # another process wrote them while we waited
             return
+        gguf = folder_gguf(folder)  # assembled again if another process released it while we waited
+        assert gguf is not None
         partial_file = folder / f".{WEIGHTS_FILE}.tmp"
         console = Console(stderr=True, soft_wrap=True)
         try:
@@ -215,7 +221,7 @@ def ensure_float_weights(folder: Path) -> None:
             os.replace(partial_file, folder / WEIGHTS_FILE)
             # The float32 weights replace the GGUF: the folder's disk stays what a float user needs (the
             # 4-bit path then quantises them: the same model). A reader that opened it keeps its copy.
-            gguf.unlink()
+            gguf.unlink(missing_ok=True)
         except OSError as exc:
             raise MarspecError(
                 f"writing the float32 weights into {folder} failed ({exc.strerror or exc}); free disk space "
@@ -223,6 +229,65 @@ def ensure_float_weights(folder: Path) -> None:
             ) from exc
         finally:
             partial_file.unlink(missing_ok=True)
+
+
+def folder_gguf(folder: Path) -> Path | None:
+    """The GGUF a converted folder's weights are built from: the one it holds; for a known model's folder
+    that released it (:func:`release_gguf`) and holds no float32 weights, the one assembled again from
+    the model's installed packages (a few seconds; an error naming them if they are gone); else None."""
+    held = held_gguf(folder)
+    if held is not None or has_float_weights(folder) or not gguf_released(folder):
+        return held
+    spec = MODELS.get(folder.name)
+    if spec is None:
+        raise MarspecError(f"cached model folder {folder} has no weights; delete it and load it again")
+    missing = missing_requirements(spec)
+    if missing:
+        raise MarspecError(
+            f"{spec.name!r} is stored in {folder} only in the forms loaded so far; another needs its "
+            f"packages ({', '.join(missing)}): run: {spec.install_command}"
+        )
+    # A file of its own renamed into place: two processes assembling it at once need no lock.
+    handle, name = tempfile.mkstemp(dir=folder, prefix=f".{GGUF_FILE}.", suffix=".tmp")
+    os.close(handle)
+    partial = Path(name)
+    try:
+        _assemble_gguf(spec, partial, f"marspec: preparing {spec.name}")
+        share_file(partial)
+        os.replace(partial, folder / GGUF_FILE)
+    except OSError as exc:
+        raise MarspecError(
+            f"assembling the GGUF of {spec.name} into {folder} failed ({exc.strerror or exc}); free disk "
+            "space"
+        ) from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return folder / GGUF_FILE
+
+
+def release_gguf(folder: Path) -> None:
+    """Delete the GGUF from a known model's cached folder (whose loads read a stored form): it is a copy
+    of what the model's installed packages hold, assembled again if another form needs it
+    (:func:`folder_gguf`). The marker says so first, so the folder is complete at every moment. A process
+    that opened the GGUF keeps reading it."""
+    gguf = held_gguf(folder)
+    if gguf is None or folder.name not in MODELS or folder.resolve().parent != models_root().resolve():
+        return
+    with _folder_lock(folder):  # not while the float32 weights are written from it
+        mark_gguf_released(folder)
+        gguf.unlink(missing_ok=True)
+
+
+def _folder_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """The lock under which a cached folder's GGUF is turned into its float32 weights, or released."""
+    return file_lock(folder.parent / ".locks" / f"{folder.name}.lock")
+
+
+def _assemble_gguf(spec: ModelSpec, out: Path, label: str) -> None:
+    from rich.console import Console
+
+    with _phase(Console(stderr=True, soft_wrap=True), label, "assembling the GGUF"):
+        spec.write_gguf(out)
 
 
 def _write_weights(gguf_path: Path, config: PretrainedConfig, out_file: Path, fix: str) -> None:
@@ -284,14 +349,7 @@ def _convert_locked(
             if gguf_file is None:
                 assert spec is not None
                 gguf_file = work / f"{key}.gguf"
-                from rich.console import Console
-
-                with _phase(
-                    Console(stderr=True, soft_wrap=True),
-                    f"marspec: converting {display_name}",
-                    "assembling the GGUF",
-                ):
-                    spec.write_gguf(gguf_file)
+                _assemble_gguf(spec, gguf_file, f"marspec: converting {display_name}")
             out = work / "hf"
             if spec is None:  # a user's GGUF stays where it is: its float32 weights are written now
                 _convert_gguf(gguf_file, out, display_name=display_name, spec=spec, fix=fix)

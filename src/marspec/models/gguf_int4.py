@@ -58,7 +58,7 @@ def load_gguf_int4(gguf: Path, folder: Path, dtype: torch.dtype) -> PreTrainedMo
         head = model.get_output_embeddings()
         if type(head) is torch.nn.Linear and getattr(config, "tie_word_embeddings", False):
             # A tied head reads the input embedding's weight: a 4-bit copy, the embedding keeps its own.
-            model.set_submodule(_name_of(model, head), Int4Linear(model.get_input_embeddings().weight))
+            model.set_submodule(name_of(model, head), Int4Linear(model.get_input_embeddings().weight))
     left = [n for n, p in model.named_parameters() if p.is_meta] + sorted(pending)
     if left:
         raise MarspecError(
@@ -89,7 +89,8 @@ def complete(model: PreTrainedModel, folder: Path) -> None:
     model.eval()
 
 
-def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
+def name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    """The name of ``module`` in ``model``."""
     return next(name for name, m in model.named_modules() if m is module)
 
 

@@ -30,8 +30,9 @@ from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_groups,
 from marspec.backends.memory import release_pages, trim_heap
 from marspec.backends.row_attention import use_row_attention
 from marspec.errors import MarspecError, one_line
-from marspec.models.cache import WEIGHTS_FILE, held_gguf, share_file
-from marspec.models.gguf_int4 import complete, empty_model
+from marspec.models.cache import WEIGHTS_FILE, share_file
+from marspec.models.convert import folder_gguf
+from marspec.models.gguf_int4 import complete, empty_model, name_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -89,7 +90,7 @@ def _read(folder: Path, path: Path) -> PreTrainedModel | None:
 def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
     """Put the stored ``tensors`` into ``model`` (on the meta device): int8 layers where they were
     stored, the rest assigned as they are."""
-    embedding = _name_of(model, model.get_input_embeddings())
+    embedding = name_of(model, model.get_input_embeddings())
     int8, scale = tensors.pop(f"{embedding}.{_INT8}"), tensors.pop(f"{embedding}.{_SCALE}")
     model.set_submodule(embedding, Int8Embedding(int8, scale))
     for name, module in list(model.named_modules()):
@@ -132,7 +133,7 @@ def _write(folder: Path, path: Path) -> None:
 
 def _float_tensors(folder: Path, config: object) -> Iterator[tuple[str, np.ndarray]]:
     """(name, float32 array) for every weight of the model, from the folder's GGUF or float32 file."""
-    gguf = held_gguf(folder)
+    gguf = folder_gguf(folder)
     if gguf is not None:
         from marspec.models.gguf_weights import gguf_tensors
 
@@ -152,8 +153,8 @@ def _stored_tensors(
     linear layers (a tied LM head's from the embedding's weight), int8 groups and scales for the token
     embedding, the float32 tensor for anything else."""
     linears = {name for name, m in skeleton.named_modules() if type(m) is torch.nn.Linear}
-    embedding = _name_of(skeleton, skeleton.get_input_embeddings())
-    tied_head = _name_of(skeleton, skeleton.get_output_embeddings()) if _is_tied(skeleton) else None
+    embedding = name_of(skeleton, skeleton.get_input_embeddings())
+    tied_head = name_of(skeleton, skeleton.get_output_embeddings()) if _is_tied(skeleton) else None
     for name, array in source:
         owner, _, leaf = name.rpartition(".")
         weight = torch.from_numpy(array if array.flags.writeable else array.copy())
@@ -181,7 +182,3 @@ def _is_tied(model: PreTrainedModel) -> bool:
     return type(model.get_output_embeddings()) is torch.nn.Linear and bool(
         getattr(model.config, "tie_word_embeddings", False)
     )
-
-
-def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
-    return next(name for name, m in model.named_modules() if m is module)

@@ -9,11 +9,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from marspec.backends.int4 import quantize_int4
+from marspec.backends.int8 import use_int8_embedding
 from marspec.errors import MarspecError, one_line
-from marspec.models.cache import held_gguf, models_root
-from marspec.models.convert import ensure_float_weights, quiet_transformers, resolve_model_dir
+from marspec.models.cache import models_root
+from marspec.models.convert import (
+    ensure_float_weights,
+    folder_gguf,
+    quiet_transformers,
+    release_gguf,
+    resolve_model_dir,
+)
 from marspec.models.hub import names_hub_model
-from marspec.models.int4_cache import read_int4_model, write_int4_model
+from marspec.models.int4_cache import int4_model_file, read_int4_model, write_int4_model
 from marspec.models.registry import MODELS, ModelSpec
 
 if TYPE_CHECKING:
@@ -47,6 +54,9 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     int4_linears: bool = False,
     int8_linears: bool = False,
+    int8_embedding: bool = False,
+    keep_gguf: bool = True,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
     """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
     inference; ``name_or_path`` is resolved by :func:`~marspec.models.convert.resolve_model_dir`.
@@ -55,12 +65,22 @@ def load_model(
     (:func:`~marspec.backends.int4.quantize_int4`). A known model's folder holding its GGUF builds them
     straight from it (:mod:`marspec.models.gguf_int4`: the same model, without writing or holding its
     float32 weights); any other quantises its float weights. A folder in marspec's cache stores the 4-bit
-    model it built and later loads read it back (:mod:`marspec.models.int4_cache`).
+    model it built and later loads read it back (:mod:`marspec.models.int4_cache`). With
+    ``int8_embedding`` its token embedding comes back in int8 too
+    (:func:`~marspec.backends.int8.use_int8_embedding`: a draft's form, stored apart from the other).
 
     ``int8_linears``: a folder in marspec's cache comes back as its int8 model
     (:mod:`marspec.models.int8_store`: written once from its GGUF or float32 weights, without a float32
     copy, then read back; its token embedding in int8 too, its attention row by row). Any other folder
     loads in ``dtype``, for the caller to quantise (:func:`~marspec.backends.quantize.quantize_target`).
+
+    ``keep_gguf=False``: once the int8 or 4-bit form loaded is stored, a known model's folder releases its
+    GGUF (:func:`~marspec.models.convert.release_gguf`), so the cache holds what later loads of this form
+    read and no more (the default pair: 2.3 GB, not 3.9); another form assembles it again from the
+    installed packages. The library's loads do this (:func:`marspec.api.load_lm`).
+
+    ``tokenizer``: one already loaded to use instead of the folder's (a draft's, checked to be its
+    target's: a Qwen2.5 tokenizer holds ~0.1 GB).
 
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
@@ -86,14 +106,15 @@ def load_model(
             model = stored = load_int8_model(folder)
     if cached and int4_linears:
         with quiet_transformers():
-            model = stored = read_int4_model(folder, torch_dtype)
-    gguf = held_gguf(folder) if cached and int4_linears and stored is None else None
+            model = stored = read_int4_model(folder, torch_dtype, int8_embedding)
+    gguf = folder_gguf(folder) if cached and int4_linears and stored is None else None
     if stored is None and gguf is None and cached:
         ensure_float_weights(folder)
     info: dict[str, list[str]] = {}
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             if gguf is not None:
                 from marspec.models.gguf_int4 import load_gguf_int4
 
@@ -114,8 +135,16 @@ def load_model(
         raise MarspecError(f"model folder {folder} lacks {len(missing)} weights ({shown}); {fix}")
     if int4_linears and stored is None:
         quantize_int4(model)  # nothing to do if built from the GGUF
+        if int8_embedding:
+            use_int8_embedding(model)
         if cached:
             write_int4_model(model, folder, torch_dtype)
+    if cached and not keep_gguf:
+        form_stored = int8_linears or (
+            int4_linears and int4_model_file(folder, torch_dtype, int8_embedding).is_file()
+        )
+        if form_stored:
+            release_gguf(folder)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer, spec
