@@ -25,11 +25,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--rules", nargs="+", default=["strict", "mars"])
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--draft-quant", default=None, help="the draft's precision (default: the library's)")
     parser.add_argument("--out", type=Path, required=True)
     add_threads(parser)
     args = parser.parse_args()
     began = time.perf_counter()
-    decoder = marspec.Decoder(threads=args.threads)
+    quant = {} if args.draft_quant is None else {"draft_quant": args.draft_quant}
+    decoder = marspec.Decoder(threads=args.threads, **quant)
     load_s = time.perf_counter() - began
     prompts = [[{"role": "user", "content": text}] for _, text in DEMO_PROMPTS]
     decoder.generate(prompts[0], max_new_tokens=8)  # warm-up

@@ -157,7 +157,15 @@ def main() -> None:
                 )
         finally:
             server.stop()
-    llama = llama_cpp_batched(args) if args.llama_python else None
+    result = summary(args, flags, levels)
+    write_json(args.out, result)  # marspec's levels are kept whatever happens to llama.cpp's run
+    if args.llama_python:
+        result["llama_cpp_batched"] = llama_cpp_batched(args)
+        write_json(args.out, result)
+
+
+def summary(args: argparse.Namespace, flags: list[str], levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's JSON: the levels with their ratios to one client, and the answers' check."""
     solo = {r["prompt"]: r["text"] for r in levels[0]["requests"]}
     differing = sum(
         r["text"] != solo[r["prompt"]] for lv in levels for r in lv["requests"] if r["prompt"] in solo
@@ -168,24 +176,20 @@ def main() -> None:
         lv["per_request_vs_one_client"] = (
             lv["per_request_tok_s_median"] / levels[0]["per_request_tok_s_median"]
         )
-    write_json(
-        args.out,
-        {
-            "command": "python benchmarks/batch_serving.py "
-            + " ".join(
-                f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                for k, v in vars(args).items()
-                if v is not None
-            ),
-            "server_flags": flags,
-            "commit": git_commit(),
-            "machine": machine(),
-            "rule": args.rule or "strict (the server's default)",
-            "answers_differing_from_one_client": differing,
-            "levels": levels,
-            "llama_cpp_batched": llama,
-        },
-    )
+    return {
+        "command": "python benchmarks/batch_serving.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if v is not None
+        ),
+        "server_flags": flags,
+        "commit": git_commit(),
+        "machine": machine(),
+        "rule": args.rule or "strict (the server's default)",
+        "answers_differing_from_one_client": differing,
+        "levels": levels,
+    }
 
 
 if __name__ == "__main__":
