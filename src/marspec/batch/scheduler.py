@@ -15,6 +15,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+import torch
+
 from marspec.backends.fixed import FixedShapeLM
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.packed import rows_alone
@@ -155,9 +157,20 @@ class Scheduler:
                 slot = self._new_slot()
                 self._made += 1
             self._batcher.join()
-            thread = threading.Thread(target=self._run, args=(work, slot), name="marspec-seq", daemon=True)
+            if self._direct:  # one at a time: the sequence runs here, in the thread that runs forwards
+                self._run(work, slot)
+                continue
+            thread = threading.Thread(target=self._member, args=(work, slot), name="marspec-seq", daemon=True)
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
             thread.start()
+
+    def _member(self, work: Work, slot: Slot) -> None:
+        """A sequence's thread. Its own torch work (verification, drafting decisions) is small, and runs
+        on one thread: every thread that opens OpenMP parallel regions keeps a team of worker threads of
+        its own, and once they outnumber the cores libgomp stops spinning between regions, which made the
+        dispatcher's forwards up to 2x slower (measured: docs/results.md, "Several users at once")."""
+        torch.set_num_threads(1)  # this thread's OpenMP setting (each thread keeps its own)
+        self._run(work, slot)
 
     def _new_slot(self) -> Slot:
         if self._direct:

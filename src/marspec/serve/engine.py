@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+
 from marspec.api import Decoder, GenerationOptions, GenerationStream, TokenLogprob
 from marspec.batch.batcher import BatchClosed
 from marspec.batch.scheduler import Scheduler
@@ -134,6 +136,7 @@ class Engine:
         self._grace = shutdown_grace
         self._metrics = metrics
         self._scheduler = Scheduler(decoder.target, decoder.drafter, max_batch)
+        self._torch_threads = torch.get_num_threads()
         self.max_batch = self._scheduler.max_batch
         self._pending: deque[Job] = deque()
         self._running: set[Job] = set()
@@ -239,6 +242,9 @@ class Engine:
         """The dispatcher: admit jobs as slots free up and run the forwards the running ones gather,
         until closed with nothing left running."""
         scheduler = self._scheduler
+        # This thread runs the forwards: it takes the thread count the process was given (--threads),
+        # whatever the sequences' threads set for themselves (marspec.batch.scheduler).
+        torch.set_num_threads(self._torch_threads)
         try:
             while True:
                 self._admit()
