@@ -6,8 +6,9 @@ settling a generation's options in ``settings.py`` (where ``GenerationOptions`` 
 ``models/`` and ``backends/``, the precision chosen in ``precision.py``.
 
 Why it is over 450 lines: a third of it is ``Decoder``'s documentation of every argument, which users
-read here (``help(marspec.Decoder)``); the rest is the checks made before any weight loads and the
-assembly of a pair from its parts, each a short function, kept beside the one class that uses them.
+read here (``help(marspec.Decoder)``); the rest is the checks made before any weight loads, the assembly
+of a pair from its parts, each a short function, kept beside the one class that uses them, and the
+generation entry points users call on it (one sequence here; several delegate to ``marspec.batch``).
 """
 
 from __future__ import annotations

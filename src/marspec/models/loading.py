@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -85,19 +86,12 @@ def load_model(
     Returns ``(model, tokenizer, spec)``; the model is in eval mode with gradients off, and ``spec`` is the
     :class:`ModelSpec` for known names, otherwise None.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch_dtype = parse_dtype(dtype)
     folder = resolve_model_dir(name_or_path)
     name = os.fspath(name_or_path)
     spec = MODELS.get(name)
     cached = folder.resolve().parent == models_root().resolve()
-    if cached:
-        fix = f"delete {folder} and it will be converted again"
-    elif names_hub_model(name_or_path):
-        fix = f"delete {folder} and load {name} again with network access to download it again"
-    else:
-        fix = f"check that {folder} is a complete Hugging Face causal-LM folder"
+    fix = _repair_hint(folder, name_or_path, cached)
     model = stored = None
     if cached and int8_linears:
         from marspec.models.int8_store import load_int8_model
@@ -110,6 +104,36 @@ def load_model(
     gguf = folder_gguf(folder) if cached and int4_linears and stored is None else None
     if stored is None and gguf is None and cached:
         ensure_float_weights(folder)
+    model, tokenizer, info = _read(folder, model, gguf, torch_dtype, tokenizer, fix)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise MarspecError(f"model folder {folder} lacks {len(missing)} weights ({shown}); {fix}")
+    if int4_linears and stored is None:
+        _store_int4(model, folder if cached else None, torch_dtype, int8_embedding)
+    if cached and not keep_gguf:
+        form_stored = int8_linears or (
+            int4_linears and int4_model_file(folder, torch_dtype, int8_embedding).is_file()
+        )
+        if form_stored:
+            release_gguf(folder)
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer, spec
+
+
+def _read(
+    folder: Path,
+    model: PreTrainedModel | None,
+    gguf: Path | None,
+    dtype: torch.dtype,
+    tokenizer: PreTrainedTokenizerBase | None,
+    fix: str,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, list[str]]]:
+    """The tokenizer (unless given) and the model (unless already read from a store): from the GGUF when
+    given, else the folder's weights; with transformers' loading info. Errors become one line + ``fix``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     info: dict[str, list[str]] = {}
     try:
         with quiet_transformers():
@@ -120,34 +144,37 @@ def load_model(
 
                 # Gone if another process wrote the float32 weights in its place: they load below.
                 with contextlib.suppress(FileNotFoundError):
-                    model = load_gguf_int4(gguf, folder, torch_dtype)
+                    model = load_gguf_int4(gguf, folder, dtype)
             if model is None:
                 model, info = AutoModelForCausalLM.from_pretrained(
-                    folder, dtype=torch_dtype, local_files_only=True, output_loading_info=True
+                    folder, dtype=dtype, local_files_only=True, output_loading_info=True
                 )
     except (MemoryError, MarspecError):
         raise
     except Exception as exc:
         raise MarspecError(f"cannot load the model in {folder} ({one_line(exc)}); {fix}") from exc
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:
-        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
-        raise MarspecError(f"model folder {folder} lacks {len(missing)} weights ({shown}); {fix}")
-    if int4_linears and stored is None:
-        quantize_int4(model)  # nothing to do if built from the GGUF
-        if int8_embedding:
-            use_int8_embedding(model)
-        if cached:
-            write_int4_model(model, folder, torch_dtype)
-    if cached and not keep_gguf:
-        form_stored = int8_linears or (
-            int4_linears and int4_model_file(folder, torch_dtype, int8_embedding).is_file()
-        )
-        if form_stored:
-            release_gguf(folder)
-    model.eval()
-    model.requires_grad_(False)
-    return model, tokenizer, spec
+    return model, tokenizer, info
+
+
+def _repair_hint(folder: Path, name_or_path: str | os.PathLike[str], cached: bool) -> str:
+    """What a user does about a folder that does not load: the end of the error line."""
+    if cached:
+        return f"delete {folder} and it will be converted again"
+    if names_hub_model(name_or_path):
+        name = os.fspath(name_or_path)
+        return f"delete {folder} and load {name} again with network access to download it again"
+    return f"check that {folder} is a complete Hugging Face causal-LM folder"
+
+
+def _store_int4(
+    model: PreTrainedModel, folder: Path | None, dtype: torch.dtype, int8_embedding: bool
+) -> None:
+    """``model`` in its 4-bit form (with an int8 embedding when asked), stored in ``folder`` when given."""
+    quantize_int4(model)  # nothing to do if built from the GGUF
+    if int8_embedding:
+        use_int8_embedding(model)
+    if folder is not None:
+        write_int4_model(model, folder, dtype)
 
 
 def is_instruct(spec: ModelSpec | None, tokenizer: PreTrainedTokenizerBase) -> bool:
