@@ -66,7 +66,6 @@ class Batcher:
         self._running = 0  # members not waiting for a forward
         self._calls: list[_Call] = []
         self._closed: BaseException | None = None
-        self.forwards = 0  # forwards run (a packed one counts once)
         self.peak = 0  # the most sequences one target forward has served
 
     # -- member threads -----------------------------------------------------------------------------------
@@ -134,7 +133,6 @@ class Batcher:
         for call in group:
             if call not in packable:
                 self._run_alone(call)
-        self.forwards += 1
         if group[0].lm.model is self._target:
             self.peak = max(self.peak, len(group))
         for call in group:

@@ -88,16 +88,6 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
 
     @property
-    def active(self) -> int:
-        """Sequences being decoded."""
-        return self._batcher.members
-
-    @property
-    def waiting(self) -> int:
-        """Works waiting for a slot."""
-        return len(self._queue)
-
-    @property
     def peak(self) -> int:
         """The most sequences one target forward has served so far."""
         return self._batcher.peak
