@@ -1,0 +1,75 @@
+"""Compile a C++ torch operator library once per source, torch and flags, and load it.
+
+The library goes to ``cache_dir()/kernels/<name>-<key>.so``, ``key`` a hash of the source, the compile
+flags, torch's version and the Python version. Each build runs in a folder of its own and its library is
+renamed into place, so two processes building at once each finish with a complete file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from marspec.models.cache import cache_dir
+
+
+def kernels_dir() -> Path:
+    """Where the compiled operator libraries are kept."""
+    return cache_dir() / "kernels"
+
+
+def library_path(name: str, source: Path, flags: Sequence[str]) -> Path:
+    """The cached library built from ``source`` with ``flags`` by this torch and Python."""
+    ident = b"\0".join(
+        [source.read_bytes(), " ".join(flags).encode(), torch.__version__.encode(), sys.version.encode()]
+    )
+    return kernels_dir() / f"{name}-{hashlib.sha256(ident).hexdigest()[:16]}.so"
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """PATH with a ninja binary on it for the build: the system's, else the one pip's ``ninja`` installs."""
+    if shutil.which("ninja") is not None:
+        yield
+        return
+    try:
+        import ninja  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise RuntimeError("no ninja binary (install the `ninja` package)") from exc
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
+def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
+    """Load the operators ``source`` registers, compiling it first if no cached build exists. Raises
+    whatever the compiler or loader raises."""
+    library = library_path(name, source, flags)
+    if library.is_file():
+        torch.ops.load_library(str(library))
+        return
+    from torch.utils import cpp_extension
+
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent, prefix=f".{name}-") as build, _ninja_on_path():
+        cpp_extension.load(
+            name=name,
+            sources=[str(source)],
+            extra_cflags=list(flags),
+            build_directory=build,
+            is_python_module=False,
+            verbose=False,
+        )
+        # Loaded from the build folder already; the same file, renamed, is what later processes load.
+        os.replace(Path(build) / f"{name}.so", library)

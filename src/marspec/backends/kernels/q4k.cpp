@@ -1,0 +1,214 @@
+// marspec_q4k::linear: float32 activations x Q4_K weights, with AVX-512 VNNI.
+//
+// Each activation row is quantised to int8 with its own scale (peak / 127), then multiplied by the
+// weights' 4-bit codes exactly in int32 (_mm512_dpbusd_epi32: codes as the unsigned operand,
+// activations as the signed one), one 32-weight sub-block at a time; each sub-block's integer sum is
+// scaled in float32, in the same order for every row. Nothing a row computes depends on the other
+// rows of the call, so its output is the same bits whatever else is in the batch (a verification
+// forward scores each token as a one-token step does).
+//
+// Packed layout (built in marspec/backends/q4k.py from GGUF Q4_K blocks), for T = ceil(N / 16) tiles
+// of 16 output columns and S = K / 256 super-blocks:
+//   qs     uint8   [T, S, 2048]: per sub-block g (8) and 8-weight chunk c (4), 64 bytes: byte 4*j + b
+//                  holds column j's code for weight 8*c + b in its low nibble and for 8*c + 4 + b in
+//                  its high nibble (so one AND / one shift gives dpbusd's 4 consecutive weights of
+//                  each of the 16 columns).
+//   scales uint8   [T, S, 256]: the 6-bit sub-block scales sc [8][16], then the mins m [8][16].
+//   d      float32 [T, S, 32]: the super-block's d [16], then dmin [16].
+// A weight is d * sc * q - dmin * m (ggml's Q4_K). 4.75 bits a weight.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTile = 16;             // output columns per tile: the 16 lanes of a zmm
+constexpr int64_t kSuper = 256;           // weights per super-block
+constexpr int64_t kGroup = 32;            // weights per sub-block
+constexpr int64_t kGroups = kSuper / kGroup;
+constexpr int64_t kQsBytes = kSuper * kTile / 2;  // a tile's codes for one super-block
+constexpr int64_t kRowBlock = 8;          // activation rows whose accumulators stay in registers
+// Largest magnitude floor: an all-zero row gets a finite scale and quantises to zeros.
+constexpr float kPeakFloor = 1e-30f;
+
+struct QuantisedRows {
+  std::vector<int8_t> q;     // [M, K]
+  std::vector<int32_t> sums; // [M, K / 32]: each sub-block's sum of q (for the mins)
+  std::vector<float> scale;  // [M]: peak / 127
+};
+
+// Each row on [-127, 127] by its own scale, rounded to nearest (ties to even).
+QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
+  QuantisedRows out;
+  out.q.resize(m_rows * k);
+  out.sums.resize(m_rows * (k / kGroup));
+  out.scale.resize(m_rows);
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* row = x + m * k;
+    __m512 peak_v = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 16) {
+      peak_v = _mm512_max_ps(peak_v, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
+    }
+    const float peak = std::max(_mm512_reduce_max_ps(peak_v), kPeakFloor);
+    const __m512 inv = _mm512_set1_ps(127.0f / peak);
+    int8_t* q = out.q.data() + m * k;
+    int32_t* sums = out.sums.data() + m * (k / kGroup);
+    for (int64_t i = 0; i < k; i += kGroup) {
+      const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inv));
+      const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i + 16), inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(a));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + 16), _mm512_cvtsepi32_epi8(b));
+      sums[i / kGroup] = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+    }
+    out.scale[m] = peak / 127.0f;
+  }
+  return out;
+}
+
+// One super-block of one tile, unpacked once and then read by every row.
+struct UnpackedBlock {
+  alignas(64) uint8_t codes[kGroups][8][64];  // [sub-block][4-weight step][16 columns x 4 codes]
+  alignas(64) float scale[kGroups][kTile];    // d * sc
+  alignas(64) float min[kGroups][kTile];      // dmin * m
+};
+
+void unpack(const uint8_t* qs, const uint8_t* scales, const float* d, UnpackedBlock& out) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < kGroups; ++g) {
+    for (int64_t c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(qs + (g * 4 + c) * 64);
+      _mm512_store_si512(out.codes[g][2 * c], _mm512_and_si512(v, low));
+      _mm512_store_si512(out.codes[g][2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    }
+  }
+  const __m512 dv = _mm512_loadu_ps(d);
+  const __m512 dminv = _mm512_loadu_ps(d + kTile);
+  for (int64_t g = 0; g < kGroups; ++g) {
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile)));
+    const __m512i mn = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + (kGroups + g) * kTile)));
+    _mm512_store_ps(out.scale[g], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(sc)));
+    _mm512_store_ps(out.min[g], _mm512_mul_ps(dminv, _mm512_cvtepi32_ps(mn)));
+  }
+}
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// R rows' partial sums over one super-block, added to their accumulators acc [R][16]. The same
+// operations in the same order for each row whatever R is.
+template <int R>
+void rows_block(const UnpackedBlock& w, const int8_t* xq, int64_t k, const int32_t* xsums, int64_t groups,
+                float* acc) {
+  __m512 f[R];
+  for (int r = 0; r < R; ++r) f[r] = _mm512_loadu_ps(acc + r * kTile);
+  for (int64_t g = 0; g < kGroups; ++g) {
+    __m512i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < 8; ++j) {
+      const __m512i codes = _mm512_load_si512(w.codes[g][j]);
+      for (int r = 0; r < R; ++r) {
+        s[r] = _mm512_dpbusd_epi32(s[r], codes, broadcast4(xq + r * k + g * kGroup + j * 4));
+      }
+    }
+    const __m512 scale = _mm512_load_ps(w.scale[g]);
+    const __m512 min = _mm512_load_ps(w.min[g]);
+    for (int r = 0; r < R; ++r) {
+      f[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s[r]), f[r]);
+      f[r] = _mm512_fnmadd_ps(min, _mm512_set1_ps(static_cast<float>(xsums[r * groups + g])), f[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * kTile, f[r]);
+}
+
+using RowsBlockFn = void (*)(const UnpackedBlock&, const int8_t*, int64_t, const int32_t*, int64_t, float*);
+constexpr RowsBlockFn kRowsBlock[kRowBlock + 1] = {nullptr,        rows_block<1>, rows_block<2>,
+                                                   rows_block<3>,  rows_block<4>, rows_block<5>,
+                                                   rows_block<6>,  rows_block<7>, rows_block<8>};
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& d,
+                  int64_t out_features, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
+  TORCH_CHECK(qs.dim() == 3 && qs.scalar_type() == at::kByte && qs.size(2) == kQsBytes,
+              "qs must be uint8 [T, K/256, 2048]");
+  const int64_t tiles = qs.size(0);
+  const int64_t supers = qs.size(1);
+  const int64_t k = supers * kSuper;
+  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weights ", k);
+  TORCH_CHECK(scales.scalar_type() == at::kByte && scales.dim() == 3 && scales.size(0) == tiles &&
+                  scales.size(1) == supers && scales.size(2) == 2 * kGroups * kTile,
+              "scales must be uint8 [T, K/256, 256]");
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.dim() == 3 && d.size(0) == tiles && d.size(1) == supers &&
+                  d.size(2) == 2 * kTile,
+              "d must be float32 [T, K/256, 32]");
+  TORCH_CHECK(out_features > (tiles - 1) * kTile && out_features <= tiles * kTile,
+              "out_features does not match the tiles");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features && bias->is_contiguous(),
+                "bias must be contiguous float32 [N]");
+  }
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor qsc = qs.contiguous();
+  const at::Tensor scc = scales.contiguous();
+  const at::Tensor dc = d.contiguous();
+  const int64_t m_rows = xc.size(0);
+  at::Tensor y = at::empty({m_rows, out_features}, xc.options());
+  if (m_rows == 0) return y;
+
+  const QuantisedRows xq = quantise_rows(xc.data_ptr<float>(), m_rows, k);
+  const int64_t groups = k / kGroup;
+  const uint8_t* qs_p = qsc.data_ptr<uint8_t>();
+  const uint8_t* sc_p = scc.data_ptr<uint8_t>();
+  const float* d_p = dc.data_ptr<float>();
+  const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
+  float* y_p = y.data_ptr<float>();
+
+  // Output-column tiles only: every row's sums run over all of K in one thread.
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    UnpackedBlock w;
+    std::vector<float> acc(m_rows * kTile);
+    for (int64_t t = begin; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t s = 0; s < supers; ++s) {
+        const int64_t block = t * supers + s;
+        unpack(qs_p + block * kQsBytes, sc_p + block * 2 * kGroups * kTile, d_p + block * 2 * kTile, w);
+        for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
+          const int64_t rows = std::min(kRowBlock, m_rows - m0);
+          kRowsBlock[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups,
+                           groups, acc.data() + m0 * kTile);
+        }
+      }
+      const int64_t n0 = t * kTile;
+      const int64_t width = std::min(kTile, out_features - n0);
+      const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+      const __m512 b = has_bias ? _mm512_maskz_loadu_ps(mask, bias_p + n0) : _mm512_setzero_ps();
+      for (int64_t m = 0; m < m_rows; ++m) {
+        const __m512 sx = _mm512_set1_ps(xq.scale[m]);
+        const __m512 a = _mm512_loadu_ps(acc.data() + m * kTile);
+        const __m512 out = has_bias ? _mm512_fmadd_ps(a, sx, b) : _mm512_mul_ps(a, sx);
+        _mm512_mask_storeu_ps(y_p + m * out_features + n0, mask, out);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(marspec_q4k, m) {
+  m.def("linear(Tensor x, Tensor qs, Tensor scales, Tensor d, int out_features, Tensor? bias) -> Tensor",
+        &linear);
+}

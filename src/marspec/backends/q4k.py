@@ -1,0 +1,244 @@
+"""Linear layers on a GGUF's Q4_K weights, multiplied by int8 activations (an AVX-512 VNNI kernel).
+
+A Q4_K super-block holds 256 weights of one output row: fp16 ``d`` and ``dmin``, eight 32-weight
+sub-blocks with 6-bit scales ``sc`` and mins ``m`` (12 bytes), and 4-bit codes ``q``; a weight is
+``d * sc * q - dmin * m`` (ggml). :class:`Q4KLinear` keeps the codes at 4 bits and the scales beside
+them (4.75 bits a weight: float32 ``d``, ``dmin`` and uint8 ``sc``, ``m``), repacked once so that the
+kernel (``kernels/q4k.cpp``) reads each weight once per call whatever the number of rows. Its input is
+quantised to int8 per token row, as :class:`~marspec.backends.int8.RowwiseInt8Linear`'s is, and each
+row's sums run in the same order whatever else is in the call: a row's output is the same bits in a
+13-token verification as in a one-token step.
+
+The packed tensors are plain uint8 / float32 arrays whose layout does not depend on the CPU that made
+them (:attr:`Q4KLinear.tensors`); weights that come in float are first quantised to Q4_K blocks by
+:func:`q4k_blocks`, so both sources share one path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import platform
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from marspec.backends.int8 import _PEAK_FLOOR
+from marspec.errors import MarspecError
+
+log = logging.getLogger("marspec")
+
+SUPER_BLOCK = 256  # weights per super-block
+SUB_BLOCK = 32  # weights per sub-block (one scale and min)
+BLOCK_BYTES = 144  # a super-block in the GGUF: d, dmin (fp16), 12 bytes of scales, 128 of codes
+TILE = 16  # output columns the kernel computes together (one zmm's lanes)
+_SUBS = SUPER_BLOCK // SUB_BLOCK
+_ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
+
+_SOURCE = Path(__file__).with_name("kernels") / "q4k.cpp"
+_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
+# -ffp-contract=off: the compiler fuses no multiply-add the source does not spell, so every row runs
+# the same float operations.
+_COMPILE_FLAGS = (
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512vnni",
+    "-mfma",
+    "-ffp-contract=off",
+)
+
+Q4K_UNAVAILABLE = (
+    "the Q4_K kernel needs x86-64 Linux with AVX-512 (F, BW, VNNI) and a C++ compiler with ninja to build it"
+)
+
+
+@functools.cache
+def q4k_kernel_available() -> bool:
+    """Whether ``torch.ops.marspec_q4k.linear`` can run here: an x86-64 Linux CPU with AVX-512 F, BW and
+    VNNI, and the operator built (once, into marspec's cache) and loaded. The reason it cannot is logged
+    once."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        log.info("Q4_K kernel unavailable: not x86-64 Linux")
+        return False
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError as exc:
+        log.info("Q4_K kernel unavailable: cannot read /proc/cpuinfo (%s)", exc)
+        return False
+    missing = [flag for flag in _CPU_FLAGS if flag not in flags]
+    if missing:
+        log.info("Q4_K kernel unavailable: this CPU lacks %s", ", ".join(missing))
+        return False
+    from marspec.backends.kernels.build import load_library
+
+    try:
+        load_library("marspec_q4k", _SOURCE, _COMPILE_FLAGS)
+    except Exception as exc:  # a missing compiler or ninja, a compile or load error: run without it
+        log.warning("Q4_K kernel unavailable: building it failed: %s", exc)
+        return False
+    return True
+
+
+class Q4KFields(NamedTuple):
+    """The decoded fields of Q4_K blocks for N rows of K weights."""
+
+    d: np.ndarray  # float32 [N, K / 256]
+    dmin: np.ndarray  # float32 [N, K / 256]
+    sc: np.ndarray  # uint8 [N, K / 256, 8], 0..63
+    m: np.ndarray  # uint8 [N, K / 256, 8], 0..63
+    q: np.ndarray  # uint8 [N, K], 0..15
+
+
+def q4k_fields(raw: np.ndarray) -> Q4KFields:
+    """Decode raw Q4_K bytes (uint8 [N, K / 256 * 144], rows as in the GGUF file) into their fields."""
+    rows, width = raw.shape
+    if width % BLOCK_BYTES:
+        raise ValueError(f"a Q4_K row is a multiple of {BLOCK_BYTES} bytes, not {width}")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // BLOCK_BYTES, BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    low, high, mixed = blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16]
+    # Sub-blocks 0-3 keep 6 bits in bytes 4-11; 4-7 keep their low 4 bits in 12-15, their top 2 in the
+    # top bits of 4-11.
+    sc = np.concatenate([low & 0x3F, (mixed & 0x0F) | ((low >> 6) << 4)], axis=-1)
+    m = np.concatenate([high & 0x3F, (mixed >> 4) | ((high >> 6) << 4)], axis=-1)
+    codes = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)  # 4 chunks of 64 weights: low nibbles first
+    q = ((codes >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)) & 0x0F).reshape(rows, -1)
+    return Q4KFields(d, dmin, sc, m, q)
+
+
+def dequantize_q4k(raw: np.ndarray) -> torch.Tensor:
+    """The float32 weights [N, K] of raw Q4_K bytes (the values ggml and gguf-py give)."""
+    d, dmin, sc, m, q = q4k_fields(raw)
+    scale = (d[..., None] * sc.astype(np.float32))[..., None]  # [N, S, 8, 1]
+    offset = (dmin[..., None] * m.astype(np.float32))[..., None]
+    codes = q.reshape(*sc.shape, SUB_BLOCK).astype(np.float32)
+    return torch.from_numpy((scale * codes - offset).reshape(q.shape))
+
+
+def q4k_blocks(weight: torch.Tensor) -> np.ndarray:
+    """Raw Q4_K bytes (uint8 [N, K / 256 * 144]) for float weights [N, K] (K a multiple of 256): each
+    sub-block's range split into 15 steps from its minimum (or 0), the scales quantised to 6 bits of
+    the super-block's largest. A plain quantiser, not llama.cpp's search for the best scales."""
+    rows, cols = weight.shape
+    if cols % SUPER_BLOCK:
+        raise ValueError(f"Q4_K needs rows of a multiple of {SUPER_BLOCK} weights, not {cols}")
+    w = weight.detach().float().cpu().numpy().reshape(rows, cols // SUPER_BLOCK, _SUBS, SUB_BLOCK)
+    low = np.minimum(w.min(axis=-1), 0.0)  # [N, S, 8]
+    step = (w.max(axis=-1) - low) / 15.0
+    d = (step.max(axis=-1) / 63.0).astype(np.float16)  # [N, S]
+    dmin = (-low.min(axis=-1) / 63.0).astype(np.float16)
+    d32, dmin32 = d.astype(np.float32), dmin.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d32[..., None] > 0, np.rint(step / d32[..., None]), 0).clip(0, 63).astype(np.uint8)
+        m = np.where(dmin32[..., None] > 0, np.rint(-low / dmin32[..., None]), 0).clip(0, 63).astype(np.uint8)
+        scale = d32[..., None] * sc.astype(np.float32)  # the dequantiser's values
+        offset = dmin32[..., None] * m.astype(np.float32)
+        q = np.where(scale[..., None] > 0, np.rint((w + offset[..., None]) / scale[..., None]), 0)
+    q = q.clip(0, 15).astype(np.uint8).reshape(rows, -1, 4, 2, SUB_BLOCK)
+    blocks = np.empty((rows, cols // SUPER_BLOCK, BLOCK_BYTES), dtype=np.uint8)
+    blocks[..., 0:2] = d[..., None].view(np.uint8)
+    blocks[..., 2:4] = dmin[..., None].view(np.uint8)
+    blocks[..., 4:8] = (sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6)
+    blocks[..., 8:12] = (m[..., :4] & 0x3F) | ((m[..., 4:] >> 4) << 6)
+    blocks[..., 12:16] = (sc[..., 4:] & 0x0F) | ((m[..., 4:] & 0x0F) << 4)
+    blocks[..., 16:] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(rows, -1, 128)
+    return blocks.reshape(rows, -1)
+
+
+def _pack(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's tensors for raw Q4_K bytes [N, K / 256 * 144] (see kernels/q4k.cpp for the layout),
+    the last tile's missing columns zero."""
+    rows = raw.shape[0]
+    supers = raw.shape[1] // BLOCK_BYTES
+    tiles = -(-rows // TILE)
+    qs = np.empty((tiles, supers, SUPER_BLOCK * TILE // 2), dtype=np.uint8)
+    scales = np.empty((tiles, supers, 2 * _SUBS * TILE), dtype=np.uint8)
+    d = np.empty((tiles, supers, 2 * TILE), dtype=np.float32)
+    for start in range(0, rows, _ROWS_PER_CHUNK):
+        chunk = raw[start : start + _ROWS_PER_CHUNK]
+        padded = -(-chunk.shape[0] // TILE) * TILE
+        if padded != chunk.shape[0]:
+            chunk = np.concatenate([chunk, np.zeros((padded - chunk.shape[0], chunk.shape[1]), np.uint8)])
+        f = q4k_fields(chunk)
+        t0, t1 = start // TILE, start // TILE + padded // TILE
+        # Codes [tile, column, super, sub, chunk of 8, half, 4]: a byte holds 4 apart, in column order.
+        q = f.q.reshape(-1, TILE, supers, _SUBS, 4, 2, 4)
+        packed = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, column, super, sub, chunk, 4]
+        qs[t0:t1] = packed.transpose(0, 2, 3, 4, 1, 5).reshape(t1 - t0, supers, -1)
+        by_tile = np.concatenate([f.sc, f.m], axis=-1).reshape(-1, TILE, supers, 2 * _SUBS)
+        scales[t0:t1] = by_tile.transpose(0, 2, 3, 1).reshape(t1 - t0, supers, -1)
+        both = np.stack([f.d, f.dmin], axis=-1).reshape(-1, TILE, supers, 2)
+        d[t0:t1] = both.transpose(0, 2, 3, 1).reshape(t1 - t0, supers, -1)
+    return torch.from_numpy(qs), torch.from_numpy(scales), torch.from_numpy(d)
+
+
+class Q4KLinear(torch.nn.Module):
+    """``nn.Linear`` on Q4_K weights with int8 activations, one scale per token row (inference only;
+    needs :func:`q4k_kernel_available`). A row's output does not depend on the other rows (bit for bit).
+    """
+
+    def __init__(
+        self,
+        qs: torch.Tensor,
+        scales: torch.Tensor,
+        d: torch.Tensor,
+        out_features: int | torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        """From the packed tensors (:attr:`tensors`; kept, not copied): ``qs`` uint8 [T, K / 256, 2048],
+        ``scales`` uint8 [T, K / 256, 256], ``d`` float32 [T, K / 256, 32] for T = ceil(N / 16) tiles of
+        16 output columns, ``out_features`` N (an int or an int64 tensor of one element), and an optional
+        float bias [N]."""
+        super().__init__()
+        self.qs, self.scales, self.d = qs.contiguous(), scales.contiguous(), d.contiguous()
+        self.out_features = int(out_features)
+        self.in_features = qs.shape[1] * SUPER_BLOCK
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    @classmethod
+    def from_gguf_blocks(cls, raw: np.ndarray, bias: torch.Tensor | None = None) -> Q4KLinear:
+        """From raw Q4_K bytes (uint8 [N, K / 256 * 144], rows the output channels, as in the GGUF)."""
+        return cls(*_pack(raw), raw.shape[0], bias)
+
+    @classmethod
+    def of(cls, linear: torch.nn.Linear) -> Q4KLinear:
+        """The Q4_K form of a float ``linear`` (quantised by :func:`q4k_blocks`)."""
+        return cls.from_gguf_blocks(q4k_blocks(linear.weight), linear.bias)
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What the layer holds, by name: the constructor's arguments (``Q4KLinear(**layer.tensors)``)."""
+        held = {
+            "qs": self.qs,
+            "scales": self.scales,
+            "d": self.d,
+            "out_features": torch.tensor([self.out_features], dtype=torch.int64),
+        }
+        return held if self.bias is None else {**held, "bias": self.bias}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
+        if not q4k_kernel_available():
+            raise MarspecError(Q4K_UNAVAILABLE)
+        rows = x.reshape(-1, self.in_features).float()
+        y = torch.ops.marspec_q4k.linear(rows, self.qs, self.scales, self.d, self.out_features, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_K x int8 rows"
+
+
+def q4k_reference(x: torch.Tensor, raw: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What :class:`Q4KLinear` computes, in float64 with torch: each row of ``x`` [..., K] quantised to
+    int8 as the kernel does, times the dequantised weights, times the row's scale; [..., N] float64."""
+    rows = x.reshape(-1, x.shape[-1]).float()
+    peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(_PEAK_FLOOR)  # [M, 1]
+    q = (rows * (127.0 / peak)).round()
+    y = (q.double() @ dequantize_q4k(raw).double().T) * (peak.double() / 127.0)
+    if bias is not None:
+        y = y + bias.double()
+    return y.reshape(*x.shape[:-1], -1)
