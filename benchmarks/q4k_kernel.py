@@ -1,0 +1,94 @@
+r"""The Q4_K x int8 kernel (:class:`~marspec.backends.q4k.Q4KLinear`) against the int8 layer the CPU engine
+runs (:class:`~marspec.backends.int8.RowwiseInt8Linear`), on the 1.5B Qwen target's linear shapes.
+
+Both layers hold the same weights (random ones quantised to Q4_K, dequantised for the int8 layer). Per
+shape N x K and rows M: the median milliseconds of a call, over rounds that take every (shape, M,
+layer) in turn so a slow stretch of the machine lands on all alike, and for M = 1 the weight bytes each
+layer reads per millisecond (GB/s).
+
+    python benchmarks/q4k_kernel.py --out q4k-kernel.json
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
+
+from marspec.backends.int8 import RowwiseInt8Linear, int8_rows
+from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks, q4k_kernel_available
+
+SHAPES = ((1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536))  # N x K
+ROWS = (1, 13, 52, 128)
+
+
+def weight_bytes(layer: torch.nn.Module) -> int:
+    if isinstance(layer, Q4KLinear):
+        return sum(t.numel() * t.element_size() for t in (layer.qs, layer.scales, layer.d))
+    return layer.out_features * layer.in_features + 4 * layer.out_features  # int8 and a scale a row
+
+
+def main() -> None:
+    parser = script_parser(__doc__)
+    add_threads(parser)
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds (default 15)")
+    parser.add_argument("--min-ms", type=float, default=20.0, help="least time a timing covers (default 20)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not q4k_kernel_available():
+        raise SystemExit("the Q4_K kernel is unavailable here (see the log)")
+
+    torch.manual_seed(0)
+    layers: dict[tuple[int, int], dict[str, torch.nn.Module]] = {}
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    for n, k in SHAPES:
+        raw = q4k_blocks(torch.randn(n, k) * 0.02)
+        layers[n, k] = {
+            "q4k": Q4KLinear.from_gguf_blocks(raw),
+            "int8": RowwiseInt8Linear(*int8_rows(dequantize_q4k(raw))),
+        }
+        for m in ROWS:
+            inputs[m, k] = torch.randn(m, k)
+
+    def calls_per_timing(layer: torch.nn.Module, x: torch.Tensor) -> int:
+        start = time.perf_counter()
+        layer(x)
+        return max(1, round(args.min_ms / 1000 / max(time.perf_counter() - start, 1e-6)))
+
+    cases = [(shape, m, name) for shape in SHAPES for m in ROWS for name in ("q4k", "int8")]
+    with torch.inference_mode():
+        counts = {
+            case: calls_per_timing(layers[case[0]][case[2]], inputs[case[1], case[0][1]]) for case in cases
+        }
+        times: dict[Any, list[float]] = {case: [] for case in cases}
+        for _ in range(args.rounds):
+            for case in cases:
+                (n, k), m, name = case
+                layer, x = layers[n, k][name], inputs[m, k]
+                start = time.perf_counter()
+                for _ in range(counts[case]):
+                    layer(x)
+                times[case].append((time.perf_counter() - start) * 1000 / counts[case])
+
+    rows = []
+    columns = ("q4k ms", "int8 ms", "int8/q4k", "q4k GB/s", "int8 GB/s")
+    print(f"{'N x K':>13} {'M':>4} " + " ".join(f"{c:>9}" for c in columns))
+    for (n, k), m in ((shape, m) for shape in SHAPES for m in ROWS):
+        ms = {name: statistics.median(times[(n, k), m, name]) for name in ("q4k", "int8")}
+        rates = {name: weight_bytes(layers[n, k][name]) / ms[name] / 1e6 for name in ms} if m == 1 else {}
+        rows.append({"n": n, "k": k, "m": m, "ms": ms, "gb_per_s": rates})
+        shown = [f"{rates[name]:9.1f}" if rates else f"{'':>9}" for name in ("q4k", "int8")]
+        print(
+            f"{f'{n}x{k}':>13} {m:>4} {ms['q4k']:9.3f} {ms['int8']:9.3f} {ms['int8'] / ms['q4k']:9.2f} "
+            + " ".join(shown)
+        )
+    if args.out:
+        write_json(args.out, {"machine": machine(), "rounds": args.rounds, "results": rows})
+
+
+if __name__ == "__main__":
+    main()

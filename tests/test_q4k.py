@@ -1,0 +1,165 @@
+"""The Q4_K x int8 kernel (:mod:`marspec.backends.q4k`): its dequantiser gives gguf-py's values, the
+kernel computes what its float64 reference does, a row's output is the same bits whatever rows share
+the call, and the packed form survives a safetensors file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from safetensors.torch import load_file, save_file
+
+from marspec.backends import q4k
+from marspec.backends.q4k import (
+    BLOCK_BYTES,
+    Q4KLinear,
+    dequantize_q4k,
+    q4k_blocks,
+    q4k_kernel_available,
+    q4k_reference,
+)
+from marspec.models import DEFAULT_TARGET
+from marspec.models.cache import held_gguf, models_root
+from marspec.models.registry import MODELS, missing_requirements
+
+needs_kernel = pytest.mark.skipif(
+    not q4k_kernel_available(), reason="no Q4_K kernel here (needs x86-64 Linux, AVX-512 VNNI, a compiler)"
+)
+
+ROWS = (1, 2, 5, 13, 16, 17, 52, 128)
+N, K = 256 + 16 + 3, 512  # two full tiles, one of 16, one of 3 columns
+
+
+def random_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random valid Q4_K bytes [rows, cols / 256 * 144]: any scale and code bytes, finite d and dmin."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, BLOCK_BYTES), dtype=np.uint8)
+    halves = rng.uniform(0, 0.01, size=(rows, cols // 256, 2)).astype(np.float16)
+    blocks[..., 0:4] = halves.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def raw() -> np.ndarray:
+    return random_blocks(N, K)
+
+
+@pytest.fixture(scope="module")
+def layer(raw: np.ndarray) -> Q4KLinear:
+    return Q4KLinear.from_gguf_blocks(raw, torch.randn(N, generator=torch.Generator().manual_seed(1)))
+
+
+def test_dequantizing_gives_gguf_pys_values(raw: np.ndarray) -> None:
+    assert torch.equal(dequantize_q4k(raw), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K)))
+
+
+def test_quantising_float_weights_keeps_them_within_a_few_steps_of_their_range() -> None:
+    weight = torch.randn(48, 512)
+    restored = dequantize_q4k(q4k_blocks(weight))
+    sub_blocks = weight.reshape(48, -1, 32)
+    step = (sub_blocks.amax(-1) - sub_blocks.amin(-1).clamp_max(0)) / 15  # [48, 16]
+    error = (restored - weight).abs().reshape(48, -1, 32).amax(-1)
+    assert (error <= 1.5 * step).all()
+    assert (restored - weight).abs().mean() < 0.1 * weight.abs().mean()
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", ROWS)
+def test_the_kernel_computes_its_reference(raw: np.ndarray, layer: Q4KLinear, m: int) -> None:
+    x = torch.randn(m, K) * 3
+    x[m // 2] = 0  # an all-zero row stays finite: zeros plus the bias
+    expected = q4k_reference(x, raw, layer.bias)
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (m, N)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    assert torch.equal(y[m // 2], layer.bias)
+
+
+@needs_kernel
+def test_a_wider_layer_without_bias_computes_its_reference() -> None:
+    raw = random_blocks(1536 + 8, 1536, seed=2)
+    layer = Q4KLinear.from_gguf_blocks(raw)
+    x = torch.randn(2, 5, 1536)
+    expected = q4k_reference(x, raw)
+    torch.testing.assert_close(
+        layer(x).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item()
+    )
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [2, 8, 9, 13, 17, 52, 128])
+def test_a_rows_output_is_the_same_bits_whatever_rows_share_the_call(layer: Q4KLinear, m: int) -> None:
+    x = torch.randn(m, K)
+    together = layer(x)
+    for i in range(m):
+        assert torch.equal(together[i], layer(x[i : i + 1])[0]), f"row {i} of {m}"
+    assert torch.equal(together[3:], layer(x[3:]))  # a row block starting elsewhere
+
+
+@needs_kernel
+def test_the_packed_tensors_rebuild_the_layer_from_a_safetensors_file(
+    layer: Q4KLinear, tmp_path: Path
+) -> None:
+    save_file(layer.tensors, tmp_path / "layer.safetensors")
+    rebuilt = Q4KLinear(**load_file(tmp_path / "layer.safetensors"))
+    x = torch.randn(3, K)
+    assert (rebuilt.in_features, rebuilt.out_features) == (K, N)
+    assert torch.equal(rebuilt(x), layer(x))
+
+
+def test_a_cpu_without_the_instructions_is_named_once_in_the_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(q4k, "_CPU_FLAGS", ("avx512f", "no_such_flag"))
+    with caplog.at_level(logging.INFO, logger="marspec"):
+        assert q4k_kernel_available.__wrapped__() is False
+    assert "no_such_flag" in caplog.text
+
+
+@needs_kernel
+def test_a_kernel_that_does_not_compile_is_logged_and_reported_unavailable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(q4k, "_SOURCE", broken)
+    monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger="marspec"):
+        assert q4k_kernel_available.__wrapped__() is False
+    assert "building it failed" in caplog.text
+    assert not list((tmp_path / "cache" / "kernels").glob("*.so"))
+
+
+def target_gguf(tmp_path: Path) -> Path:
+    """The default target's GGUF: the one its cached folder holds, else assembled from its packages."""
+    held = held_gguf(models_root() / DEFAULT_TARGET)
+    if held is not None:
+        return held
+    spec = MODELS[DEFAULT_TARGET]
+    if missing_requirements(spec):
+        pytest.skip(f"{DEFAULT_TARGET}'s packages are not installed")
+    spec.write_gguf(tmp_path / "target.gguf")
+    return tmp_path / "target.gguf"
+
+
+@pytest.mark.real
+@needs_kernel
+def test_the_real_targets_q4k_weights_dequantize_as_gguf_py_and_multiply_as_the_reference(
+    tmp_path: Path,
+) -> None:
+    tensor = next(t for t in GGUFReader(target_gguf(tmp_path)).tensors if t.name == "blk.0.ffn_gate.weight")
+    assert tensor.tensor_type == GGMLQuantizationType.Q4_K
+    raw = np.asarray(tensor.data)  # [out, in / 256 * 144]
+    assert torch.equal(dequantize_q4k(raw), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K)))
+    layer = Q4KLinear.from_gguf_blocks(raw)
+    x = torch.randn(13, layer.in_features)
+    expected = q4k_reference(x, raw)
+    torch.testing.assert_close(
+        layer(x).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item()
+    )
+    assert torch.equal(layer(x)[5], layer(x[5:6])[0])
