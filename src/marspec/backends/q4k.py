@@ -39,8 +39,9 @@ _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds t
 
 _SOURCE = Path(__file__).with_name("kernels") / "q4k.cpp"
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
-# -ffp-contract=off: the compiler fuses no multiply-add the source does not spell, so every row runs
-# the same float operations.
+# -fopenmp: at::parallel_for is a header template that runs on one thread without it; the library then
+# uses the OpenMP runtime torch has loaded (the same soname). -ffp-contract=off: the compiler fuses no
+# multiply-add the source does not spell, so every row runs the same float operations.
 _COMPILE_FLAGS = (
     "-O3",
     "-mavx512f",
@@ -49,6 +50,7 @@ _COMPILE_FLAGS = (
     "-mavx512vnni",
     "-mfma",
     "-ffp-contract=off",
+    "-fopenmp",
 )
 
 Q4K_UNAVAILABLE = (

@@ -53,8 +53,8 @@ def _ninja_on_path() -> Iterator[None]:
 
 
 def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
-    """Load the operators ``source`` registers, compiling it first if no cached build exists. Raises
-    whatever the compiler or loader raises."""
+    """Load the operators ``source`` registers, compiling it first (with ``flags``, which the linker gets
+    too) if no cached build exists. Raises whatever the compiler or loader raises."""
     library = library_path(name, source, flags)
     if library.is_file():
         torch.ops.load_library(str(library))
@@ -67,6 +67,7 @@ def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
             name=name,
             sources=[str(source)],
             extra_cflags=list(flags),
+            extra_ldflags=list(flags),
             build_directory=build,
             is_python_module=False,
             verbose=False,

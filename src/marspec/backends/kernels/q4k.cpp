@@ -41,9 +41,9 @@ constexpr int64_t kRowBlock = 8;          // activation rows whose accumulators 
 constexpr float kPeakFloor = 1e-30f;
 
 struct QuantisedRows {
-  std::vector<int8_t> q;     // [M, K]
-  std::vector<int32_t> sums; // [M, K / 32]: each sub-block's sum of q (for the mins)
-  std::vector<float> scale;  // [M]: peak / 127
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<int16_t> sums;  // [M, K / 32]: each sub-block's sum of q (for the mins), |sum| <= 32 * 127
+  std::vector<float> scale;   // [M]: peak / 127
 };
 
 // Each row on [-127, 127] by its own scale, rounded to nearest (ties to even).
@@ -61,13 +61,13 @@ QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
     const float peak = std::max(_mm512_reduce_max_ps(peak_v), kPeakFloor);
     const __m512 inv = _mm512_set1_ps(127.0f / peak);
     int8_t* q = out.q.data() + m * k;
-    int32_t* sums = out.sums.data() + m * (k / kGroup);
+    int16_t* sums = out.sums.data() + m * (k / kGroup);
     for (int64_t i = 0; i < k; i += kGroup) {
       const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inv));
       const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i + 16), inv));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(a));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + 16), _mm512_cvtsepi32_epi8(b));
-      sums[i / kGroup] = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+      sums[i / kGroup] = static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)));
     }
     out.scale[m] = peak / 127.0f;
   }
@@ -77,8 +77,10 @@ QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
 // One super-block of one tile, unpacked once and then read by every row.
 struct UnpackedBlock {
   alignas(64) uint8_t codes[kGroups][8][64];  // [sub-block][4-weight step][16 columns x 4 codes]
-  alignas(64) float scale[kGroups][kTile];    // d * sc
-  alignas(64) float min[kGroups][kTile];      // dmin * m
+  alignas(64) int32_t sc[kGroups][kTile];     // the sub-block scales
+  alignas(64) int32_t m[kGroups / 2][kTile];  // the mins of sub-blocks 2i, 2i + 1 as int16 pairs
+  alignas(64) float d[kTile];
+  alignas(64) float dmin[kTile];
 };
 
 void unpack(const uint8_t* qs, const uint8_t* scales, const float* d, UnpackedBlock& out) {
@@ -90,30 +92,35 @@ void unpack(const uint8_t* qs, const uint8_t* scales, const float* d, UnpackedBl
       _mm512_store_si512(out.codes[g][2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
     }
   }
-  const __m512 dv = _mm512_loadu_ps(d);
-  const __m512 dminv = _mm512_loadu_ps(d + kTile);
   for (int64_t g = 0; g < kGroups; ++g) {
-    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile)));
-    const __m512i mn = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + (kGroups + g) * kTile)));
-    _mm512_store_ps(out.scale[g], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(sc)));
-    _mm512_store_ps(out.min[g], _mm512_mul_ps(dminv, _mm512_cvtepi32_ps(mn)));
+    const auto* sc = reinterpret_cast<const __m128i*>(scales + g * kTile);
+    _mm512_store_si512(out.sc[g], _mm512_cvtepu8_epi32(_mm_loadu_si128(sc)));
   }
+  for (int64_t i = 0; i < kGroups / 2; ++i) {
+    const auto* even = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i) * kTile);
+    const auto* odd = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i + 1) * kTile);
+    const __m512i pair = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128(even)),
+                                         _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(odd)), 16));
+    _mm512_store_si512(out.m[i], pair);
+  }
+  _mm512_store_ps(out.d, _mm512_loadu_ps(d));
+  _mm512_store_ps(out.dmin, _mm512_loadu_ps(d + kTile));
 }
 
-inline __m512i broadcast4(const int8_t* p) {
+inline __m512i broadcast4(const void* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
   return _mm512_set1_epi32(v);
 }
 
-// R rows' partial sums over one super-block, added to their accumulators acc [R][16]. The same
-// operations in the same order for each row whatever R is.
+// R rows' sums over one super-block, added to their accumulators acc [R][16]: per row, the exact int32
+// sums sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. The
+// same operations in the same order for each row whatever R is.
 template <int R>
-void rows_block(const UnpackedBlock& w, const int8_t* xq, int64_t k, const int32_t* xsums, int64_t groups,
+void rows_block(const UnpackedBlock& w, const int8_t* xq, int64_t k, const int16_t* xsums, int64_t groups,
                 float* acc) {
-  __m512 f[R];
-  for (int r = 0; r < R; ++r) f[r] = _mm512_loadu_ps(acc + r * kTile);
+  __m512i scaled[R];
+  for (int r = 0; r < R; ++r) scaled[r] = _mm512_setzero_si512();
   for (int64_t g = 0; g < kGroups; ++g) {
     __m512i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
@@ -123,17 +130,24 @@ void rows_block(const UnpackedBlock& w, const int8_t* xq, int64_t k, const int32
         s[r] = _mm512_dpbusd_epi32(s[r], codes, broadcast4(xq + r * k + g * kGroup + j * 4));
       }
     }
-    const __m512 scale = _mm512_load_ps(w.scale[g]);
-    const __m512 min = _mm512_load_ps(w.min[g]);
-    for (int r = 0; r < R; ++r) {
-      f[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s[r]), f[r]);
-      f[r] = _mm512_fnmadd_ps(min, _mm512_set1_ps(static_cast<float>(xsums[r * groups + g])), f[r]);
-    }
+    const __m512i sc = _mm512_load_si512(w.sc[g]);
+    for (int r = 0; r < R; ++r) scaled[r] = _mm512_add_epi32(scaled[r], _mm512_mullo_epi32(s[r], sc));
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * kTile, f[r]);
+  const __m512 d = _mm512_load_ps(w.d);
+  const __m512 dmin = _mm512_load_ps(w.dmin);
+  for (int r = 0; r < R; ++r) {
+    __m512i mins = _mm512_setzero_si512();
+    for (int64_t i = 0; i < kGroups / 2; ++i) {
+      mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(w.m[i]), broadcast4(xsums + r * groups + 2 * i));
+    }
+    __m512 f = _mm512_loadu_ps(acc + r * kTile);
+    f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(scaled[r]), f);
+    f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mins), f);
+    _mm512_storeu_ps(acc + r * kTile, f);
+  }
 }
 
-using RowsBlockFn = void (*)(const UnpackedBlock&, const int8_t*, int64_t, const int32_t*, int64_t, float*);
+using RowsBlockFn = void (*)(const UnpackedBlock&, const int8_t*, int64_t, const int16_t*, int64_t, float*);
 constexpr RowsBlockFn kRowsBlock[kRowBlock + 1] = {nullptr,        rows_block<1>, rows_block<2>,
                                                    rows_block<3>,  rows_block<4>, rows_block<5>,
                                                    rows_block<6>,  rows_block<7>, rows_block<8>};
