@@ -4,15 +4,18 @@ runs (:class:`~marspec.backends.int8.RowwiseInt8Linear`), on the 1.5B Qwen targe
 Both layers hold the same weights (random ones quantised to Q4_K, dequantised for the int8 layer). Per
 shape N x K and rows M: the median milliseconds of a call, over rounds that take every (shape, M,
 layer) in turn so a slow stretch of the machine lands on all alike, and for M = 1 the weight bytes each
-layer reads per millisecond (GB/s).
+layer reads per millisecond (GB/s). Calls cycle through copies of a layer holding at least
+``--footprint-mb`` of weights, so that they come from memory, as a model's do, not from the cache.
 
     python benchmarks/q4k_kernel.py --out q4k-kernel.json
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,11 +34,21 @@ def weight_bytes(layer: torch.nn.Module) -> int:
     return layer.out_features * layer.in_features + 4 * layer.out_features  # int8 and a scale a row
 
 
+def copies(make: Callable[[], torch.nn.Module], footprint_mb: float) -> list[torch.nn.Module]:
+    """Copies of the layer ``make`` builds, enough to hold ``footprint_mb`` of weights (at least one)."""
+    first = make()
+    count = max(1, math.ceil(footprint_mb * 1e6 / weight_bytes(first)))
+    return [first, *(make() for _ in range(count - 1))]
+
+
 def main() -> None:
     parser = script_parser(__doc__)
     add_threads(parser)
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds (default 15)")
     parser.add_argument("--min-ms", type=float, default=20.0, help="least time a timing covers (default 20)")
+    parser.add_argument(
+        "--footprint-mb", type=float, default=256.0, help="weights each layer's copies hold (default 256)"
+    )
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -43,21 +56,26 @@ def main() -> None:
         raise SystemExit("the Q4_K kernel is unavailable here (see the log)")
 
     torch.manual_seed(0)
-    layers: dict[tuple[int, int], dict[str, torch.nn.Module]] = {}
+    layers: dict[tuple[int, int], dict[str, list[torch.nn.Module]]] = {}
     inputs: dict[tuple[int, int], torch.Tensor] = {}
     for n, k in SHAPES:
         raw = q4k_blocks(torch.randn(n, k) * 0.02)
+        q4k = Q4KLinear.from_gguf_blocks(raw)
+        int8 = int8_rows(dequantize_q4k(raw))
         layers[n, k] = {
-            "q4k": Q4KLinear.from_gguf_blocks(raw),
-            "int8": RowwiseInt8Linear(*int8_rows(dequantize_q4k(raw))),
+            "q4k": copies(
+                lambda held=q4k.tensors: Q4KLinear(**{name: t.clone() for name, t in held.items()}),
+                args.footprint_mb,
+            ),
+            "int8": copies(lambda held=int8: RowwiseInt8Linear(*held), args.footprint_mb),
         }
         for m in ROWS:
             inputs[m, k] = torch.randn(m, k)
 
-    def calls_per_timing(layer: torch.nn.Module, x: torch.Tensor) -> int:
+    def calls_per_timing(layer: list[torch.nn.Module], x: torch.Tensor) -> int:
         start = time.perf_counter()
-        layer(x)
-        return max(1, round(args.min_ms / 1000 / max(time.perf_counter() - start, 1e-6)))
+        layer[0](x)
+        return max(len(layer), round(args.min_ms / 1000 / max(time.perf_counter() - start, 1e-6)))
 
     cases = [(shape, m, name) for shape in SHAPES for m in ROWS for name in ("q4k", "int8")]
     with torch.inference_mode():
@@ -70,8 +88,8 @@ def main() -> None:
                 (n, k), m, name = case
                 layer, x = layers[n, k][name], inputs[m, k]
                 start = time.perf_counter()
-                for _ in range(counts[case]):
-                    layer(x)
+                for call in range(counts[case]):
+                    layer[call % len(layer)](x)
                 times[case].append((time.perf_counter() - start) * 1000 / counts[case])
 
     rows = []
@@ -79,7 +97,7 @@ def main() -> None:
     print(f"{'N x K':>13} {'M':>4} " + " ".join(f"{c:>9}" for c in columns))
     for (n, k), m in ((shape, m) for shape in SHAPES for m in ROWS):
         ms = {name: statistics.median(times[(n, k), m, name]) for name in ("q4k", "int8")}
-        rates = {name: weight_bytes(layers[n, k][name]) / ms[name] / 1e6 for name in ms} if m == 1 else {}
+        rates = {name: weight_bytes(layers[n, k][name][0]) / ms[name] / 1e6 for name in ms} if m == 1 else {}
         rows.append({"n": n, "k": k, "m": m, "ms": ms, "gb_per_s": rates})
         shown = [f"{rates[name]:9.1f}" if rates else f"{'':>9}" for name in ("q4k", "int8")]
         print(

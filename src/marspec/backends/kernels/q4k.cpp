@@ -2,10 +2,12 @@
 //
 // Each activation row is quantised to int8 with its own scale (peak / 127), then multiplied by the
 // weights' 4-bit codes exactly in int32 (_mm512_dpbusd_epi32: codes as the unsigned operand,
-// activations as the signed one), one 32-weight sub-block at a time; each sub-block's integer sum is
-// scaled in float32, in the same order for every row. Nothing a row computes depends on the other
-// rows of the call, so its output is the same bits whatever else is in the batch (a verification
-// forward scores each token as a one-token step does).
+// activations as the signed one). Per 256-weight super-block, the sub-blocks' sums times their 6-bit
+// scales, and the activations' sub-block sums times the 6-bit mins, are added exactly in int32; then
+// y += d * float(first) - dmin * float(second) in float32, super-block after super-block, and finally
+// y * row scale (+ bias). Nothing a row computes depends on the other rows of the call, so its output
+// is the same bits whatever else is in the batch (a verification forward scores each token as a
+// one-token step does).
 //
 // Packed layout (built in marspec/backends/q4k.py from GGUF Q4_K blocks), for T = ceil(N / 16) tiles
 // of 16 output columns and S = K / 256 super-blocks:
@@ -24,9 +26,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -36,7 +40,6 @@ constexpr int64_t kSuper = 256;           // weights per super-block
 constexpr int64_t kGroup = 32;            // weights per sub-block
 constexpr int64_t kGroups = kSuper / kGroup;
 constexpr int64_t kQsBytes = kSuper * kTile / 2;  // a tile's codes for one super-block
-constexpr int64_t kRowBlock = 8;          // activation rows whose accumulators stay in registers
 // Largest magnitude floor: an all-zero row gets a finite scale and quantises to zeros.
 constexpr float kPeakFloor = 1e-30f;
 
@@ -113,44 +116,76 @@ inline __m512i broadcast4(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// R rows' sums over one super-block, added to their accumulators acc [R][16]: per row, the exact int32
-// sums sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. The
-// same operations in the same order for each row whatever R is.
-template <int R>
-void rows_block(const UnpackedBlock& w, const int8_t* xq, int64_t k, const int16_t* xsums, int64_t groups,
-                float* acc) {
-  __m512i scaled[R];
-  for (int r = 0; r < R; ++r) scaled[r] = _mm512_setzero_si512();
+// R rows' sums over one super-block of C tiles side by side (each broadcast of activations serves the C
+// tiles), added to their accumulators acc[c * acc_stride + r * 16 ...]: per row, the exact int32 sums
+// sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. Each
+// output column gets the same operations in the same order whatever R and C are.
+template <int R, int C>
+void rows_block(const UnpackedBlock* w, const int8_t* xq, int64_t k, const int16_t* xsums, int64_t groups,
+                float* acc, int64_t acc_stride) {
+  __m512i scaled[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) scaled[r][c] = _mm512_setzero_si512();
   for (int64_t g = 0; g < kGroups; ++g) {
-    __m512i s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+    __m512i s[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) s[r][c] = _mm512_setzero_si512();
     for (int64_t j = 0; j < 8; ++j) {
-      const __m512i codes = _mm512_load_si512(w.codes[g][j]);
+      __m512i codes[C];
+      for (int c = 0; c < C; ++c) codes[c] = _mm512_load_si512(w[c].codes[g][j]);
       for (int r = 0; r < R; ++r) {
-        s[r] = _mm512_dpbusd_epi32(s[r], codes, broadcast4(xq + r * k + g * kGroup + j * 4));
+        const __m512i x = broadcast4(xq + r * k + g * kGroup + j * 4);
+        for (int c = 0; c < C; ++c) s[r][c] = _mm512_dpbusd_epi32(s[r][c], codes[c], x);
       }
     }
-    const __m512i sc = _mm512_load_si512(w.sc[g]);
-    for (int r = 0; r < R; ++r) scaled[r] = _mm512_add_epi32(scaled[r], _mm512_mullo_epi32(s[r], sc));
-  }
-  const __m512 d = _mm512_load_ps(w.d);
-  const __m512 dmin = _mm512_load_ps(w.dmin);
-  for (int r = 0; r < R; ++r) {
-    __m512i mins = _mm512_setzero_si512();
-    for (int64_t i = 0; i < kGroups / 2; ++i) {
-      mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(w.m[i]), broadcast4(xsums + r * groups + 2 * i));
+    for (int c = 0; c < C; ++c) {
+      const __m512i sc = _mm512_load_si512(w[c].sc[g]);
+      for (int r = 0; r < R; ++r) scaled[r][c] = _mm512_add_epi32(scaled[r][c], _mm512_mullo_epi32(s[r][c], sc));
     }
-    __m512 f = _mm512_loadu_ps(acc + r * kTile);
-    f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(scaled[r]), f);
-    f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mins), f);
-    _mm512_storeu_ps(acc + r * kTile, f);
+  }
+  for (int c = 0; c < C; ++c) {
+    const __m512 d = _mm512_load_ps(w[c].d);
+    const __m512 dmin = _mm512_load_ps(w[c].dmin);
+    for (int r = 0; r < R; ++r) {
+      __m512i mins = _mm512_setzero_si512();
+      for (int64_t i = 0; i < kGroups / 2; ++i) {
+        mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(w[c].m[i]), broadcast4(xsums + r * groups + 2 * i));
+      }
+      float* a = acc + c * acc_stride + r * kTile;
+      __m512 f = _mm512_loadu_ps(a);
+      f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(scaled[r][c]), f);
+      f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mins), f);
+      _mm512_storeu_ps(a, f);
+    }
   }
 }
 
-using RowsBlockFn = void (*)(const UnpackedBlock&, const int8_t*, int64_t, const int16_t*, int64_t, float*);
-constexpr RowsBlockFn kRowsBlock[kRowBlock + 1] = {nullptr,        rows_block<1>, rows_block<2>,
-                                                   rows_block<3>,  rows_block<4>, rows_block<5>,
-                                                   rows_block<6>,  rows_block<7>, rows_block<8>};
+using RowsBlockFn = void (*)(const UnpackedBlock*, const int8_t*, int64_t, const int16_t*, int64_t, float*,
+                             int64_t);
+
+template <int C, int... R>
+constexpr std::array<RowsBlockFn, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
+  return {nullptr, rows_block<R + 1, C>...};
+}
+
+// Rows whose int32 sums stay in registers: R * C * 2 of the 32 vector registers, and a few more.
+constexpr int64_t kRowsOneTile = 8;
+constexpr int64_t kRowsTwoTiles = 6;
+constexpr auto kOneTile = rows_blocks<1>(std::make_integer_sequence<int, kRowsOneTile>{});
+constexpr auto kTwoTiles = rows_blocks<2>(std::make_integer_sequence<int, kRowsTwoTiles>{});
+
+// The rows of C tiles, starting at super-block s, a block of rows at a time.
+template <int C>
+void all_rows(const UnpackedBlock* w, const QuantisedRows& xq, int64_t m_rows, int64_t k, int64_t s, float* acc) {
+  constexpr int64_t block = C == 1 ? kRowsOneTile : kRowsTwoTiles;
+  const RowsBlockFn* fns = C == 1 ? kOneTile.data() : kTwoTiles.data();
+  const int64_t groups = k / kGroup;
+  for (int64_t m0 = 0; m0 < m_rows; m0 += block) {
+    const int64_t rows = std::min(block, m_rows - m0);
+    fns[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
+              acc + m0 * kTile, m_rows * kTile);
+  }
+}
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& d,
                   int64_t out_features, const std::optional<at::Tensor>& bias) {
@@ -183,7 +218,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
   if (m_rows == 0) return y;
 
   const QuantisedRows xq = quantise_rows(xc.data_ptr<float>(), m_rows, k);
-  const int64_t groups = k / kGroup;
   const uint8_t* qs_p = qsc.data_ptr<uint8_t>();
   const uint8_t* sc_p = scc.data_ptr<uint8_t>();
   const float* d_p = dc.data_ptr<float>();
@@ -192,29 +226,35 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
 
   // Output-column tiles only: every row's sums run over all of K in one thread.
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    UnpackedBlock w;
-    std::vector<float> acc(m_rows * kTile);
-    for (int64_t t = begin; t < end; ++t) {
+    UnpackedBlock w[2];
+    std::vector<float> acc(2 * m_rows * kTile);
+    for (int64_t t = begin; t < end;) {
+      const int64_t count = std::min<int64_t>(2, end - t);  // tiles side by side
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
-        const int64_t block = t * supers + s;
-        unpack(qs_p + block * kQsBytes, sc_p + block * 2 * kGroups * kTile, d_p + block * 2 * kTile, w);
-        for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
-          const int64_t rows = std::min(kRowBlock, m_rows - m0);
-          kRowsBlock[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups,
-                           groups, acc.data() + m0 * kTile);
+        for (int64_t c = 0; c < count; ++c) {
+          const int64_t block = (t + c) * supers + s;
+          unpack(qs_p + block * kQsBytes, sc_p + block * 2 * kGroups * kTile, d_p + block * 2 * kTile, w[c]);
+        }
+        if (count == 2) {
+          all_rows<2>(w, xq, m_rows, k, s, acc.data());
+        } else {
+          all_rows<1>(w, xq, m_rows, k, s, acc.data());
         }
       }
-      const int64_t n0 = t * kTile;
-      const int64_t width = std::min(kTile, out_features - n0);
-      const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-      const __m512 b = has_bias ? _mm512_maskz_loadu_ps(mask, bias_p + n0) : _mm512_setzero_ps();
-      for (int64_t m = 0; m < m_rows; ++m) {
-        const __m512 sx = _mm512_set1_ps(xq.scale[m]);
-        const __m512 a = _mm512_loadu_ps(acc.data() + m * kTile);
-        const __m512 out = has_bias ? _mm512_fmadd_ps(a, sx, b) : _mm512_mul_ps(a, sx);
-        _mm512_mask_storeu_ps(y_p + m * out_features + n0, mask, out);
+      for (int64_t c = 0; c < count; ++c) {
+        const int64_t n0 = (t + c) * kTile;
+        const int64_t width = std::min(kTile, out_features - n0);
+        const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+        const __m512 b = has_bias ? _mm512_maskz_loadu_ps(mask, bias_p + n0) : _mm512_setzero_ps();
+        for (int64_t m = 0; m < m_rows; ++m) {
+          const __m512 sx = _mm512_set1_ps(xq.scale[m]);
+          const __m512 a = _mm512_loadu_ps(acc.data() + (c * m_rows + m) * kTile);
+          const __m512 out = has_bias ? _mm512_fmadd_ps(a, sx, b) : _mm512_mul_ps(a, sx);
+          _mm512_mask_storeu_ps(y_p + m * out_features + n0, mask, out);
+        }
       }
+      t += count;
     }
   });
   return y;
