@@ -174,16 +174,19 @@ constexpr int64_t kRowsTwoTiles = 6;
 constexpr auto kOneTile = rows_blocks<1>(std::make_integer_sequence<int, kRowsOneTile>{});
 constexpr auto kTwoTiles = rows_blocks<2>(std::make_integer_sequence<int, kRowsTwoTiles>{});
 
-// The rows of C tiles, starting at super-block s, a block of rows at a time.
+// The rows of C tiles, starting at super-block s, in as few blocks as fit the registers, of sizes that
+// differ by one at most (13 rows: 5, 4, 4, not 6, 6, 1).
 template <int C>
 void all_rows(const UnpackedBlock* w, const QuantisedRows& xq, int64_t m_rows, int64_t k, int64_t s, float* acc) {
-  constexpr int64_t block = C == 1 ? kRowsOneTile : kRowsTwoTiles;
+  constexpr int64_t most = C == 1 ? kRowsOneTile : kRowsTwoTiles;
   const RowsBlockFn* fns = C == 1 ? kOneTile.data() : kTwoTiles.data();
   const int64_t groups = k / kGroup;
-  for (int64_t m0 = 0; m0 < m_rows; m0 += block) {
-    const int64_t rows = std::min(block, m_rows - m0);
+  const int64_t blocks = (m_rows + most - 1) / most;
+  for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
+    const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
     fns[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
               acc + m0 * kTile, m_rows * kTile);
+    m0 += rows;
   }
 }
 
