@@ -30,7 +30,7 @@ ROWS = (1, 13, 52, 128)
 
 def weight_bytes(layer: torch.nn.Module) -> int:
     if isinstance(layer, Q4KLinear):
-        return sum(t.numel() * t.element_size() for t in (layer.qs, layer.scales, layer.d))
+        return layer.blocks.numel()
     return layer.out_features * layer.in_features + 4 * layer.out_features  # int8 and a scale a row
 
 

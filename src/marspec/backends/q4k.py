@@ -32,9 +32,11 @@ log = logging.getLogger("marspec")
 
 SUPER_BLOCK = 256  # weights per super-block
 SUB_BLOCK = 32  # weights per sub-block (one scale and min)
-BLOCK_BYTES = 144  # a super-block in the GGUF: d, dmin (fp16), 12 bytes of scales, 128 of codes
-TILE = 16  # output columns the kernel computes together (one zmm's lanes)
 _SUBS = SUPER_BLOCK // SUB_BLOCK
+BLOCK_BYTES = 144  # a super-block in the GGUF: d, dmin (fp16), 12 bytes of scales, 128 of codes
+HALF = 16  # output columns in one zmm's lanes
+TILE = 2 * HALF  # output columns the kernel computes together
+RECORD_BYTES = TILE * (SUPER_BLOCK // 2 + 2 * _SUBS + 2 * 4)  # a tile's super-block: 4.75 bits a weight
 _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
 
 _SOURCE = Path(__file__).with_name("kernels") / "q4k.cpp"
@@ -152,31 +154,31 @@ def q4k_blocks(weight: torch.Tensor) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def _pack(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernel's tensors for raw Q4_K bytes [N, K / 256 * 144] (see kernels/q4k.cpp for the layout),
-    the last tile's missing columns zero."""
+def _pack(raw: np.ndarray) -> torch.Tensor:
+    """The kernel's blocks for raw Q4_K bytes [N, K / 256 * 144]: uint8 [ceil(N / 32), K / 256, 4864],
+    the last tile's missing columns zero (layout: kernels/q4k.cpp)."""
     rows = raw.shape[0]
     supers = raw.shape[1] // BLOCK_BYTES
     tiles = -(-rows // TILE)
-    qs = np.empty((tiles, supers, SUPER_BLOCK * TILE // 2), dtype=np.uint8)
-    scales = np.empty((tiles, supers, 2 * _SUBS * TILE), dtype=np.uint8)
-    d = np.empty((tiles, supers, 2 * TILE), dtype=np.float32)
+    blocks = np.empty((tiles, supers, RECORD_BYTES), dtype=np.uint8)
     for start in range(0, rows, _ROWS_PER_CHUNK):
         chunk = raw[start : start + _ROWS_PER_CHUNK]
         padded = -(-chunk.shape[0] // TILE) * TILE
         if padded != chunk.shape[0]:
             chunk = np.concatenate([chunk, np.zeros((padded - chunk.shape[0], chunk.shape[1]), np.uint8)])
         f = q4k_fields(chunk)
-        t0, t1 = start // TILE, start // TILE + padded // TILE
-        # Codes [tile, column, super, sub, chunk of 8, half, 4]: a byte holds 4 apart, in column order.
-        q = f.q.reshape(-1, TILE, supers, _SUBS, 4, 2, 4)
-        packed = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, column, super, sub, chunk, 4]
-        qs[t0:t1] = packed.transpose(0, 2, 3, 4, 1, 5).reshape(t1 - t0, supers, -1)
-        by_tile = np.concatenate([f.sc, f.m], axis=-1).reshape(-1, TILE, supers, 2 * _SUBS)
-        scales[t0:t1] = by_tile.transpose(0, 2, 3, 1).reshape(t1 - t0, supers, -1)
-        both = np.stack([f.d, f.dmin], axis=-1).reshape(-1, TILE, supers, 2)
-        d[t0:t1] = both.transpose(0, 2, 3, 1).reshape(t1 - t0, supers, -1)
-    return torch.from_numpy(qs), torch.from_numpy(scales), torch.from_numpy(d)
+        count = padded // TILE
+        # Codes [tile, half, column, super, sub, chunk of 8, 4 apart, 4]: a byte holds weights 4 apart.
+        q = f.q.reshape(count, 2, HALF, supers, _SUBS, 4, 2, 4)
+        codes = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, half, column, super, sub, chunk, 4]
+        codes = codes.transpose(0, 3, 1, 4, 5, 2, 6).reshape(count, supers, -1)
+        scales = np.concatenate([f.sc, f.m], axis=-1).reshape(count, 2, HALF, supers, 2 * _SUBS)
+        scales = scales.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1)
+        d = np.stack([f.d, f.dmin], axis=-1).astype("<f4").reshape(count, 2, HALF, supers, 2)
+        d = d.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1).view(np.uint8)
+        first = start // TILE
+        blocks[first : first + count] = np.concatenate([codes, scales, d], axis=-1)
+    return torch.from_numpy(blocks)
 
 
 class Q4KLinear(torch.nn.Module):
@@ -185,27 +187,21 @@ class Q4KLinear(torch.nn.Module):
     """
 
     def __init__(
-        self,
-        qs: torch.Tensor,
-        scales: torch.Tensor,
-        d: torch.Tensor,
-        out_features: int | torch.Tensor,
-        bias: torch.Tensor | None = None,
+        self, blocks: torch.Tensor, out_features: int | torch.Tensor, bias: torch.Tensor | None = None
     ) -> None:
-        """From the packed tensors (:attr:`tensors`; kept, not copied): ``qs`` uint8 [T, K / 256, 2048],
-        ``scales`` uint8 [T, K / 256, 256], ``d`` float32 [T, K / 256, 32] for T = ceil(N / 16) tiles of
-        16 output columns, ``out_features`` N (an int or an int64 tensor of one element), and an optional
-        float bias [N]."""
+        """From the packed weights (:attr:`tensors`; kept, not copied): ``blocks`` uint8
+        [ceil(N / 32), K / 256, 4864], ``out_features`` N (an int or an int64 tensor of one element),
+        and an optional float bias [N]."""
         super().__init__()
-        self.qs, self.scales, self.d = qs.contiguous(), scales.contiguous(), d.contiguous()
+        self.blocks = blocks.contiguous()
         self.out_features = int(out_features)
-        self.in_features = qs.shape[1] * SUPER_BLOCK
+        self.in_features = blocks.shape[1] * SUPER_BLOCK
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     @classmethod
     def from_gguf_blocks(cls, raw: np.ndarray, bias: torch.Tensor | None = None) -> Q4KLinear:
         """From raw Q4_K bytes (uint8 [N, K / 256 * 144], rows the output channels, as in the GGUF)."""
-        return cls(*_pack(raw), raw.shape[0], bias)
+        return cls(_pack(raw), raw.shape[0], bias)
 
     @classmethod
     def of(cls, linear: torch.nn.Linear) -> Q4KLinear:
@@ -215,19 +211,14 @@ class Q4KLinear(torch.nn.Module):
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """What the layer holds, by name: the constructor's arguments (``Q4KLinear(**layer.tensors)``)."""
-        held = {
-            "qs": self.qs,
-            "scales": self.scales,
-            "d": self.d,
-            "out_features": torch.tensor([self.out_features], dtype=torch.int64),
-        }
+        held = {"blocks": self.blocks, "out_features": torch.tensor([self.out_features], dtype=torch.int64)}
         return held if self.bias is None else {**held, "bias": self.bias}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
         if not q4k_kernel_available():
             raise MarspecError(Q4K_UNAVAILABLE)
         rows = x.reshape(-1, self.in_features).float()
-        y = torch.ops.marspec_q4k.linear(rows, self.qs, self.scales, self.d, self.out_features, self.bias)
+        y = torch.ops.marspec_q4k.linear(rows, self.blocks, self.out_features, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -9,14 +9,15 @@
 // is the same bits whatever else is in the batch (a verification forward scores each token as a
 // one-token step does).
 //
-// Packed layout (built in marspec/backends/q4k.py from GGUF Q4_K blocks), for T = ceil(N / 16) tiles
-// of 16 output columns and S = K / 256 super-blocks:
-//   qs     uint8   [T, S, 2048]: per sub-block g (8) and 8-weight chunk c (4), 64 bytes: byte 4*j + b
-//                  holds column j's code for weight 8*c + b in its low nibble and for 8*c + 4 + b in
-//                  its high nibble (so one AND / one shift gives dpbusd's 4 consecutive weights of
-//                  each of the 16 columns).
-//   scales uint8   [T, S, 256]: the 6-bit sub-block scales sc [8][16], then the mins m [8][16].
-//   d      float32 [T, S, 32]: the super-block's d [16], then dmin [16].
+// Packed layout (built in marspec/backends/q4k.py from GGUF Q4_K blocks): blocks, uint8
+// [T, S, 4864] for T = ceil(N / 32) tiles of 32 output columns and S = K / 256 super-blocks. A tile's
+// records follow each other, so a thread reads one sequential stream. A record is the super-block of
+// two halves of 16 columns (the 16 lanes of a zmm), each field for half 0 then half 1:
+//   codes  2 x 2048 bytes: per sub-block g (8) and 8-weight chunk c (4), 64 bytes: byte 4*j + b holds
+//          column j's code for weight 8*c + b in its low nibble and for 8*c + 4 + b in its high
+//          nibble (so one AND / one shift give dpbusd's 4 consecutive weights of 16 columns);
+//   scales 2 x 256 bytes: the 6-bit sub-block scales sc [8][16], then the mins m [8][16];
+//   d      2 x 128 bytes: float32 (little-endian) d [16], then dmin [16].
 // A weight is d * sc * q - dmin * m (ggml's Q4_K). 4.75 bits a weight.
 
 #include <ATen/Parallel.h>
@@ -35,11 +36,21 @@
 
 namespace {
 
-constexpr int64_t kTile = 16;             // output columns per tile: the 16 lanes of a zmm
+constexpr int64_t kHalf = 16;             // output columns in a zmm's lanes
+constexpr int64_t kTile = 2 * kHalf;      // output columns per tile: two halves share each broadcast
 constexpr int64_t kSuper = 256;           // weights per super-block
 constexpr int64_t kGroup = 32;            // weights per sub-block
 constexpr int64_t kGroups = kSuper / kGroup;
-constexpr int64_t kQsBytes = kSuper * kTile / 2;  // a tile's codes for one super-block
+constexpr int64_t kCodeBytes = kSuper * kHalf / 2;   // a half's codes in a record
+constexpr int64_t kScaleBytes = 2 * kGroups * kHalf; // a half's sc and m
+constexpr int64_t kDBytes = 2 * kHalf * 4;           // a half's d and dmin
+constexpr int64_t kRecord = 2 * (kCodeBytes + kScaleBytes + kDBytes);
+// Records ahead of the one unpacked whose bytes are requested from memory: the hardware prefetcher
+// alone left a thread reading well below the memory's bandwidth. Past the tensor's end a prefetch
+// does not fault.
+constexpr int64_t kAhead = 2;
+// Rows whose int32 sums stay in registers: 4 per row of the 32 vector registers, and a few more.
+constexpr int64_t kRowBlock = 6;
 // Largest magnitude floor: an all-zero row gets a finite scale and quantises to zeros.
 constexpr float kPeakFloor = 1e-30f;
 
@@ -77,37 +88,44 @@ QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
   return out;
 }
 
-// One super-block of one tile, unpacked once and then read by every row.
-struct UnpackedBlock {
+// One half of a record, unpacked once and then read by every row.
+struct UnpackedHalf {
   alignas(64) uint8_t codes[kGroups][8][64];  // [sub-block][4-weight step][16 columns x 4 codes]
-  alignas(64) int32_t sc[kGroups][kTile];     // the sub-block scales
-  alignas(64) int32_t m[kGroups / 2][kTile];  // the mins of sub-blocks 2i, 2i + 1 as int16 pairs
-  alignas(64) float d[kTile];
-  alignas(64) float dmin[kTile];
+  alignas(64) int32_t sc[kGroups][kHalf];     // the sub-block scales
+  alignas(64) int32_t m[kGroups / 2][kHalf];  // the mins of sub-blocks 2i, 2i + 1 as int16 pairs
+  alignas(64) float d[kHalf];
+  alignas(64) float dmin[kHalf];
 };
 
-void unpack(const uint8_t* qs, const uint8_t* scales, const float* d, UnpackedBlock& out) {
+void unpack(const uint8_t* record, int64_t half, UnpackedHalf& out) {
+  const uint8_t* codes = record + half * kCodeBytes;
+  const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
+  const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < kGroups; ++g) {
     for (int64_t c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(qs + (g * 4 + c) * 64);
+      const __m512i v = _mm512_loadu_si512(codes + (g * 4 + c) * 64);
       _mm512_store_si512(out.codes[g][2 * c], _mm512_and_si512(v, low));
       _mm512_store_si512(out.codes[g][2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
     }
   }
   for (int64_t g = 0; g < kGroups; ++g) {
-    const auto* sc = reinterpret_cast<const __m128i*>(scales + g * kTile);
+    const auto* sc = reinterpret_cast<const __m128i*>(scales + g * kHalf);
     _mm512_store_si512(out.sc[g], _mm512_cvtepu8_epi32(_mm_loadu_si128(sc)));
   }
   for (int64_t i = 0; i < kGroups / 2; ++i) {
-    const auto* even = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i) * kTile);
-    const auto* odd = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i + 1) * kTile);
+    const auto* even = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i) * kHalf);
+    const auto* odd = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i + 1) * kHalf);
     const __m512i pair = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128(even)),
                                          _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(odd)), 16));
     _mm512_store_si512(out.m[i], pair);
   }
   _mm512_store_ps(out.d, _mm512_loadu_ps(d));
-  _mm512_store_ps(out.dmin, _mm512_loadu_ps(d + kTile));
+  _mm512_store_ps(out.dmin, _mm512_loadu_ps(d + kHalf * 4));
+}
+
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
 inline __m512i broadcast4(const void* p) {
@@ -116,34 +134,33 @@ inline __m512i broadcast4(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// R rows' sums over one super-block of C tiles side by side (each broadcast of activations serves the C
-// tiles), added to their accumulators acc[c * acc_stride + r * 16 ...]: per row, the exact int32 sums
+// R rows' sums over one record (both halves: each broadcast of activations serves the two), added to
+// their accumulators acc[r * 32 + column]: per row and column, the exact int32 sums
 // sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. Each
-// output column gets the same operations in the same order whatever R and C are.
-template <int R, int C>
-void rows_block(const UnpackedBlock* w, const int8_t* xq, int64_t k, const int16_t* xsums, int64_t groups,
-                float* acc, int64_t acc_stride) {
-  __m512i scaled[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) scaled[r][c] = _mm512_setzero_si512();
+// output column gets the same operations in the same order whatever R is.
+template <int R>
+void rows_block(const UnpackedHalf* w, const int8_t* xq, int64_t k, const int16_t* xsums, int64_t groups,
+                float* acc) {
+  __m512i scaled[R][2];
+  for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = _mm512_setzero_si512();
   for (int64_t g = 0; g < kGroups; ++g) {
-    __m512i s[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) s[r][c] = _mm512_setzero_si512();
+    __m512i s[R][2];
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
     for (int64_t j = 0; j < 8; ++j) {
-      __m512i codes[C];
-      for (int c = 0; c < C; ++c) codes[c] = _mm512_load_si512(w[c].codes[g][j]);
+      const __m512i codes0 = _mm512_load_si512(w[0].codes[g][j]);
+      const __m512i codes1 = _mm512_load_si512(w[1].codes[g][j]);
       for (int r = 0; r < R; ++r) {
         const __m512i x = broadcast4(xq + r * k + g * kGroup + j * 4);
-        for (int c = 0; c < C; ++c) s[r][c] = _mm512_dpbusd_epi32(s[r][c], codes[c], x);
+        s[r][0] = _mm512_dpbusd_epi32(s[r][0], codes0, x);
+        s[r][1] = _mm512_dpbusd_epi32(s[r][1], codes1, x);
       }
     }
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < 2; ++c) {
       const __m512i sc = _mm512_load_si512(w[c].sc[g]);
       for (int r = 0; r < R; ++r) scaled[r][c] = _mm512_add_epi32(scaled[r][c], _mm512_mullo_epi32(s[r][c], sc));
     }
   }
-  for (int c = 0; c < C; ++c) {
+  for (int c = 0; c < 2; ++c) {
     const __m512 d = _mm512_load_ps(w[c].d);
     const __m512 dmin = _mm512_load_ps(w[c].dmin);
     for (int r = 0; r < R; ++r) {
@@ -151,7 +168,7 @@ void rows_block(const UnpackedBlock* w, const int8_t* xq, int64_t k, const int16
       for (int64_t i = 0; i < kGroups / 2; ++i) {
         mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(w[c].m[i]), broadcast4(xsums + r * groups + 2 * i));
       }
-      float* a = acc + c * acc_stride + r * kTile;
+      float* a = acc + r * kTile + c * kHalf;
       __m512 f = _mm512_loadu_ps(a);
       f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(scaled[r][c]), f);
       f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mins), f);
@@ -160,51 +177,37 @@ void rows_block(const UnpackedBlock* w, const int8_t* xq, int64_t k, const int16
   }
 }
 
-using RowsBlockFn = void (*)(const UnpackedBlock*, const int8_t*, int64_t, const int16_t*, int64_t, float*,
-                             int64_t);
+using RowsBlockFn = void (*)(const UnpackedHalf*, const int8_t*, int64_t, const int16_t*, int64_t, float*);
 
-template <int C, int... R>
+template <int... R>
 constexpr std::array<RowsBlockFn, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
-  return {nullptr, rows_block<R + 1, C>...};
+  return {nullptr, rows_block<R + 1>...};
 }
 
-// Rows whose int32 sums stay in registers: R * C * 2 of the 32 vector registers, and a few more.
-constexpr int64_t kRowsOneTile = 8;
-constexpr int64_t kRowsTwoTiles = 6;
-constexpr auto kOneTile = rows_blocks<1>(std::make_integer_sequence<int, kRowsOneTile>{});
-constexpr auto kTwoTiles = rows_blocks<2>(std::make_integer_sequence<int, kRowsTwoTiles>{});
+constexpr auto kRowsBlock = rows_blocks(std::make_integer_sequence<int, kRowBlock>{});
 
-// The rows of C tiles, starting at super-block s, in as few blocks as fit the registers, of sizes that
-// differ by one at most (13 rows: 5, 4, 4, not 6, 6, 1).
-template <int C>
-void all_rows(const UnpackedBlock* w, const QuantisedRows& xq, int64_t m_rows, int64_t k, int64_t s, float* acc) {
-  constexpr int64_t most = C == 1 ? kRowsOneTile : kRowsTwoTiles;
-  const RowsBlockFn* fns = C == 1 ? kOneTile.data() : kTwoTiles.data();
+// Every row against one record (super-block s), in as few blocks as fit the registers, of sizes that
+// differ by one at most (13 rows: 5, 4, 4).
+void all_rows(const UnpackedHalf* w, const QuantisedRows& xq, int64_t m_rows, int64_t k, int64_t s, float* acc) {
   const int64_t groups = k / kGroup;
-  const int64_t blocks = (m_rows + most - 1) / most;
+  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
   for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
     const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
-    fns[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
-              acc + m0 * kTile, m_rows * kTile);
+    kRowsBlock[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
+                     acc + m0 * kTile);
     m0 += rows;
   }
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& d,
-                  int64_t out_features, const std::optional<at::Tensor>& bias) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
+                  const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
-  TORCH_CHECK(qs.dim() == 3 && qs.scalar_type() == at::kByte && qs.size(2) == kQsBytes,
-              "qs must be uint8 [T, K/256, 2048]");
-  const int64_t tiles = qs.size(0);
-  const int64_t supers = qs.size(1);
+  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.size(2) == kRecord,
+              "blocks must be uint8 [ceil(N/32), K/256, ", kRecord, "]");
+  const int64_t tiles = blocks.size(0);
+  const int64_t supers = blocks.size(1);
   const int64_t k = supers * kSuper;
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weights ", k);
-  TORCH_CHECK(scales.scalar_type() == at::kByte && scales.dim() == 3 && scales.size(0) == tiles &&
-                  scales.size(1) == supers && scales.size(2) == 2 * kGroups * kTile,
-              "scales must be uint8 [T, K/256, 256]");
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.dim() == 3 && d.size(0) == tiles && d.size(1) == supers &&
-                  d.size(2) == 2 * kTile,
-              "d must be float32 [T, K/256, 32]");
   TORCH_CHECK(out_features > (tiles - 1) * kTile && out_features <= tiles * kTile,
               "out_features does not match the tiles");
   const bool has_bias = bias.has_value() && bias->defined();
@@ -213,51 +216,41 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
                 "bias must be contiguous float32 [N]");
   }
   const at::Tensor xc = x.contiguous();
-  const at::Tensor qsc = qs.contiguous();
-  const at::Tensor scc = scales.contiguous();
-  const at::Tensor dc = d.contiguous();
+  const at::Tensor bc = blocks.contiguous();
   const int64_t m_rows = xc.size(0);
   at::Tensor y = at::empty({m_rows, out_features}, xc.options());
   if (m_rows == 0) return y;
 
   const QuantisedRows xq = quantise_rows(xc.data_ptr<float>(), m_rows, k);
-  const uint8_t* qs_p = qsc.data_ptr<uint8_t>();
-  const uint8_t* sc_p = scc.data_ptr<uint8_t>();
-  const float* d_p = dc.data_ptr<float>();
+  const uint8_t* blocks_p = bc.data_ptr<uint8_t>();
   const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
   float* y_p = y.data_ptr<float>();
 
   // Output-column tiles only: every row's sums run over all of K in one thread.
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    UnpackedBlock w[2];
-    std::vector<float> acc(2 * m_rows * kTile);
-    for (int64_t t = begin; t < end;) {
-      const int64_t count = std::min<int64_t>(2, end - t);  // tiles side by side
+    UnpackedHalf w[2];
+    std::vector<float> acc(m_rows * kTile);
+    for (int64_t t = begin; t < end; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
-        for (int64_t c = 0; c < count; ++c) {
-          const int64_t block = (t + c) * supers + s;
-          unpack(qs_p + block * kQsBytes, sc_p + block * 2 * kGroups * kTile, d_p + block * 2 * kTile, w[c]);
-        }
-        if (count == 2) {
-          all_rows<2>(w, xq, m_rows, k, s, acc.data());
-        } else {
-          all_rows<1>(w, xq, m_rows, k, s, acc.data());
-        }
+        const uint8_t* record = blocks_p + (t * supers + s) * kRecord;
+        prefetch(record + kAhead * kRecord, kRecord);
+        unpack(record, 0, w[0]);
+        unpack(record, 1, w[1]);
+        all_rows(w, xq, m_rows, k, s, acc.data());
       }
-      for (int64_t c = 0; c < count; ++c) {
-        const int64_t n0 = (t + c) * kTile;
-        const int64_t width = std::min(kTile, out_features - n0);
+      for (int64_t c = 0; c < 2; ++c) {
+        const int64_t n0 = t * kTile + c * kHalf;
+        const int64_t width = std::clamp<int64_t>(out_features - n0, 0, kHalf);
         const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
         const __m512 b = has_bias ? _mm512_maskz_loadu_ps(mask, bias_p + n0) : _mm512_setzero_ps();
         for (int64_t m = 0; m < m_rows; ++m) {
           const __m512 sx = _mm512_set1_ps(xq.scale[m]);
-          const __m512 a = _mm512_loadu_ps(acc.data() + (c * m_rows + m) * kTile);
+          const __m512 a = _mm512_loadu_ps(acc.data() + m * kTile + c * kHalf);
           const __m512 out = has_bias ? _mm512_fmadd_ps(a, sx, b) : _mm512_mul_ps(a, sx);
           _mm512_mask_storeu_ps(y_p + m * out_features + n0, mask, out);
         }
       }
-      t += count;
     }
   });
   return y;
@@ -266,6 +259,5 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
 }  // namespace
 
 TORCH_LIBRARY(marspec_q4k, m) {
-  m.def("linear(Tensor x, Tensor qs, Tensor scales, Tensor d, int out_features, Tensor? bias) -> Tensor",
-        &linear);
+  m.def("linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &linear);
 }
