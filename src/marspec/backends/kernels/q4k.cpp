@@ -48,7 +48,7 @@ constexpr int64_t kRecord = 2 * (kCodeBytes + kScaleBytes + kDBytes);
 // Records ahead of the one unpacked whose bytes are requested from memory: the hardware prefetcher
 // alone left a thread reading well below the memory's bandwidth. Past the tensor's end a prefetch
 // does not fault.
-constexpr int64_t kAhead = 2;
+constexpr int64_t kAhead = 1;
 // Rows whose int32 sums stay in registers: 4 per row of the 32 vector registers, and a few more.
 constexpr int64_t kRowBlock = 6;
 // Largest magnitude floor: an all-zero row gets a finite scale and quantises to zeros.
