@@ -97,10 +97,9 @@ struct UnpackedHalf {
   alignas(64) float dmin[kHalf];
 };
 
-void unpack(const uint8_t* record, int64_t half, UnpackedHalf& out) {
+// A half's 4-bit codes, one byte each.
+void unpack_codes(const uint8_t* record, int64_t half, UnpackedHalf& out) {
   const uint8_t* codes = record + half * kCodeBytes;
-  const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
-  const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < kGroups; ++g) {
     for (int64_t c = 0; c < 4; ++c) {
@@ -109,6 +108,12 @@ void unpack(const uint8_t* record, int64_t half, UnpackedHalf& out) {
       _mm512_store_si512(out.codes[g][2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
     }
   }
+}
+
+// A half's scales, mins, d and dmin.
+void unpack_scales(const uint8_t* record, int64_t half, UnpackedHalf& out) {
+  const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
+  const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
   for (int64_t g = 0; g < kGroups; ++g) {
     const auto* sc = reinterpret_cast<const __m128i*>(scales + g * kHalf);
     _mm512_store_si512(out.sc[g], _mm512_cvtepu8_epi32(_mm_loadu_si128(sc)));
@@ -136,23 +141,37 @@ inline __m512i broadcast4(const void* p) {
 
 // R rows' sums over one record (both halves: each broadcast of activations serves the two), added to
 // their accumulators acc[r * 32 + column]: per row and column, the exact int32 sums
-// sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. Each
-// output column gets the same operations in the same order whatever R is.
-template <int R>
-void rows_block(const UnpackedHalf* w, const int8_t* xq, int64_t k, const int16_t* xsums, int64_t groups,
-                float* acc) {
+// sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. The
+// codes come unpacked from w (read by several blocks of rows), or, when the record has one block of
+// rows, straight from the record (unpacked in registers). Each output column gets the same
+// operations, the integer ones exact, in the same order whatever R and the codes' source are.
+template <int R, bool kFromRecord>
+void rows_block(const UnpackedHalf* w, const uint8_t* record, const int8_t* xq, int64_t k, const int16_t* xsums,
+                int64_t groups, float* acc) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
   __m512i scaled[R][2];
   for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = _mm512_setzero_si512();
   for (int64_t g = 0; g < kGroups; ++g) {
     __m512i s[R][2];
     for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
-    for (int64_t j = 0; j < 8; ++j) {
-      const __m512i codes0 = _mm512_load_si512(w[0].codes[g][j]);
-      const __m512i codes1 = _mm512_load_si512(w[1].codes[g][j]);
+    for (int64_t j = 0; j < 8; j += 2) {  // 8 weights: 4 in the low nibbles, the next 4 in the high
+      __m512i codes[2][2];  // [half][nibble]
+      for (int c = 0; c < 2; ++c) {
+        if constexpr (kFromRecord) {
+          const __m512i v = _mm512_loadu_si512(record + c * kCodeBytes + (g * 4 + j / 2) * 64);
+          codes[c][0] = _mm512_and_si512(v, low);
+          codes[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        } else {
+          codes[c][0] = _mm512_load_si512(w[c].codes[g][j]);
+          codes[c][1] = _mm512_load_si512(w[c].codes[g][j + 1]);
+        }
+      }
       for (int r = 0; r < R; ++r) {
-        const __m512i x = broadcast4(xq + r * k + g * kGroup + j * 4);
-        s[r][0] = _mm512_dpbusd_epi32(s[r][0], codes0, x);
-        s[r][1] = _mm512_dpbusd_epi32(s[r][1], codes1, x);
+        for (int n = 0; n < 2; ++n) {
+          const __m512i x = broadcast4(xq + r * k + g * kGroup + (j + n) * 4);
+          s[r][0] = _mm512_dpbusd_epi32(s[r][0], codes[0][n], x);
+          s[r][1] = _mm512_dpbusd_epi32(s[r][1], codes[1][n], x);
+        }
       }
     }
     for (int c = 0; c < 2; ++c) {
@@ -177,24 +196,35 @@ void rows_block(const UnpackedHalf* w, const int8_t* xq, int64_t k, const int16_
   }
 }
 
-using RowsBlockFn = void (*)(const UnpackedHalf*, const int8_t*, int64_t, const int16_t*, int64_t, float*);
+using RowsBlockFn = void (*)(const UnpackedHalf*, const uint8_t*, const int8_t*, int64_t, const int16_t*, int64_t,
+                             float*);
 
-template <int... R>
+template <bool kFromRecord, int... R>
 constexpr std::array<RowsBlockFn, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
-  return {nullptr, rows_block<R + 1>...};
+  return {nullptr, rows_block<R + 1, kFromRecord>...};
 }
 
-constexpr auto kRowsBlock = rows_blocks(std::make_integer_sequence<int, kRowBlock>{});
+constexpr auto kFromRecordRows = rows_blocks<true>(std::make_integer_sequence<int, kRowBlock>{});
+constexpr auto kUnpackedRows = rows_blocks<false>(std::make_integer_sequence<int, kRowBlock>{});
 
-// Every row against one record (super-block s), in as few blocks as fit the registers, of sizes that
-// differ by one at most (13 rows: 5, 4, 4).
-void all_rows(const UnpackedHalf* w, const QuantisedRows& xq, int64_t m_rows, int64_t k, int64_t s, float* acc) {
+// Every row against one record (super-block s): one block of rows reads the codes from the record;
+// more share them unpacked, in as few blocks as fit the registers, of sizes that differ by one at
+// most (13 rows: 5, 4, 4).
+void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, int64_t m_rows, int64_t k,
+              int64_t s, float* acc) {
   const int64_t groups = k / kGroup;
   const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  unpack_scales(record, 0, w[0]);
+  unpack_scales(record, 1, w[1]);
+  if (blocks > 1) {
+    unpack_codes(record, 0, w[0]);
+    unpack_codes(record, 1, w[1]);
+  }
+  const RowsBlockFn* fns = blocks > 1 ? kUnpackedRows.data() : kFromRecordRows.data();
   for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
     const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
-    kRowsBlock[rows](w, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
-                     acc + m0 * kTile);
+    fns[rows](w, record, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
+              acc + m0 * kTile);
     m0 += rows;
   }
 }
@@ -235,9 +265,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* record = blocks_p + (t * supers + s) * kRecord;
         prefetch(record + kAhead * kRecord, kRecord);
-        unpack(record, 0, w[0]);
-        unpack(record, 1, w[1]);
-        all_rows(w, xq, m_rows, k, s, acc.data());
+        all_rows(w, record, xq, m_rows, k, s, acc.data());
       }
       for (int64_t c = 0; c < 2; ++c) {
         const int64_t n0 = t * kTile + c * kHalf;
