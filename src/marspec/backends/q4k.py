@@ -4,14 +4,15 @@ A Q4_K super-block holds 256 weights of one output row: fp16 ``d`` and ``dmin``,
 sub-blocks with 6-bit scales ``sc`` and mins ``m`` (12 bytes), and 4-bit codes ``q``; a weight is
 ``d * sc * q - dmin * m`` (ggml). :class:`Q4KLinear` keeps the codes at 4 bits and the scales beside
 them (4.75 bits a weight: float32 ``d``, ``dmin`` and uint8 ``sc``, ``m``), repacked once so that the
-kernel (``kernels/q4k.cpp``) reads each weight once per call whatever the number of rows. Its input is
+kernel (``kernels/q4k.cpp``) reads each weight once per call whatever the number of rows, in one
+sequential stream per 32 output columns. Its input is
 quantised to int8 per token row, as :class:`~marspec.backends.int8.RowwiseInt8Linear`'s is, and each
 row's sums run in the same order whatever else is in the call: a row's output is the same bits in a
 13-token verification as in a one-token step.
 
-The packed tensors are plain uint8 / float32 arrays whose layout does not depend on the CPU that made
-them (:attr:`Q4KLinear.tensors`); weights that come in float are first quantised to Q4_K blocks by
-:func:`q4k_blocks`, so both sources share one path.
+The packed weights are one plain uint8 tensor (its float32 fields little-endian) whose layout does not
+depend on the CPU that made it (:attr:`Q4KLinear.tensors`); weights that come in float are first
+quantised to Q4_K blocks by :func:`q4k_blocks`, so both sources share one path.
 """
 
 from __future__ import annotations

@@ -74,7 +74,9 @@ QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
       peak_v = _mm512_max_ps(peak_v, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
     }
     const float peak = std::max(_mm512_reduce_max_ps(peak_v), kPeakFloor);
-    const __m512 inv = _mm512_set1_ps(127.0f / peak);
+    // As torch computes 127.0 / peak (reciprocal, then product), so that torch code quantising a row
+    // (RowwiseInt8Linear, q4k_reference) gets the same int8 values.
+    const __m512 inv = _mm512_set1_ps((1.0f / peak) * 127.0f);
     int8_t* q = out.q.data() + m * k;
     int16_t* sums = out.sums.data() + m * (k / kGroup);
     for (int64_t i = 0; i < k; i += kGroup) {
