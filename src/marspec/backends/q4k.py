@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import platform
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -61,11 +62,25 @@ Q4K_UNAVAILABLE = (
 )
 
 
-@functools.cache
+_LOADING = threading.Lock()  # one build and load per process, whichever threads ask at once
+
+
 def q4k_kernel_available() -> bool:
     """Whether ``torch.ops.marspec_q4k.linear`` can run here: an x86-64 Linux CPU with AVX-512 F, BW and
-    VNNI, and the operator built (once, into marspec's cache) and loaded. The reason it cannot is logged
-    once."""
+    VNNI, and the operator built (once, into marspec's cache) and loaded. Decided once per process; the
+    reason it cannot is logged then."""
+    with _LOADING:
+        return _kernel_loaded()
+
+
+@functools.cache
+def _kernel_loaded() -> bool:
+    return _load_kernel()
+
+
+def _load_kernel() -> bool:
+    """Check the platform and CPU, then build and load the operator; False (and the reason logged) if
+    any of it fails."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         log.info("Q4_K kernel unavailable: not x86-64 Linux")
         return False
