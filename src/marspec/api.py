@@ -31,6 +31,7 @@ from marspec.backends.quantize import (
     quantize_draft,
     quantize_target,
 )
+from marspec.backends.threads import in_passing_thread
 from marspec.batch.many import BatchStream, decode_many
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig, decode
@@ -322,6 +323,52 @@ class Decoder:
         head_layers = check_fits(head, _target_shape(target)) if head is not None else ()
         if head is None and draft is not None and draft not in ("none", "ngram"):
             check_same_tokenizer(target, draft)
+        # Loading runs in a thread that ends with it, so that decoding, in this thread or another (a
+        # server's), holds the process's only OpenMP team (marspec.backends.threads says why).
+        in_passing_thread(
+            lambda: self._load(
+                target,
+                draft,
+                torch_dtype,
+                head,
+                head_layers,
+                draft_quant=draft_quant,
+                draft_confidence=draft_confidence,
+                lookup=lookup,
+                prepack=prepack,
+            )
+        )
+        # The weights each model runs with, in words (the demo's and the bench's tables name them).
+        self.target_weights = self.target_quant if quantized_target else _dtype_name(self.target.dtype)
+        self.eos_token_ids = self.target.eos_token_ids
+        # What settling a generation needs of this pair (marspec.settings.settle).
+        self.pair = Pair(
+            target=self.target.name,
+            draft=self.draft_name,
+            eos_token_ids=self.eos_token_ids,
+            target_quant=self.target_quant,
+            tokenizer=self.tokenizer,
+            vocab_size=self.target.vocab_size,
+            device=self.target.device,
+        )
+        if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
+            log.warning(precision.hint)
+
+    def _load(
+        self,
+        target: str | HFCausalLM,
+        draft: str | HFCausalLM | None,
+        torch_dtype: torch.dtype,
+        head: HeadSpec | None,
+        head_layers: tuple[int, ...],
+        *,
+        draft_quant: str,
+        draft_confidence: float,
+        lookup: bool,
+        prepack: bool,
+    ) -> None:
+        """Load the target and the drafter (the weights :meth:`__init__` has checked)."""
+        quantized_target = self.target_quant != "none"
         self.target, self.chat_default = load_lm(
             target,
             torch_dtype,
@@ -351,21 +398,6 @@ class Decoder:
         else:
             model_drafter = self._model_drafter(draft, draft_quant, torch_dtype, prepack, draft_confidence)
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
-        # The weights each model runs with, in words (the demo's and the bench's tables name them).
-        self.target_weights = self.target_quant if quantized_target else _dtype_name(self.target.dtype)
-        self.eos_token_ids = self.target.eos_token_ids
-        # What settling a generation needs of this pair (marspec.settings.settle).
-        self.pair = Pair(
-            target=self.target.name,
-            draft=self.draft_name,
-            eos_token_ids=self.eos_token_ids,
-            target_quant=self.target_quant,
-            tokenizer=self.tokenizer,
-            vocab_size=self.target.vocab_size,
-            device=self.target.device,
-        )
-        if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
-            log.warning(precision.hint)
 
     def _model_drafter(
         self,
@@ -530,7 +562,8 @@ class Decoder:
         detok = IncrementalDetokenizer(self.tokenizer) if (stream or stops) else None
         finish: FinishReason = "length"
         start = time.perf_counter()
-        steps = decode(target, drafter, prompt_ids, config, stats, generator)
+        draft_cap = slot.draft_cap if slot is not None and config.drafts_leave_output else None
+        steps = decode(target, drafter, prompt_ids, config, stats, generator, draft_cap)
         try:
             for step in steps:
                 for i in step.committed_relaxed:
