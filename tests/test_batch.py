@@ -15,8 +15,15 @@ import torch
 
 from marspec.backends.int8 import rowwise_int8_available
 from marspec.backends.packed import forward_packed, rows_alone
-from marspec.batch.scheduler import PREFILL_CHUNK, Scheduler, default_max_batch, shares_forwards
+from marspec.batch.scheduler import (
+    PREFILL_CHUNK,
+    Scheduler,
+    batched_draft_len,
+    default_max_batch,
+    shares_forwards,
+)
 from marspec.batch.slots import FIXED_SHAPE_REFUSAL, check_batchable
+from marspec.defaults import MAX_K
 from marspec.errors import MarspecError
 from marspec.selftest.tiny import tiny_decoder
 
@@ -104,6 +111,28 @@ def test_inside_a_batch_strict_equals_plain_and_mars_at_theta_one_equals_strict(
     got = int8_decoder.generate_many([prompt] * 4, per_prompt=rules, max_new_tokens=40, chat=False)
     assert len({tuple(r.token_ids) for r in got}) == 1
     assert got[1].stats.drafted > 0  # speculation ran
+
+
+def test_a_batch_shortens_drafts_as_it_grows_and_a_sequence_alone_keeps_its_k() -> None:
+    assert batched_draft_len(1) == MAX_K
+    assert [batched_draft_len(n) for n in (2, 4, 5, 6, 8)] == [7, 3, 2, 0, 0]
+
+
+@needs_int8
+def test_greedy_lossless_sequences_draft_less_in_a_batch_and_decode_as_alone_lossy_ones_keep_k(
+    int8_decoder,
+) -> None:
+    rules = [{"rule": "strict"}, {"rule": "block"}, {"rule": "mars", "theta": 0.3}, {"rule": "strict"}]
+    prompts = PROMPTS[:4]
+    expected = solo(int8_decoder, prompts, rules, max_new_tokens=24, chat=False)
+    got = int8_decoder.generate_many(prompts, per_prompt=rules, max_batch=4, max_new_tokens=24, chat=False)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    cap = batched_draft_len(4)  # all four join before the first forward
+    for lossless in (got[0], got[1], got[3]):
+        assert lossless.stats.steps[0].drafted <= cap
+    assert max(step.drafted for step in expected[0].stats.steps) > cap  # alone, a longer draft
+    # The lossy rule's drafts shape its answer: it drafts in the batch exactly as alone.
+    assert [s.drafted for s in got[2].stats.steps] == [s.drafted for s in expected[2].stats.steps]
 
 
 @needs_int8

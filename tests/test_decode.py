@@ -24,11 +24,12 @@ def reference_greedy(lm, prompt: torch.Tensor, n: int) -> list[int]:
     return seq[len(prompt) :]
 
 
-def run(target, drafter, prompt, **kw):
+def run(target, drafter, prompt, draft_cap=None, **kw):
     stats = GenerationStats()
     config = DecodeConfig(**{"rule": Rule(), "k": 1, **kw})  # plain decoding reads neither
     tokens, relaxed = [], []
-    for step in decode(target, drafter, prompt, config, stats, torch.Generator().manual_seed(0)):
+    generator = torch.Generator().manual_seed(0)
+    for step in decode(target, drafter, prompt, config, stats, generator, draft_cap):
         tokens += step.tokens
         relaxed += [i in step.relaxed_at for i in range(len(step.tokens))]
     return tokens, relaxed, stats
@@ -58,6 +59,35 @@ def test_self_draft_accepts_everything_and_uses_bonus(target, prompt):
     assert stats.rejected == 0
     assert stats.tau > 5.0  # 6 tokens per forward except where the budget cut the draft
     assert stats.accepted_by_position()[0] == 1.0
+
+
+def test_a_draft_cap_read_at_each_step_bounds_its_draft_and_leaves_a_greedy_lossless_answer(target, prompt):
+    plain, _, _ = run(target, None, prompt, max_new_tokens=31)
+    drafter = ModelDrafter(tiny_lm(0, "same-weights"), target_vocab_size=target.vocab_size)
+    caps = iter([5, 0, 2, 0, 1] * 20)  # the batch beside it growing and shrinking
+    seen: list[int] = []
+
+    def cap() -> int:
+        seen.append(next(caps))
+        return seen[-1]
+
+    spec, _, stats = run(target, drafter, prompt, cap, rule=Rule("strict"), k=5, max_new_tokens=31)
+    assert spec == plain
+    bounds = [min(c, 31 - 1 - done) for c, done in zip(seen, _done(stats), strict=True)]
+    assert [s.drafted for s in stats.steps] == bounds
+    assert DecodeConfig(rule=Rule("strict"), k=5, max_new_tokens=1).drafts_leave_output
+    mars = Rule("mars", theta=0.5, margin="logit_ratio")
+    assert not DecodeConfig(rule=mars, k=5, max_new_tokens=1).drafts_leave_output
+    assert not DecodeConfig(rule=Rule("strict"), k=5, max_new_tokens=1, temperature=1.0).drafts_leave_output
+
+
+def _done(stats: GenerationStats) -> list[int]:
+    """Tokens produced before each step."""
+    done, total = [], 0
+    for step in stats.steps:
+        done.append(total)
+        total += step.emitted
+    return done
 
 
 def test_drafts_after_an_accepted_eos_are_not_counted_as_accepted(target, prompt):

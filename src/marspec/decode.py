@@ -9,7 +9,7 @@ verification both caches are rolled back in place to the accepted prefix.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -58,6 +58,13 @@ class DecodeConfig:
     # Read each emitted token's log probability under the target (temperature 1) and its top-N
     # alternatives from the verification logits; None: not read (no work, no extra host copy).
     logprobs: int | None = None
+
+    @property
+    def drafts_leave_output(self) -> bool:
+        """Whether the tokens decoded are the same whatever is drafted: greedy under a lossless rule, each
+        emitted token the target's top choice (on an engine whose rows are scored alone, bit for bit), so
+        the draft length may change from step to step without changing the answer."""
+        return self.temperature == 0 and self.rule.name.lossless
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
@@ -139,11 +146,14 @@ def decode(
     config: DecodeConfig,
     stats: GenerationStats,
     generator: torch.Generator | None = None,
+    draft_cap: Callable[[], int] | None = None,
 ) -> Iterator[Step]:
     """Generate after ``prompt_ids`` (long[L], L >= 1), yielding each verification step's new tokens.
 
     The caller may stop iterating at any time (stop strings, cancellation). ``stats`` is filled in as
     the loop runs, from what each step yields; timings of model forwards are read from the backends.
+    ``draft_cap``, read at each step, bounds that step's draft length below ``config.k`` (a batch that
+    shortens drafts as it grows); give one only where ``config.drafts_leave_output``.
     """
     prompt_len = int(prompt_ids.shape[0])
     budget = config.max_new_tokens
@@ -160,7 +170,7 @@ def decode(
         target.forward(seq[reused : prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
     stats.reused_tokens = reused
-    for step in _steps(target, drafter, seq, prompt_len, budget, config, generator):
+    for step in _steps(target, drafter, seq, prompt_len, budget, config, generator, draft_cap):
         stats.record(_record(step))
         stats.new_tokens += len(step.tokens)
         stats.stopped_at_eos = step.finished
@@ -177,6 +187,7 @@ def _steps(
     budget: int,
     config: DecodeConfig,
     generator: torch.Generator | None,
+    draft_cap: Callable[[], int] | None,
 ) -> Iterator[Step]:
     """The loop itself: each step proposes, scores and verifies a draft, commits what was accepted and
     rolls both caches back to it. ``seq[:length]`` is the context; the target's cache holds all of it
@@ -191,6 +202,8 @@ def _steps(
         # Propose. One token always comes from the target (correction or bonus): never draft past the
         # budget. Drafts go where they would be committed, so accepted ones need no copy later.
         k = min(draft_len, budget - produced - 1)
+        if draft_cap is not None:
+            k = min(k, draft_cap())
         tree: DraftTree | None = None
         if drafter is not None and k > 0 and config.tree and isinstance(drafter, TreeDrafter):
             draft, tree = drafter.propose_tree(seq[:length], k, config.tree)

@@ -22,6 +22,7 @@ from marspec.backends.hf import HFCausalLM
 from marspec.backends.packed import rows_alone
 from marspec.batch.batcher import BatchClosed, Batcher
 from marspec.batch.slots import Slot, check_batchable, make_slot
+from marspec.defaults import MAX_K
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Drafter
 
@@ -32,6 +33,21 @@ Work = Callable[[Slot], None]
 # The most prompt tokens a new sequence scores in one step. A chunk rides in the target forward of the
 # running sequences' verifications, so it bounds how much longer that step gets while a prompt comes in.
 PREFILL_CHUNK = 128
+
+# The verification rows a batch's target forward aims at when its sequences' answers do not depend on
+# their drafts (greedy, lossless): on 2 cores, four sequences decoded 44 tok/s drafting 3 tokens each
+# against 26 drafting 12, and eight decoded plain 63 against 16 (docs/results.md, "Several users at once").
+BATCH_VERIFY_ROWS = 16
+
+
+def batched_draft_len(sequences: int) -> int:
+    """The most tokens each of ``sequences`` decoded together drafts where its answer does not depend on
+    its drafts: the batch's verification rows near :data:`BATCH_VERIFY_ROWS`, and none below two (a
+    one-token draft costs a draft step for at most one token). One sequence alone keeps its own k."""
+    if sequences <= 1:
+        return MAX_K
+    per_sequence = BATCH_VERIFY_ROWS // sequences - 1
+    return per_sequence if per_sequence >= 2 else 0
 
 
 def default_max_batch(target: CausalLM) -> int:
@@ -165,7 +181,12 @@ class Scheduler:
     def _new_slot(self) -> Slot:
         if self._direct:
             return Slot(self._target, self._drafter)
-        return make_slot(self._target, self._drafter, self._batcher, self._chunk)
+        # Shortened drafts leave an answer as it is only where rows are scored alone (shared forwards).
+        cap = self._draft_cap if shares_forwards(self._target) else None
+        return make_slot(self._target, self._drafter, self._batcher, self._chunk, cap)
+
+    def _draft_cap(self) -> int:
+        return batched_draft_len(self._batcher.members)
 
     def _run(self, work: Work, slot: Slot) -> None:
         try:

@@ -6,6 +6,7 @@ last sequence's tokens, so the next one keeps the prefix it shares with them, as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from marspec.backends.fixed import FixedShapeLM
@@ -30,6 +31,9 @@ class Slot:
 
     target: CausalLM  # a SlotLM, or the pair's own target when sequences run one at a time
     drafter: Drafter | None
+    # The most tokens the sequence may draft at this step where its output does not depend on its drafts
+    # (marspec.decode.DecodeConfig.drafts_leave_output); None: no bound beyond its own k.
+    draft_cap: Callable[[], int] | None = None
 
 
 def check_batchable(target: HFCausalLM, drafter: Drafter | None) -> None:
@@ -42,10 +46,16 @@ def check_batchable(target: HFCausalLM, drafter: Drafter | None) -> None:
     _drafter_for(drafter, None, None, 0, check_only=True)
 
 
-def make_slot(target: HFCausalLM, drafter: Drafter | None, batcher: Batcher, prefill_chunk: int) -> Slot:
+def make_slot(
+    target: HFCausalLM,
+    drafter: Drafter | None,
+    batcher: Batcher,
+    prefill_chunk: int,
+    draft_cap: Callable[[], int] | None = None,
+) -> Slot:
     """A new slot over the pair's models: caches of its own, forwards run by ``batcher``."""
     view = SlotLM(target, batcher, prefill_chunk)
-    return Slot(view, _drafter_for(drafter, view, batcher, prefill_chunk))
+    return Slot(view, _drafter_for(drafter, view, batcher, prefill_chunk), draft_cap)
 
 
 def _drafter_for(
