@@ -49,16 +49,24 @@ def main() -> None:
     parser.add_argument(
         "--footprint-mb", type=float, default=256.0, help="weights each layer's copies hold (default 256)"
     )
+    parser.add_argument(
+        "--shapes",
+        default=",".join(f"{n}x{k}" for n, k in SHAPES),
+        help="NxK,... output by input features (default: the 1.5B target's)",
+    )
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="M,... rows per call")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not q4k_kernel_available():
         raise SystemExit("the Q4_K kernel is unavailable here (see the log)")
 
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+    all_rows = [int(m) for m in args.rows.split(",")]
     torch.manual_seed(0)
     layers: dict[tuple[int, int], dict[str, list[torch.nn.Module]]] = {}
     inputs: dict[tuple[int, int], torch.Tensor] = {}
-    for n, k in SHAPES:
+    for n, k in shapes:
         raw = q4k_blocks(torch.randn(n, k) * 0.02)
         q4k = Q4KLinear.from_gguf_blocks(raw)
         int8 = int8_rows(dequantize_q4k(raw))
@@ -69,7 +77,7 @@ def main() -> None:
             ),
             "int8": copies(lambda held=int8: RowwiseInt8Linear(*held), args.footprint_mb),
         }
-        for m in ROWS:
+        for m in all_rows:
             inputs[m, k] = torch.randn(m, k)
 
     def calls_per_timing(layer: list[torch.nn.Module], x: torch.Tensor) -> int:
@@ -77,7 +85,7 @@ def main() -> None:
         layer[0](x)
         return max(len(layer), round(args.min_ms / 1000 / max(time.perf_counter() - start, 1e-6)))
 
-    cases = [(shape, m, name) for shape in SHAPES for m in ROWS for name in ("q4k", "int8")]
+    cases = [(shape, m, name) for shape in shapes for m in all_rows for name in ("q4k", "int8")]
     with torch.inference_mode():
         counts = {
             case: calls_per_timing(layers[case[0]][case[2]], inputs[case[1], case[0][1]]) for case in cases
@@ -95,7 +103,7 @@ def main() -> None:
     rows = []
     columns = ("q4k ms", "int8 ms", "int8/q4k", "q4k GB/s", "int8 GB/s")
     print(f"{'N x K':>13} {'M':>4} " + " ".join(f"{c:>9}" for c in columns))
-    for (n, k), m in ((shape, m) for shape in SHAPES for m in ROWS):
+    for (n, k), m in ((shape, m) for shape in shapes for m in all_rows):
         ms = {name: statistics.median(times[(n, k), m, name]) for name in ("q4k", "int8")}
         rates = {name: weight_bytes(layers[n, k][name][0]) / ms[name] / 1e6 for name in ms} if m == 1 else {}
         rows.append({"n": n, "k": k, "m": m, "ms": ms, "gb_per_s": rates})
