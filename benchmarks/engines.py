@@ -1,7 +1,7 @@
 r"""The engines table (issue 57, item 5; issue 67, item 5): llama.cpp plain and speculative against marspec
-plain, strict and MARS as a user gets it (no precision named: on a CPU the int8 target engine built from
-the packaged GGUF with a 4-bit draft; ``marspec.precision``), on one machine and the same prompts, with
-each process's own peak memory and the default pair's model cache on disk.
+plain, strict and MARS as a user gets it (no precision named: on a CPU with AVX-512 VNNI the q4k engine,
+the packaged GGUF's own Q4_K weights, target and draft; ``marspec.precision``), on one machine and the
+same prompts, with each process's own peak memory and the default pair's model cache on disk.
 
 The demo's prompts (``marspec.demo.DEMO_PROMPTS``) through the target's chat template, greedy,
 ``--max-new-tokens`` each. marspec's rows are ``marspec demo --json`` runs, one process each: "default"
@@ -16,7 +16,8 @@ count.
     python benchmarks/engines.py --llama-python .venv-llamacpp/bin/python \
         --out docs/results/engines-2026-12-02.json
 
-A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,default,int4).
+A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,default,int8,int4;
+"int8" is the int8 target with torch's 4-bit draft, the default where the Q4_K kernel does not run).
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ from marspec.models.cache import WEIGHTS_FILE, held_gguf
 from marspec.models.int4_cache import int4_model_file
 from marspec.models.int8_store import int8_model_file
 from marspec.models.tokenizers import read_tokenizer
+from marspec.precision import choose_draft_quant, choose_precision
 from marspec.prompting import encode_prompt
 
 HERE = Path(__file__).resolve().parent
 MARSPEC_ROWS = {
     "default": [],
+    "int8": ["--target-quant", "int8", "--draft-quant", "int4"],
     "int4": ["--target-quant", "int4", "--draft-quant", "int4"],
 }
 
@@ -61,12 +64,18 @@ def gguf_of(name: str, scratch: Path) -> Path:
 
 def default_pair_cache() -> dict[str, Any]:
     """The default pair's model cache on disk: each folder whole (``du``: it may hold files of other
-    precisions or older versions) and the files the default engines read (the target's int8 store, the
-    draft's 4-bit one, configuration and tokenizer)."""
-    engine_files = {
-        DEFAULT_TARGET: int8_model_file(resolve_model_dir(DEFAULT_TARGET)),
-        DEFAULT_DRAFT: int4_model_file(resolve_model_dir(DEFAULT_DRAFT), torch.float32),
-    }
+    precisions or older versions) and the files the default engines read (the target's and the draft's
+    stores of the forms ``marspec.precision`` picks here, configuration and tokenizer)."""
+    cpu = torch.device("cpu")
+    target_form = choose_precision(DEFAULT_TARGET, "auto", "auto", cpu).target_quant
+    draft_folder = resolve_model_dir(DEFAULT_DRAFT)
+    draft_file = (
+        int8_model_file(draft_folder, "q4k-draft")
+        if choose_draft_quant("auto", cpu) == "q4k"
+        else int4_model_file(draft_folder, torch.float32, int8_embedding=True)
+    )
+    target_file = int8_model_file(resolve_model_dir(DEFAULT_TARGET), target_form)
+    engine_files = {DEFAULT_TARGET: target_file, DEFAULT_DRAFT: draft_file}
     out: dict[str, Any] = {}
     for name, engine_file in engine_files.items():
         folder = resolve_model_dir(name)
@@ -150,7 +159,7 @@ def main() -> int:
     add_threads(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="llama.cpp's draft length")
-    parser.add_argument("--only", default="llama.cpp,default")
+    parser.add_argument("--only", default="llama.cpp,default,int8")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     only = args.only.split(",")

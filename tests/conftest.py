@@ -126,18 +126,27 @@ def fp32_pair() -> Decoder:
 
 @pytest.fixture(scope="session")
 def gguf_only_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model cache of its own for :func:`int8_pair` and :func:`int4_pair`, as fresh as a new user's."""
+    """A model cache of its own for the real pairs on the CPU engines, as fresh as a new user's."""
     return tmp_path_factory.mktemp("gguf-only-cache")
 
 
 @pytest.fixture(scope="session")
-def int8_pair(gguf_only_cache: Path) -> Decoder:
-    """The default pair as a CPU user gets it when naming no precision: the int8 target and a 4-bit draft,
-    loaded as a new user's cache loads them, straight from the packaged GGUFs into
-    :func:`gguf_only_cache` (no float32 weights written)."""
+def default_pair(gguf_only_cache: Path) -> Decoder:
+    """The default pair as a CPU user gets it when naming no precision (the q4k target where the Q4_K
+    kernel runs, else the int8 one, and a 4-bit draft), loaded as a new user's cache loads them, straight
+    from the packaged GGUFs into :func:`gguf_only_cache` (no float32 weights written)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MARSPEC_CACHE_DIR", str(gguf_only_cache))
         return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT)
+
+
+@pytest.fixture(scope="session")
+def int8_pair(gguf_only_cache: Path) -> Decoder:
+    """The default pair on the int8 engine with torch's 4-bit draft (the defaults where the Q4_K kernel
+    does not run), straight from the packaged GGUFs into :func:`gguf_only_cache`."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MARSPEC_CACHE_DIR", str(gguf_only_cache))
+        return Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, target_quant="int8", draft_quant="int4")
 
 
 @pytest.fixture(scope="session")

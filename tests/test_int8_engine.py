@@ -20,6 +20,7 @@ from marspec import precision
 from marspec.api import Decoder, load_lm
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_groups, rowwise_int8_available
+from marspec.backends.q4k import q4k_kernel_available
 from marspec.errors import MarspecError
 from marspec.models import int8_store
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
@@ -150,7 +151,9 @@ def test_write_safetensors_writes_int8_and_float32_arrays_with_metadata(tmp_path
     ],
 )
 def test_the_precision_when_none_is_named(target, target_quant, dtype, device, expected, monkeypatch) -> None:
+    """Where the Q4_K kernel does not run (tests/test_q4k_store.py: where it does, "q4k")."""
     monkeypatch.setattr(precision, "rowwise_int8_available", lambda: True)
+    monkeypatch.setattr(precision, "q4k_kernel_available", lambda: False)
     chosen = choose_precision(target, target_quant, dtype, device)
     assert (chosen.target_quant, chosen.dtype) == expected
     assert (chosen.hint is not None) == (target == "Qwen/Qwen2.5-Coder-1.5B-Instruct")
@@ -173,7 +176,7 @@ def test_a_float_checkpoint_keeps_its_precision_with_a_hint_naming_the_int8_engi
 
 
 def test_an_unknown_precision_is_refused_naming_the_choices() -> None:
-    refusal = "unknown target_quant 'int3': choose one of auto, none, int8, int4"
+    refusal = "unknown target_quant 'int3': choose one of auto, none, int8, q4k, int4"
     with pytest.raises(MarspecError, match=refusal):
         Decoder("smollm2-135m-instruct", None, target_quant="int3", device="cpu")
 
@@ -181,10 +184,12 @@ def test_an_unknown_precision_is_refused_naming_the_choices() -> None:
 @needs_int8
 def test_a_known_model_with_no_precision_named_decodes_on_the_int8_engine_exactly(known: str) -> None:
     """strict == plain, MARS(theta=1) == strict and greedy block verification == plain on the default
-    engine; the draft is the same model in 4 bits (the default draft weights)."""
+    engine; the draft is the same model in 4 bits (the default draft weights: the Q4_K kernel's where
+    it runs, else torch's)."""
     decoder = Decoder(known, known, device="cpu")
-    assert decoder.target_quant == "int8" and decoder.target_weights == "int8"
-    assert decoder.draft_weights == "int4"
+    engine = "q4k" if q4k_kernel_available() else "int8"  # the tiny llama has no Q4_K layers: int8 either way
+    assert decoder.target_quant == engine and decoder.target_weights == engine
+    assert decoder.draft_weights == ("q4k" if q4k_kernel_available() else "int4")
     assert not (resolve_model_dir(known) / WEIGHTS_FILE).exists()
     prompt = "hello world, hello"
     plain = decoder.generate(prompt, rule="plain", max_new_tokens=24, chat=False)

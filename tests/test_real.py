@@ -15,6 +15,7 @@ from test_gguf_int4 import assert_same_4bit_weights
 from marspec import Decoder, MarspecError
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
+from marspec.backends.q4k import Q4KLinear, q4k_kernel_available
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
 from marspec.models.int4_cache import int4_model_file, read_int4_model
@@ -317,25 +318,34 @@ def test_a_chats_next_turn_keeps_its_cache_and_decodes_as_a_fresh_prefill(decode
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
-def test_the_default_cpu_engine_keeps_strict_mars_theta_one_and_block_equal_to_its_plain_decoding(
-    int8_pair, gguf_only_cache
+@pytest.mark.parametrize("pair", ["default_pair", "int8_pair"])
+def test_the_cpu_engines_keep_strict_mars_theta_one_and_block_equal_to_their_plain_decoding(
+    pair, gguf_only_cache, request
 ):
-    """What a CPU user gets naming no precision (issue 67): the int8 target (a different model from the
-    fp32 one), built straight from its packaged GGUF with no float32 weights written, its embedding and
-    LM head in int8 too, and a 4-bit draft. Its strict, MARS(theta=1) and block decodes equal its own plain
+    """What a CPU user gets naming no precision (issue 67), and the int8 engine, the default where the
+    Q4_K kernel does not run: the target built straight from its packaged GGUF with no float32 weights
+    written (q4k: its Q4_K layers the GGUF's own blocks, the others int8; int8: every layer int8), its
+    embedding in int8, and a 4-bit draft. Its strict, MARS(theta=1) and block decodes equal its own plain
     decoding, 13-token verifications included, and a chat's next turn on the kept cache equals a fresh
-    prefill, because each token row is quantised on its own. One prompt: tests/test_target_quant.py and
-    tests/test_int8_engine.py check the rows' independence directly."""
-    decoder = int8_pair
-    assert (decoder.target_quant, decoder.target_weights, decoder.draft_weights) == ("int8", "int8", "int4")
+    prefill, because each token row is quantised on its own. One prompt: tests/test_q4k.py,
+    tests/test_target_quant.py and tests/test_int8_engine.py check the rows' independence directly."""
+    decoder = request.getfixturevalue(pair)
+    engine = "int8" if pair == "int8_pair" or not q4k_kernel_available() else "q4k"
+    draft_engine = "q4k" if engine == "q4k" else "int4"
+    weights = (decoder.target_quant, decoder.target_weights, decoder.draft_weights)
+    assert weights == (engine, engine, draft_engine)
     assert not list(gguf_only_cache.rglob(WEIGHTS_FILE))
-    assert int8_model_file(gguf_only_cache / "models" / DEFAULT_TARGET).is_file()
+    assert int8_model_file(gguf_only_cache / "models" / DEFAULT_TARGET, engine).is_file()
     draft = gguf_only_cache / "models" / DEFAULT_DRAFT
-    assert int4_model_file(draft, torch.float32, int8_embedding=True).is_file()
+    if draft_engine == "q4k":
+        assert int8_model_file(draft, "q4k-draft").is_file()
+    else:
+        assert int4_model_file(draft, torch.float32, int8_embedding=True).is_file()
     assert not list(gguf_only_cache.rglob(GGUF_FILE))  # released once the stored forms were written
     assert isinstance(decoder.drafter.draft_model.model.get_input_embeddings(), Int8Embedding)
     layers = list(decoder.target.model.modules())
-    assert any(isinstance(m, RowwiseInt8Linear) for m in layers)
+    assert any(isinstance(m, RowwiseInt8Linear) for m in layers)  # q4k: the GGUF's Q6_K layers
+    assert any(isinstance(m, Q4KLinear) for m in layers) == (engine == "q4k")
     assert isinstance(decoder.target.model.get_input_embeddings(), Int8Embedding)
     assert not any(type(m) is torch.nn.Linear for m in layers)
     plain = decoder.generate(PROMPTS[0], rule="plain", max_new_tokens=NEW_TOKENS)
@@ -354,12 +364,12 @@ def test_the_default_cpu_engine_keeps_strict_mars_theta_one_and_block_equal_to_i
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
-def test_requests_decoded_together_on_the_default_engine_decode_as_each_does_alone(int8_pair):
+def test_requests_decoded_together_on_the_default_engine_decode_as_each_does_alone(default_pair):
     """Continuous batching on the default CPU engine (issue 69): four prompts, each with its own rule,
     k, temperature, seed and length, decoded two at a time (the later ones join as the earlier end, at
     different steps), every one equal to its solo decode token for token, a relaxing MARS and seeded
     sampling included; inside the batch strict equals plain and MARS at theta 1 equals strict."""
-    decoder = int8_pair
+    decoder = default_pair
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]
     settings = [
         {"rule": "strict", "max_new_tokens": NEW_TOKENS},

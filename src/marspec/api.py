@@ -47,7 +47,7 @@ from marspec.load_settings import LoadSettings
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
 from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
 from marspec.models.tokenizers import check_draft_tokenizer
-from marspec.precision import choose_precision
+from marspec.precision import choose_draft_quant, choose_precision
 from marspec.prompting import Prompt, encode_prompt
 from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
@@ -137,6 +137,7 @@ def load_lm(
     int8_linears: bool = False,
     int8_embedding: bool = False,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    q4k_form: str | None = None,
 ) -> tuple[HFCausalLM, bool]:
     """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
     whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
@@ -146,6 +147,7 @@ def load_lm(
     back once stored), with ``int8_embedding`` its token embedding in int8 too (a draft's form).
     ``int8_linears``: a model of marspec's cache comes back as its stored int8 model
     (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise.
+    ``q4k_form``: the same in the store's "q4k" or "q4k-draft" form (layers on the Q4_K kernel).
     ``tokenizer``: one already loaded to use instead of the model's own (a draft's: its target's)."""
     if isinstance(model, HFCausalLM):
         return model, bool(getattr(model.tokenizer, "chat_template", None))
@@ -154,6 +156,7 @@ def load_lm(
         dtype=dtype,
         int4_linears=int4_linears,
         int8_linears=int8_linears,
+        q4k_form=q4k_form,
         int8_embedding=int8_embedding,
         keep_gguf=False,  # the cache keeps what this form's later loads read
         tokenizer=tokenizer,
@@ -310,6 +313,7 @@ class Decoder:
         self.device = resolve_device(device)
         # (the fixed-shape path, captured as CUDA graphs), checked before any weight is loaded.
         self.fixed_shape, self.captured = graphs_plan(graphs, self.device)
+        draft_quant = choose_draft_quant(draft_quant, self.device)
         _check_drafting(threads, draft_confidence, draft_quant, prepack)
         if threads is not None:
             torch.set_num_threads(threads)
@@ -376,6 +380,7 @@ class Decoder:
             self.device,
             int4_linears=self.target_quant == "int4",
             int8_linears=self.target_quant == "int8",
+            q4k_form="q4k" if self.target_quant == "q4k" else None,
         )
         if quantized_target:
             quantize_target(self.target.model, self.target_quant)
@@ -413,7 +418,7 @@ class Decoder:
         quantize = self.device.type == "cpu" and draft_quant != "none" and not isinstance(draft, HFCausalLM)
         # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
         # dtype (its embedding is int8 either way). The draft's dtype does not bear on exactness anyway.
-        draft_dtype = torch.float32 if quantize and draft_quant == "int8" else dtype
+        draft_dtype = torch.float32 if quantize and draft_quant in ("int8", "q4k") else dtype
         draft_lm, _ = load_lm(
             draft,
             draft_dtype,
@@ -422,6 +427,7 @@ class Decoder:
             int4_linears=quantize and draft_quant == "int4",
             int8_linears=quantize and draft_quant == "int8",
             int8_embedding=quantize and draft_quant == "int4",  # what quantize_draft makes of it
+            q4k_form="q4k-draft" if quantize and draft_quant == "q4k" else None,
             # Checked to be the target's (check_same_tokenizer): one tokenizer in memory, not two.
             tokenizer=self.tokenizer,
         )

@@ -25,9 +25,9 @@ MAX_K = 64
 # The most alternatives a generation's log probabilities list per token (the ``logprobs`` option):
 # OpenAI's chat bound (top_logprobs <= 20), and what one step's copy of them to the host stays small at.
 MAX_TOP_LOGPROBS = 20
-# The draft's weights on a CPU: 4-bit weights make the cheapest one-token step (the 0.5B Qwen: 17 ms against
-# 27 for row-wise int8 and 21 for fbgemm's int8, AMD EPYC, 2 threads; docs/results.md, "The int8 engine").
-DEFAULT_DRAFT_QUANT = "int4"
+# The draft's weights on a CPU: marspec.precision decides ("auto": the cheapest one-token step this CPU runs,
+# the Q4_K kernel where it runs, else torch's 4-bit weights; docs/results.md, "The q4k engine").
+DEFAULT_DRAFT_QUANT = "auto"
 # A target's precision when the caller names none: marspec.precision decides ("auto": on a CPU, a model
 # that comes as a GGUF runs on the int8 engine; anything else keeps its float weights, in float32).
 DEFAULT_TARGET_QUANT = "auto"

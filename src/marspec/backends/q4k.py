@@ -203,15 +203,22 @@ class Q4KLinear(torch.nn.Module):
     """
 
     def __init__(
-        self, blocks: torch.Tensor, out_features: int | torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        blocks: torch.Tensor,
+        out_features: int | torch.Tensor,
+        bias: torch.Tensor | None = None,
+        in_features: int | torch.Tensor | None = None,
     ) -> None:
         """From the packed weights (:attr:`tensors`; kept, not copied): ``blocks`` uint8
         [ceil(N / 32), K / 256, 4864], ``out_features`` N (an int or an int64 tensor of one element),
-        and an optional float bias [N]."""
+        an optional float bias [N], and ``in_features`` where the layer's input is narrower than the
+        blocks' K (a width that is not a multiple of 256: zero weights pad each row, and zeros the input)."""
         super().__init__()
         self.blocks = blocks.contiguous()
         self.out_features = int(out_features)
-        self.in_features = blocks.shape[1] * SUPER_BLOCK
+        padded = blocks.shape[1] * SUPER_BLOCK
+        self.in_features = padded if in_features is None else int(in_features)
+        self._pad = padded - self.in_features
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     @classmethod
@@ -221,19 +228,37 @@ class Q4KLinear(torch.nn.Module):
 
     @classmethod
     def of(cls, linear: torch.nn.Linear) -> Q4KLinear:
-        """The Q4_K form of a float ``linear`` (quantised by :func:`q4k_blocks`)."""
-        return cls.from_gguf_blocks(q4k_blocks(linear.weight), linear.bias)
+        """The Q4_K form of a float ``linear`` (quantised by :func:`q4k_blocks`, a chunk of rows at a
+        time, each row padded with zeros to a multiple of 256 weights)."""
+        return cls.from_float(linear.weight.detach(), linear.bias)
+
+    @classmethod
+    def from_float(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, rows_per_chunk: int = _ROWS_PER_CHUNK
+    ) -> Q4KLinear:
+        """From float weights [N, K] of any width K (see :meth:`of`)."""
+        in_features = weight.shape[1]
+        pad = -in_features % SUPER_BLOCK
+        chunks = []
+        for start in range(0, weight.shape[0], rows_per_chunk):  # bounds the quantiser's float temporaries
+            chunk = weight[start : start + rows_per_chunk].float()
+            chunks.append(q4k_blocks(torch.nn.functional.pad(chunk, (0, pad)) if pad else chunk))
+        return cls(_pack(np.concatenate(chunks)), weight.shape[0], bias, in_features if pad else None)
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """What the layer holds, by name: the constructor's arguments (``Q4KLinear(**layer.tensors)``)."""
         held = {"blocks": self.blocks, "out_features": torch.tensor([self.out_features], dtype=torch.int64)}
+        if self._pad:
+            held["in_features"] = torch.tensor([self.in_features], dtype=torch.int64)
         return held if self.bias is None else {**held, "bias": self.bias}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
         if not q4k_kernel_available():
             raise MarspecError(Q4K_UNAVAILABLE)
         rows = x.reshape(-1, self.in_features).float()
+        if self._pad:
+            rows = torch.nn.functional.pad(rows, (0, self._pad))
         y = torch.ops.marspec_q4k.linear(rows, self.blocks, self.out_features, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 

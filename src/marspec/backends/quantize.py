@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
@@ -38,12 +39,13 @@ from marspec.backends.int8 import (
     use_int8_embedding,
 )
 from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
+from marspec.backends.q4k import Q4K_UNAVAILABLE, Q4KLinear, q4k_kernel_available
 from marspec.backends.row_attention import check_row_attention, use_row_attention
 from marspec.defaults import DEFAULT_TARGET_QUANT
 from marspec.errors import MarspecError
 
-DRAFT_QUANTS = ("none", "int8", "int4")
-TARGET_QUANTS = ("none", "int8", "int4")
+DRAFT_QUANTS = ("none", "int8", "int4", "q4k")
+TARGET_QUANTS = ("none", "int8", "q4k", "int4")
 
 
 def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
@@ -79,6 +81,23 @@ def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     stores for a GGUF (:mod:`marspec.models.int8_store`). The model's attention is switched to the
     row-by-row form (:func:`use_row_attention`).
     """
+    return _quantize_target_rows(model, RowwiseInt8Linear.of)
+
+
+def quantize_target_q4k(model: PreTrainedModel) -> PreTrainedModel:
+    """:func:`quantize_target_int8`, except that every linear layer becomes a :class:`Q4KLinear`, its
+    float weights quantised to Q4_K (:meth:`Q4KLinear.of`). A GGUF's Q4_K layers keep the file's own
+    blocks instead (:mod:`marspec.models.int8_store`)."""
+    if not q4k_kernel_available():
+        raise MarspecError(f"target_quant='q4k' is not available here: {Q4K_UNAVAILABLE}; use 'int8'")
+    return _quantize_target_rows(model, Q4KLinear.of)
+
+
+def _quantize_target_rows(
+    model: PreTrainedModel, layer_of: Callable[[torch.nn.Linear], torch.nn.Module]
+) -> PreTrainedModel:
+    """Each ``nn.Linear`` of an fp32 model replaced by ``layer_of(linear)`` (a layer whose rows are
+    computed alone), the embedding int8, attention row by row; in place."""
     if next(model.parameters()).dtype != torch.float32:
         raise MarspecError("int8 target quantisation needs the target loaded in fp32 (use dtype='fp32')")
     check_row_attention(model)
@@ -88,7 +107,7 @@ def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, RowwiseInt8Linear.of(child))
+                setattr(parent, name, layer_of(child))
                 release_pages(child.weight)
                 trim_heap()
     use_int8_embedding(model)  # after the layers: a tied head reads its weight
@@ -103,11 +122,13 @@ def check_target_quant(target_quant: str, dtype: torch.dtype) -> None:
     if target_quant not in TARGET_QUANTS:
         choices = ", ".join((DEFAULT_TARGET_QUANT, *TARGET_QUANTS))
         raise MarspecError(f"unknown target_quant {target_quant!r}: choose one of {choices}")
-    if target_quant == "int8":
+    if target_quant in ("int8", "q4k"):
         if dtype != torch.float32:
-            raise MarspecError("target_quant='int8' quantises an fp32 target: use dtype='fp32'")
+            raise MarspecError(f"target_quant={target_quant!r} quantises an fp32 target: use dtype='fp32'")
         if not rowwise_int8_available():
             raise MarspecError(INT8_UNAVAILABLE)
+    if target_quant == "q4k" and not q4k_kernel_available():
+        raise MarspecError(f"target_quant='q4k' is not available here: {Q4K_UNAVAILABLE}; use 'int8'")
     if target_quant == "int4":
         if dtype not in (torch.float32, torch.bfloat16):
             raise MarspecError("target_quant='int4' quantises an fp32 or bf16 target: use dtype='fp32'")
@@ -121,14 +142,19 @@ def check_draft_quant(draft_quant: str) -> None:
         raise MarspecError(f"unknown draft_quant {draft_quant!r}: choose one of {', '.join(DRAFT_QUANTS)}")
     if draft_quant == "int4" and not int4_available():
         raise MarspecError(INT4_UNAVAILABLE)
+    if draft_quant == "q4k" and not q4k_kernel_available():
+        raise MarspecError(f"draft_quant='q4k' is not available here: {Q4K_UNAVAILABLE}; use 'int4'")
 
 
 def quantize_target(model: PreTrainedModel, target_quant: str) -> PreTrainedModel:
-    """Quantise a target's linear layers to ``target_quant`` ("int8" or "int4"), in place, with
+    """Quantise a target's linear layers to ``target_quant`` ("int8", "q4k" or "int4"), in place, with
     attention one query row at a time: either way a verification forward scores each token as plain
-    decoding's one-token step does, bit for bit."""
+    decoding's one-token step does, bit for bit. "q4k" quantises a float model's layers to Q4_K
+    (:func:`quantize_target_q4k`); a GGUF's own Q4_K blocks come from :mod:`marspec.models.int8_store`."""
     if target_quant == "int8":
         return quantize_target_int8(model)
+    if target_quant == "q4k":
+        return quantize_target_q4k(model)
     check_row_attention(model)
     use_row_attention(model)
     return quantize_int4(model)
@@ -146,7 +172,15 @@ def quantize_draft(model: PreTrainedModel, draft_quant: str) -> PreTrainedModel:
     other whatever the attention: it is left as it is (sequences decoded together draft one at a time)."""
     if draft_quant == "int8":
         return quantize_int8(model)
-    quantize_int4(model)
+    if draft_quant == "q4k":
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear:
+                    setattr(parent, name, Q4KLinear.of(child))
+                    release_pages(child.weight)
+        own_remaining_tensors(model)
+    else:
+        quantize_int4(model)
     use_int8_embedding(model)
     with contextlib.suppress(MarspecError):  # sliding-window layers: drafts still right, only not packed
         use_row_attention(model)

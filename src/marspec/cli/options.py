@@ -76,16 +76,18 @@ DraftQuantOpt = Annotated[
     str,
     typer.Option(
         "--draft-quant",
-        help="int4 (default: 4-bit weights, the cheapest draft step on a CPU), int8 or none (CPU only).",
+        help="auto (default: the cheapest draft step this CPU runs: q4k where the Q4_K kernel runs, else "
+        "int4), q4k, int4, int8 or none (CPU only).",
     ),
 ]
 TargetQuantOpt = Annotated[
     str,
     typer.Option(
         "--target-quant",
-        help="auto (default: int8 on a CPU for a model that comes as a GGUF, built straight from it; else "
-        "none), none (the float model: with --dtype fp32, exact), int8 or int4 (CPU; smaller and faster, a "
-        "slightly different model; strict still equals plain decoding of it).",
+        help="auto (default: on a CPU, a model that comes as a GGUF runs as q4k, its own Q4_K weights "
+        "against int8 activations, where the CPU has AVX-512 VNNI, else int8; anything else none), "
+        "none (the float model: with --dtype fp32, exact), q4k, int8 or int4 (CPU; smaller and faster; "
+        "strict still equals plain decoding of the model that runs).",
     ),
 ]
 DraftConfidenceOpt = Annotated[

@@ -231,14 +231,22 @@ def ensure_float_weights(folder: Path) -> None:
             partial_file.unlink(missing_ok=True)
 
 
-def folder_gguf(folder: Path) -> Path | None:
+def folder_gguf(folder: Path, blocks_wanted: bool = False) -> Path | None:
     """The GGUF a converted folder's weights are built from: the one it holds; for a known model's folder
     that released it (:func:`release_gguf`) and holds no float32 weights, the one assembled again from
-    the model's installed packages (a few seconds; an error naming them if they are gone); else None."""
+    the model's installed packages (a few seconds; an error naming them if they are gone); else None.
+    ``blocks_wanted``: a form that keeps the GGUF's quantised blocks (the "q4k" engine) asks for a known
+    model's GGUF even where float32 weights are held (dequantized, they lost the blocks), when its
+    packages are installed."""
     held = held_gguf(folder)
-    if held is not None or has_float_weights(folder) or not gguf_released(folder):
+    if held is not None:
         return held
     spec = MODELS.get(folder.name)
+    assemble = gguf_released(folder) and not has_float_weights(folder)
+    if blocks_wanted and spec is not None and not missing_requirements(spec):
+        assemble = True
+    if not assemble:
+        return None
     if spec is None:
         raise MarspecError(f"cached model folder {folder} has no weights; delete it and load it again")
     missing = missing_requirements(spec)

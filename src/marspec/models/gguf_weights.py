@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,17 @@ _HEADER_BYTES_PER_TENSOR = 256
 def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face parameter name, float32 array) for every weight of the GGUF, one at a time, exactly
     as transformers' GGUF loader maps and processes them for a model of ``config``."""
+    for name, array, _ in gguf_tensors_keeping(gguf_path, config, kept=()):
+        yield name, array
+
+
+def gguf_tensors_keeping(
+    gguf_path: Path, config: PretrainedConfig, kept: Collection[Any]
+) -> Iterator[tuple[str, np.ndarray, Any]]:
+    """:func:`gguf_tensors`, except that a tensor whose GGUF type is in ``kept`` (``GGMLQuantizationType``
+    members) comes as its raw blocks (uint8 [rows, bytes a row], the file's bytes) with its type, where
+    transformers' processing would leave its values as they are (an architecture without a processor of
+    its own); everything else comes dequantized, with the type None."""
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
@@ -58,6 +69,10 @@ def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[st
         mapped = key_mapping.get(tensor.name)
         if mapped is not None and mapped not in wanted:
             continue  # e.g. an output layer the model ties to its input embedding: not even dequantized
+        if tensor.tensor_type in kept and type(processor) is TensorProcessor and mapped is not None:
+            yield mapped, tensor.data, tensor.tensor_type
+            release_range(tensor.data.ctypes.data, tensor.data.nbytes)
+            continue
         result = processor.process(
             weights=dequantized(tensor.data, tensor.tensor_type),
             name=tensor.name,
@@ -68,11 +83,11 @@ def gguf_tensors(gguf_path: Path, config: PretrainedConfig) -> Iterator[tuple[st
         # keeps it resident (a 1.1 GB file for the 1.5B target) beside what is built from it.
         release_range(tensor.data.ctypes.data, tensor.data.nbytes)
         if key_mapping.get(result.name) in wanted:
-            yield key_mapping[result.name], np.ascontiguousarray(result.weights, dtype=np.float32)
+            yield key_mapping[result.name], np.ascontiguousarray(result.weights, dtype=np.float32), None
         while parsed["tensors"]:
             name, weights = parsed["tensors"].popitem()
             if name in wanted:
-                yield name, np.ascontiguousarray(weights.numpy(force=True), dtype=np.float32)
+                yield name, np.ascontiguousarray(weights.numpy(force=True), dtype=np.float32), None
 
 
 def dequantized(data: np.ndarray, qtype: Any, rows_per_chunk: int = 4096) -> np.ndarray:
@@ -111,7 +126,12 @@ def _skeleton(config: PretrainedConfig) -> torch.nn.Module:
 
 
 # safetensors' names of the array types written here.
-_SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int8): "I8"}
+_SAFETENSORS_DTYPES = {
+    np.dtype(np.float32): "F32",
+    np.dtype(np.int8): "I8",
+    np.dtype(np.uint8): "U8",
+    np.dtype(np.int64): "I64",
+}
 
 
 def write_safetensors(

@@ -1,17 +1,22 @@
-"""A converted folder's int8 model: written once from its GGUF (or its float32 weights) a tensor at a
-time, then loaded from that file in seconds.
+"""A converted folder's model for the CPU engines: written once from its GGUF (or its float32 weights) a
+tensor at a time, then loaded from that file in seconds.
 
-The file holds, for every linear layer, its int8 weights and per-row float32 scales, as the int8 kernel
-takes them (:func:`~marspec.backends.int8.int8_rows`; a tied LM head's from the embedding's weight);
-for the token embedding its int8 weights with a scale per group of channels
-(:func:`~marspec.backends.int8.int8_groups`); everything else (norms, biases) in float32. Writing it
-dequantizes one GGUF tensor at a time (the bytes the float32 conversion would write,
-:func:`~marspec.models.gguf_weights.gguf_tensors`) and quantises it at once, so neither disk nor memory
-ever holds the float32 model; a folder holding float32 weights instead is read the same way, into the
-same model bit for bit.
+Three forms. ``"int8"`` (a target's ``target_quant="int8"``): every linear layer holds int8 weights
+and per-row float32 scales, as the int8 kernel takes them (:func:`~marspec.backends.int8.int8_rows`; a
+tied LM head's from the embedding's weight). ``"q4k"`` (``target_quant="q4k"``): a linear layer whose
+GGUF weights are Q4_K keeps those blocks, repacked for the Q4_K kernel
+(:class:`~marspec.backends.q4k.Q4KLinear`: the file's own 4-bit weights, no second rounding), and the
+GGUF's finer layers (Q6_K, Q8_0, float) are int8 rows as above; a float checkpoint's layers are
+quantised to Q4_K. ``"q4k-draft"`` (``draft_quant="q4k"``): every layer on the Q4_K kernel, the finer
+ones quantised to Q4_K too, since a draft only proposes and its step's cost is what counts. In every
+form the token embedding is int8 with a scale per group of channels
+(:func:`~marspec.backends.int8.int8_groups`) and everything else (norms, biases) float32. Writing it
+reads one GGUF tensor at a time (dequantized where it is not kept,
+:func:`~marspec.models.gguf_weights.gguf_tensors_keeping`) and converts it at once, so neither disk nor
+memory ever holds the float32 model; a folder holding float32 weights instead is read the same way.
 
-Plain int8 and float32 arrays, so unlike the 4-bit store the file does not depend on the torch release
-or the CPU that wrote it; oneDNN's blocked layout is made from it on load (:class:`RowwiseInt8Linear`).
+Plain arrays, so unlike the 4-bit store the file does not depend on the torch release or the CPU that
+wrote it; oneDNN's blocked layout is made from it on load (:class:`RowwiseInt8Linear`).
 """
 
 from __future__ import annotations
@@ -39,37 +44,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("marspec")
 
-# Bumped when what the file holds changes; a file of another format is written again.
-_FORMAT = "2"
+# Each form's file format, bumped when what the file holds changes: a file of another is written again.
+_FORMATS = {"int8": "2", "q4k": "q4k-1", "q4k-draft": "q4k-draft-1"}
 _INT8, _SCALE = "int8_weight", "weight_scale"
+_Q4K = "q4k_"  # the prefix of a Q4_K layer's tensors (Q4KLinear.tensors' names after it)
 
 
-def int8_model_file(folder: Path) -> Path:
-    """Where ``folder``'s int8 model is stored: in a folder of its own, since loaders of a checkpoint
-    (vLLM among them) take every ``*.safetensors`` at a folder's top level for its weights."""
-    return folder / "int8" / "int8.safetensors"
+def int8_model_file(folder: Path, form: str = "int8") -> Path:
+    """Where ``folder``'s model of ``form`` (see the module) is stored: in a folder of its own, since
+    loaders of a checkpoint (vLLM among them) take every ``*.safetensors`` at a folder's top level."""
+    return folder / form / f"{form}.safetensors"
 
 
-def load_int8_model(folder: Path) -> PreTrainedModel:
-    """``folder``'s int8 model in eval mode, with attention one query row at a time (so a verification
-    forward scores each token as a one-token forward does); written first if not stored yet."""
-    path = int8_model_file(folder)
-    model = _read(folder, path)
+def load_int8_model(folder: Path, form: str = "int8") -> PreTrainedModel:
+    """``folder``'s model of ``form`` ("int8", "q4k" or "q4k-draft", see the module) in eval mode, with
+    attention one query row at a time (so a verification forward scores each token as a one-token
+    forward does); written first if not stored yet."""
+    path = int8_model_file(folder, form)
+    model = _read(folder, path, form)
     if model is None:
-        _write(folder, path)
-        model = _read(folder, path)
+        _write_once_found(folder, path, form)
+        model = _read(folder, path, form)
         if model is None:
-            raise MarspecError(f"the int8 model written to {path} cannot be read back; delete {folder}")
+            raise MarspecError(f"the {form} model written to {path} cannot be read back; delete {folder}")
     return model
 
 
-def _read(folder: Path, path: Path) -> PreTrainedModel | None:
+def _read(folder: Path, path: Path, form: str) -> PreTrainedModel | None:
     """The stored model, or None if there is none of this format (or it is damaged: written again)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(path, framework="pt") as stored:
-            if (stored.metadata() or {}).get("marspec_int8_format") != _FORMAT:
+            if (stored.metadata() or {}).get("marspec_int8_format") != _FORMATS[form]:
                 return None
             tensors = {name: stored.get_tensor(name) for name in stored.keys()}  # noqa: SIM118
     except (OSError, SafetensorError):
@@ -88,24 +95,49 @@ def _read(folder: Path, path: Path) -> PreTrainedModel | None:
 
 
 def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
-    """Put the stored ``tensors`` into ``model`` (on the meta device): int8 layers where they were
-    stored, the rest assigned as they are."""
+    """Put the stored ``tensors`` into ``model`` (on the meta device): each linear layer as the file
+    holds it (int8 rows, or Q4_K blocks), the rest assigned as they are."""
     embedding = name_of(model, model.get_input_embeddings())
     int8, scale = tensors.pop(f"{embedding}.{_INT8}"), tensors.pop(f"{embedding}.{_SCALE}")
     model.set_submodule(embedding, Int8Embedding(int8, scale))
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
             continue
-        int8, scale = tensors.pop(f"{name}.{_INT8}"), tensors.pop(f"{name}.{_SCALE}")
         bias = tensors.pop(f"{name}.bias") if module.bias is not None else None
-        model.set_submodule(name, RowwiseInt8Linear(int8, scale, bias))
-        release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again
+        if f"{name}.{_INT8}" in tensors:
+            int8, scale = tensors.pop(f"{name}.{_INT8}"), tensors.pop(f"{name}.{_SCALE}")
+            model.set_submodule(name, RowwiseInt8Linear(int8, scale, bias))
+            release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again
+            continue
+        from marspec.backends.q4k import Q4KLinear
+
+        prefix = f"{name}.{_Q4K}"
+        held = {key[len(prefix) :]: tensors.pop(key) for key in [k for k in tensors if k.startswith(prefix)]}
+        if not held:
+            raise KeyError(f"{name}.{_INT8}")  # neither form stored for this layer
+        model.set_submodule(name, Q4KLinear(**held, bias=bias))
     model.load_state_dict(tensors, strict=True, assign=True)
 
 
-def _write(folder: Path, path: Path) -> None:
-    """Write ``folder``'s int8 model to ``path`` from its GGUF or float32 weights (a temporary file
-    renamed into place, so two processes writing at once need no lock)."""
+def _write_once_found(folder: Path, path: Path, form: str, attempts: int = 3) -> None:
+    """:func:`_write`, again where the GGUF it found was gone before it was read: another process that
+    stored its own form released it meanwhile (:func:`~marspec.models.convert.release_gguf`), and the
+    next :func:`~marspec.models.convert.folder_gguf` assembles it again."""
+    for attempt in range(attempts):
+        try:
+            _write(folder, path, form)
+            return
+        except FileNotFoundError as exc:
+            if attempt == attempts - 1:
+                raise MarspecError(
+                    f"a file of {folder} ({exc.filename}) went missing while its {form} model was written; "
+                    "load it again"
+                ) from exc
+
+
+def _write(folder: Path, path: Path, form: str) -> None:
+    """Write ``folder``'s model of ``form`` to ``path`` from its GGUF or float32 weights (a temporary
+    file renamed into place, so two processes writing at once need no lock)."""
     from marspec.models.gguf_weights import write_safetensors
 
     skeleton = empty_model(folder, torch.float32)
@@ -114,14 +146,21 @@ def _write(folder: Path, path: Path) -> None:
     os.close(handle)
     partial = Path(name)
     try:
-        stored = _stored_tensors(skeleton, _float_tensors(folder, skeleton.config))
-        count = 2 * len(list(skeleton.parameters()))  # a weight becomes two tensors, int8 rows and scales
-        write_safetensors(partial, stored, count, {"marspec_int8_format": _FORMAT})
+        gguf = folder_gguf(folder, blocks_wanted=form != "int8")
+        source = _source_tensors(folder, gguf, skeleton.config, form)
+        # Float weights become Q4_K blocks in a draft's form, and in the target's for a float checkpoint;
+        # a GGUF's layers of another type keep their finer precision in int8 rows.
+        requantize = form == "q4k-draft" or (form == "q4k" and gguf is None)
+        stored = _stored_tensors(skeleton, source, requantize)
+        count = 3 * len(list(skeleton.parameters()))  # a weight becomes up to three tensors
+        write_safetensors(partial, stored, count, {"marspec_int8_format": _FORMATS[form]})
         share_file(partial)
         os.replace(partial, path)
+    except FileNotFoundError:
+        raise  # the GGUF released by another process: written again (_write_once_found)
     except OSError as exc:
         raise MarspecError(
-            f"writing the int8 model into {folder} failed ({exc.strerror or exc}); free disk space"
+            f"writing the {form} model into {folder} failed ({exc.strerror or exc}); free disk space"
         ) from exc
     except (MemoryError, MarspecError):
         raise
@@ -131,43 +170,80 @@ def _write(folder: Path, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _float_tensors(folder: Path, config: object) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, float32 array) for every weight of the model, from the folder's GGUF or float32 file."""
-    gguf = folder_gguf(folder)
+def _source_tensors(
+    folder: Path, gguf: Path | None, config: object, form: str
+) -> Iterator[tuple[str, np.ndarray, object]]:
+    """(name, array, GGUF type) for every weight of the model, from ``gguf`` or else the folder's float32
+    file: for the Q4_K forms a GGUF's Q4_K tensors come as their raw blocks with their type, everything
+    else as a float32 array with the type None."""
     if gguf is not None:
-        from marspec.models.gguf_weights import gguf_tensors
+        from gguf import GGMLQuantizationType
 
-        yield from gguf_tensors(gguf, config)
+        from marspec.models.gguf_weights import gguf_tensors_keeping
+
+        kept = () if form == "int8" else (GGMLQuantizationType.Q4_K,)
+        yield from gguf_tensors_keeping(gguf, config, kept)
         return
     from safetensors import safe_open
 
     with safe_open(folder / WEIGHTS_FILE, framework="np") as weights:
         for name in weights.keys():  # noqa: SIM118
-            yield name, weights.get_tensor(name).astype(np.float32, copy=False)
+            yield name, weights.get_tensor(name).astype(np.float32, copy=False), None
 
 
 def _stored_tensors(
-    skeleton: PreTrainedModel, source: Iterator[tuple[str, np.ndarray]]
+    skeleton: PreTrainedModel, source: Iterator[tuple[str, np.ndarray, object]], requantize: bool
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """What the file holds for each float tensor of ``source``: int8 rows and scales for the weights of
-    linear layers (a tied LM head's from the embedding's weight), int8 groups and scales for the token
-    embedding, the float32 tensor for anything else."""
+    """What the file holds for each tensor of ``source``: for the weights of linear layers (a tied LM
+    head's from the embedding's weight) their Q4_K blocks repacked where they come as raw Q4_K blocks,
+    else Q4_K blocks quantised from float (``requantize``) or int8 rows and scales; int8 groups and scales
+    for the token embedding; the float32 tensor for anything else."""
     linears = {name for name, m in skeleton.named_modules() if type(m) is torch.nn.Linear}
     embedding = name_of(skeleton, skeleton.get_input_embeddings())
     tied_head = name_of(skeleton, skeleton.get_output_embeddings()) if _is_tied(skeleton) else None
-    for name, array in source:
+    for name, array, qtype in source:
         owner, _, leaf = name.rpartition(".")
-        weight = torch.from_numpy(array if array.flags.writeable else array.copy())
         if owner == embedding and leaf == "weight":
+            weight = _float_weight(array, qtype)
             yield from _int8_tensors(owner, int8_groups(weight))
             if tied_head is not None:
-                yield from _int8_tensors(tied_head, int8_rows(weight))
+                yield from _layer_tensors(tied_head, array, qtype, requantize, weight)
         elif owner in linears and leaf == "weight":
-            yield from _int8_tensors(owner, int8_rows(weight))
+            yield from _layer_tensors(owner, array, qtype, requantize)
         else:
             yield name, array
-        del array, weight
+        del array
         trim_heap()  # the float32 tensor's pages go back before the next one is read
+
+
+def _float_weight(array: np.ndarray, qtype: object) -> torch.Tensor:
+    """A source array as a float32 tensor: raw Q4_K blocks dequantized, a float array as it is."""
+    if qtype is not None:
+        from marspec.backends.q4k import dequantize_q4k
+
+        return dequantize_q4k(array)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def _layer_tensors(
+    owner: str, array: np.ndarray, qtype: object, requantize: bool, weight: torch.Tensor | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """A linear layer's stored tensors: its Q4_K blocks repacked when ``array`` is raw Q4_K blocks; else,
+    from its float weight (``weight``, when the caller has it already), Q4_K blocks (``requantize``) or
+    int8 rows and scales."""
+    if qtype is None and not requantize:
+        yield from _int8_tensors(
+            owner, int8_rows(weight if weight is not None else _float_weight(array, None))
+        )
+        return
+    from marspec.backends.q4k import Q4KLinear
+
+    if qtype is not None:
+        layer = Q4KLinear.from_gguf_blocks(array)
+    else:
+        layer = Q4KLinear.from_float(weight if weight is not None else _float_weight(array, None))
+    for key, tensor in layer.tensors.items():
+        yield f"{owner}.{_Q4K}{key}", tensor.numpy()
 
 
 def _int8_tensors(

@@ -57,6 +57,7 @@ def load_model(
     int8_linears: bool = False,
     int8_embedding: bool = False,
     keep_gguf: bool = True,
+    q4k_form: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelSpec | None]:
     """Load (converting a GGUF, or fetching a Hub id, first if needed) a causal LM and its tokenizer for
@@ -74,6 +75,8 @@ def load_model(
     (:mod:`marspec.models.int8_store`: written once from its GGUF or float32 weights, without a float32
     copy, then read back; its token embedding in int8 too, its attention row by row). Any other folder
     loads in ``dtype``, for the caller to quantise (:func:`~marspec.backends.quantize.quantize_target`).
+    ``q4k_form``: the same, in the store's "q4k" form (a GGUF's Q4_K weights kept for the Q4_K kernel) or
+    "q4k-draft" form (every layer on it).
 
     ``keep_gguf=False``: once the int8 or 4-bit form loaded is stored, a known model's folder releases its
     GGUF (:func:`~marspec.models.convert.release_gguf`), so the cache holds what later loads of this form
@@ -93,11 +96,11 @@ def load_model(
     cached = folder.resolve().parent == models_root().resolve()
     fix = _repair_hint(folder, name_or_path, cached)
     model = stored = None
-    if cached and int8_linears:
+    if cached and (int8_linears or q4k_form):
         from marspec.models.int8_store import load_int8_model
 
         with quiet_transformers():
-            model = stored = load_int8_model(folder)
+            model = stored = load_int8_model(folder, q4k_form or "int8")
     if cached and int4_linears:
         with quiet_transformers():
             model = stored = read_int4_model(folder, torch_dtype, int8_embedding)
@@ -112,8 +115,10 @@ def load_model(
     if int4_linears and stored is None:
         _store_int4(model, folder if cached else None, torch_dtype, int8_embedding)
     if cached and not keep_gguf:
-        form_stored = int8_linears or (
-            int4_linears and int4_model_file(folder, torch_dtype, int8_embedding).is_file()
+        form_stored = (
+            int8_linears
+            or q4k_form is not None
+            or (int4_linears and int4_model_file(folder, torch_dtype, int8_embedding).is_file())
         )
         if form_stored:
             release_gguf(folder)

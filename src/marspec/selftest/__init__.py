@@ -40,7 +40,11 @@ from pathlib import Path
 import torch
 
 from marspec.devices import resolve_device
-from marspec.selftest.engines import batch_decodes_as_alone, int8_engine_keeps_the_invariants
+from marspec.selftest.engines import (
+    batch_decodes_as_alone,
+    int8_engine_keeps_the_invariants,
+    q4k_engine_keeps_the_invariants,
+)
 from marspec.selftest.environment import environment
 from marspec.selftest.equality import (
     compare_runs,
@@ -67,6 +71,7 @@ __all__ = [
     "int8_engine_keeps_the_invariants",
     "no_relax_equals_strict",
     "one_read_per_step",
+    "q4k_engine_keeps_the_invariants",
     "reads_per_step",
     "run_selftest",
     "sampled_counts",
@@ -97,6 +102,7 @@ def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -
             one_read_per_step(decoder),
             fixed_equals_eager(decoder, tiny_decoder(Path(tmp), where, graphs="on")),
             int8_engine_keeps_the_invariants(Path(tmp), where),
+            q4k_engine_keeps_the_invariants(Path(tmp), where),
             batch_decodes_as_alone(Path(tmp), where),
         )
         checks = tuple(check for check in checks if check is not None)

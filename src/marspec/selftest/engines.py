@@ -1,14 +1,16 @@
-"""The engines keep the invariants: on the CPU's int8 engine (the default on a CPU for a model that comes
-as a GGUF) strict equals plain and rules that cannot relax equal strict, token for token; and sequences
+"""The engines keep the invariants: on the CPU's q4k and int8 engines (the default on a CPU for a model that
+comes as a GGUF) strict equals plain and rules that cannot relax equal strict, token for token; and sequences
 decoded together (continuous batching) decode what each decodes alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from marspec.backends.int8 import rowwise_int8_available
+from marspec.backends.q4k import q4k_kernel_available
 from marspec.selftest.equality import (
     NEW_TOKENS,
     PROMPTS,
@@ -20,6 +22,9 @@ from marspec.selftest.equality import (
 from marspec.selftest.report import Check
 from marspec.selftest.tiny import tiny_decoder
 
+if TYPE_CHECKING:
+    from marspec.api import Decoder
+
 INT8_CHECK = "int8 engine: strict == plain, no-relax rules == strict"
 
 
@@ -29,12 +34,28 @@ def int8_engine_keeps_the_invariants(folder: Path, device: torch.device) -> Chec
     without an int8 dot product)."""
     if device.type != "cpu" or not rowwise_int8_available():
         return None
-    decoder = tiny_decoder(folder, device, target_quant="int8")
+    return _engine_check(INT8_CHECK, tiny_decoder(folder, device, target_quant="int8"))
+
+
+Q4K_CHECK = "q4k engine: strict == plain, no-relax rules == strict"
+
+
+def q4k_engine_keeps_the_invariants(folder: Path, device: torch.device) -> Check | None:
+    """Both equalities on the tiny pair with target and draft on the Q4_K kernel (every linear layer's
+    weights quantised to Q4_K, int8 activation rows, attention row by row); None where the kernel does
+    not run (another device, or a CPU or build without it)."""
+    if device.type != "cpu" or not (rowwise_int8_available() and q4k_kernel_available()):
+        return None
+    return _engine_check(Q4K_CHECK, tiny_decoder(folder, device, target_quant="q4k"))
+
+
+def _engine_check(name: str, decoder: Decoder) -> Check:
+    """Strict == plain and no-relax rules == strict on ``decoder``, as one check named ``name``."""
     checks = (strict_equals_plain(decoder), no_relax_equals_strict(decoder))
     failed = [c for c in checks if not c.passed]
     if failed:
-        return Check(INT8_CHECK, False, f"{failed[0].name}: {failed[0].detail}")
-    return Check(INT8_CHECK, True, "; ".join(c.detail for c in checks))
+        return Check(name, False, f"{failed[0].name}: {failed[0].detail}")
+    return Check(name, True, "; ".join(c.detail for c in checks))
 
 
 BATCH_CHECK = "batch: each sequence decodes as it does alone"
