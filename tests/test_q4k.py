@@ -55,7 +55,9 @@ def layer(raw: np.ndarray) -> Q4KLinear:
 
 
 def test_dequantizing_gives_gguf_pys_values(raw: np.ndarray) -> None:
-    assert torch.equal(dequantize_q4k(raw), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K)))
+    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K))
+    assert torch.equal(dequantize_q4k(raw), expected)
+    assert torch.equal(dequantize_q4k(raw, rows_per_chunk=7), expected)  # a chunk of rows at a time
 
 
 def test_quantising_float_weights_keeps_them_within_a_few_steps_of_their_range() -> None:

@@ -131,13 +131,18 @@ def q4k_fields(raw: np.ndarray) -> Q4KFields:
     return Q4KFields(d, dmin, sc, m, q)
 
 
-def dequantize_q4k(raw: np.ndarray) -> torch.Tensor:
-    """The float32 weights [N, K] of raw Q4_K bytes (the values ggml and gguf-py give)."""
-    d, dmin, sc, m, q = q4k_fields(raw)
-    scale = (d[..., None] * sc.astype(np.float32))[..., None]  # [N, S, 8, 1]
-    offset = (dmin[..., None] * m.astype(np.float32))[..., None]
-    codes = q.reshape(*sc.shape, SUB_BLOCK).astype(np.float32)
-    return torch.from_numpy((scale * codes - offset).reshape(q.shape))
+def dequantize_q4k(raw: np.ndarray, rows_per_chunk: int = _ROWS_PER_CHUNK) -> torch.Tensor:
+    """The float32 weights [N, K] of raw Q4_K bytes (the values ggml and gguf-py give), a chunk of rows at
+    a time: whole, the 1.5B Qwen's embedding would hold ~3 GB of temporaries beside its 0.93 GB."""
+    rows, width = raw.shape
+    out = np.empty((rows, width // BLOCK_BYTES * SUPER_BLOCK), dtype=np.float32)
+    for start in range(0, rows, rows_per_chunk):
+        d, dmin, sc, m, q = q4k_fields(raw[start : start + rows_per_chunk])
+        scale = (d[..., None] * sc.astype(np.float32))[..., None]  # [rows, S, 8, 1]
+        offset = (dmin[..., None] * m.astype(np.float32))[..., None]
+        codes = q.reshape(*sc.shape, SUB_BLOCK).astype(np.float32)
+        out[start : start + rows_per_chunk] = (scale * codes - offset).reshape(q.shape)
+    return torch.from_numpy(out)
 
 
 def q4k_blocks(weight: torch.Tensor) -> np.ndarray:
