@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from marspec.backends.int8 import _PEAK_FLOOR
-from marspec.errors import MarspecError
+from marspec.errors import MarspecError, one_line
 
 log = logging.getLogger("marspec")
 
@@ -98,7 +98,11 @@ def _load_kernel() -> bool:
     try:
         load_library("marspec_q4k", _SOURCE, _COMPILE_FLAGS)
     except Exception as exc:  # a missing compiler or ninja, a compile or load error: run without it
-        log.warning("Q4_K kernel unavailable: building it failed: %s", exc)
+        log.warning(
+            "marspec: the Q4_K kernel could not be built (%s); the CPU engine is int8 instead (slower): "
+            "a C++ compiler (g++) builds it",
+            one_line(exc),
+        )
         return False
     return True
 
