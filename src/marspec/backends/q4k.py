@@ -221,7 +221,10 @@ class Q4KLinear(torch.nn.Module):
         """From the packed weights (:attr:`tensors`; kept, not copied): ``blocks`` uint8
         [ceil(N / 32), K / 256, 4864], ``out_features`` N (an int or an int64 tensor of one element),
         an optional float bias [N], and ``in_features`` where the layer's input is narrower than the
-        blocks' K (a width that is not a multiple of 256: zero weights pad each row, and zeros the input)."""
+        blocks' K (a width that is not a multiple of 256: zero weights pad each row, and zeros the input).
+        The kernel is checked here, once, rather than in every forward."""
+        if not q4k_kernel_available():
+            raise MarspecError(Q4K_UNAVAILABLE)
         super().__init__()
         self.blocks = blocks.contiguous()
         self.out_features = int(out_features)
@@ -263,8 +266,6 @@ class Q4KLinear(torch.nn.Module):
         return held if self.bias is None else {**held, "bias": self.bias}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
-        if not q4k_kernel_available():
-            raise MarspecError(Q4K_UNAVAILABLE)
         rows = x.reshape(-1, self.in_features).float()
         if self._pad:
             rows = torch.nn.functional.pad(rows, (0, self._pad))

@@ -88,8 +88,7 @@ def quantize_target_q4k(model: PreTrainedModel) -> PreTrainedModel:
     """:func:`quantize_target_int8`, except that every linear layer becomes a :class:`Q4KLinear`, its
     float weights quantised to Q4_K (:meth:`Q4KLinear.of`). A GGUF's Q4_K layers keep the file's own
     blocks instead (:mod:`marspec.models.int8_store`)."""
-    if not q4k_kernel_available():
-        raise MarspecError(f"target_quant='q4k' is not available here: {Q4K_UNAVAILABLE}; use 'int8'")
+    check_target_quant("q4k", torch.float32)
     return _quantize_target_rows(model, Q4KLinear.of)
 
 
@@ -104,16 +103,22 @@ def _quantize_target_rows(
     if not rowwise_int8_available():
         raise MarspecError(INT8_UNAVAILABLE)
     use_row_attention(model)
+    _replace_linears(model, layer_of)
+    use_int8_embedding(model)  # after the layers: a tied head reads its weight
+    own_remaining_tensors(model)
+    trim_heap()
+    return model
+
+
+def _replace_linears(model: PreTrainedModel, layer_of: Callable[[torch.nn.Linear], torch.nn.Module]) -> None:
+    """Each ``nn.Linear`` of ``model`` replaced by ``layer_of(linear)``, in place, its float weight's pages
+    handed back at once."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, layer_of(child))
                 release_pages(child.weight)
                 trim_heap()
-    use_int8_embedding(model)  # after the layers: a tied head reads its weight
-    own_remaining_tensors(model)
-    trim_heap()
-    return model
 
 
 def check_target_quant(target_quant: str, dtype: torch.dtype) -> None:
@@ -173,11 +178,7 @@ def quantize_draft(model: PreTrainedModel, draft_quant: str) -> PreTrainedModel:
     if draft_quant == "int8":
         return quantize_int8(model)
     if draft_quant == "q4k":
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear:
-                    setattr(parent, name, Q4KLinear.of(child))
-                    release_pages(child.weight)
+        _replace_linears(model, Q4KLinear.of)
         own_remaining_tensors(model)
     else:
         quantize_int4(model)

@@ -231,17 +231,16 @@ def _layer_tensors(
     """A linear layer's stored tensors: its Q4_K blocks repacked when ``array`` is raw Q4_K blocks; else,
     from its float weight (``weight``, when the caller has it already), Q4_K blocks (``requantize``) or
     int8 rows and scales."""
-    if qtype is None and not requantize:
-        yield from _int8_tensors(
-            owner, int8_rows(weight if weight is not None else _float_weight(array, None))
-        )
-        return
     from marspec.backends.q4k import Q4KLinear
 
-    if qtype is not None:
+    if qtype is not None:  # raw Q4_K blocks: kept as they are
         layer = Q4KLinear.from_gguf_blocks(array)
     else:
-        layer = Q4KLinear.from_float(weight if weight is not None else _float_weight(array, None))
+        float_weight = weight if weight is not None else _float_weight(array, None)
+        if not requantize:
+            yield from _int8_tensors(owner, int8_rows(float_weight))
+            return
+        layer = Q4KLinear.from_float(float_weight)
     for key, tensor in layer.tensors.items():
         yield f"{owner}.{_Q4K}{key}", tensor.numpy()
 
