@@ -136,6 +136,7 @@ def test_a_kernel_that_does_not_compile_is_logged_and_reported_unavailable(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0]  # one line, whatever the compiler printed
     assert "could not be built" in warnings[0] and "int8 instead" in warnings[0]
+    assert "error" in warnings[0].split("could not be built")[1]  # the compiler's error, not its command line
     assert not list((tmp_path / "cache" / "kernels").glob("*.so"))
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -52,6 +54,29 @@ def _ninja_on_path() -> Iterator[None]:
         os.environ["PATH"] = before
 
 
+def _cpp_extension() -> types.ModuleType:
+    """``torch.utils.cpp_extension``, imported without its warning that no CUDA runtime is found: the
+    operators built here are for the CPU, and the warning would be a second, misleading line."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        logger.setLevel(level)
+    return cpp_extension
+
+
+def _first_error(output: str) -> str:
+    """The compiler's first error line in a failed build's output (the command lines before it say
+    nothing), else the output's first line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if "error" in line.lower() and not line.startswith(("[", "FAILED:")) and " -o " not in line:
+            return line
+    return lines[0] if lines else "no output"
+
+
 def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
     """Load the operators ``source`` registers, compiling it first (with ``flags``, which the linker gets
     too) if no cached build exists. Raises whatever the compiler or loader raises."""
@@ -59,18 +84,20 @@ def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
     if library.is_file():
         torch.ops.load_library(str(library))
         return
-    from torch.utils import cpp_extension
-
+    cpp_extension = _cpp_extension()
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=f".{name}-") as build, _ninja_on_path():
-        cpp_extension.load(
-            name=name,
-            sources=[str(source)],
-            extra_cflags=list(flags),
-            extra_ldflags=list(flags),
-            build_directory=build,
-            is_python_module=False,
-            verbose=False,
-        )
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                extra_cflags=list(flags),
+                extra_ldflags=list(flags),
+                build_directory=build,
+                is_python_module=False,
+                verbose=False,
+            )
+        except (RuntimeError, OSError) as exc:
+            raise RuntimeError(f"building {source.name} failed: {_first_error(str(exc))}") from exc
         # Loaded from the build folder already; the same file, renamed, is what later processes load.
         os.replace(Path(build) / f"{name}.so", library)
