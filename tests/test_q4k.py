@@ -94,6 +94,18 @@ def test_a_wider_layer_without_bias_computes_its_reference() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize(("width", "m"), [(896, 1), (896, 13), (300, 3), (32, 2)])
+def test_a_narrow_layer_skips_its_padding_and_gives_the_padded_calls_bits(width: int, m: int) -> None:
+    # The kernel reads rows of a multiple of 32 values and skips the weights' zero padding past them;
+    # the same call on rows padded with zeros to the blocks' width reads it all.
+    layer = Q4KLinear.from_float(torch.randn(70, width) * 0.1, torch.randn(70))
+    x = torch.randn(m, width)
+    padded = torch.nn.functional.pad(x, (0, layer.blocks.shape[1] * 256 - width))
+    whole = torch.ops.marspec_q4k.linear(padded, layer.blocks, layer.out_features, layer.bias)
+    assert torch.equal(layer(x), whole)
+
+
+@needs_kernel
 @pytest.mark.parametrize("m", [2, 8, 9, 13, 17, 52, 128])
 def test_a_rows_output_is_the_same_bits_whatever_rows_share_the_call(layer: Q4KLinear, m: int) -> None:
     x = torch.randn(m, K)

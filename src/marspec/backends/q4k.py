@@ -230,7 +230,9 @@ class Q4KLinear(torch.nn.Module):
         self.out_features = int(out_features)
         padded = blocks.shape[1] * SUPER_BLOCK
         self.in_features = padded if in_features is None else int(in_features)
-        self._pad = padded - self.in_features
+        # The kernel reads rows whose width is a multiple of a sub-block (32) and skips the weights'
+        # padding past it; a narrower remainder is padded with zeros here.
+        self._pad = -self.in_features % SUB_BLOCK
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     @classmethod
@@ -261,7 +263,7 @@ class Q4KLinear(torch.nn.Module):
     def tensors(self) -> dict[str, torch.Tensor]:
         """What the layer holds, by name: the constructor's arguments (``Q4KLinear(**layer.tensors)``)."""
         held = {"blocks": self.blocks, "out_features": torch.tensor([self.out_features], dtype=torch.int64)}
-        if self._pad:
+        if self.in_features != self.blocks.shape[1] * SUPER_BLOCK:
             held["in_features"] = torch.tensor([self.in_features], dtype=torch.int64)
         return held if self.bias is None else {**held, "bias": self.bias}
 

@@ -61,16 +61,17 @@ struct QuantisedRows {
   std::vector<float> scale;   // [M]: peak / 127
 };
 
-// Each row on [-127, 127] by its own scale, rounded to nearest (ties to even).
-QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
+// Each row (k_in values, a multiple of 32) on [-127, 127] by its own scale, rounded to nearest (ties
+// to even), in rows of k >= k_in values whose tail is zeros (the weights' padding meets zeros).
+QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k_in, int64_t k) {
   QuantisedRows out;
-  out.q.resize(m_rows * k);
+  out.q.resize(m_rows * k);  // zeros
   out.sums.resize(m_rows * (k / kGroup));
   out.scale.resize(m_rows);
   for (int64_t m = 0; m < m_rows; ++m) {
-    const float* row = x + m * k;
+    const float* row = x + m * k_in;
     __m512 peak_v = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; i += 16) {
+    for (int64_t i = 0; i < k_in; i += 16) {
       peak_v = _mm512_max_ps(peak_v, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
     }
     const float peak = std::max(_mm512_reduce_max_ps(peak_v), kPeakFloor);
@@ -79,7 +80,7 @@ QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k) {
     const __m512 inv = _mm512_set1_ps((1.0f / peak) * 127.0f);
     int8_t* q = out.q.data() + m * k;
     int16_t* sums = out.sums.data() + m * (k / kGroup);
-    for (int64_t i = 0; i < k; i += kGroup) {
+    for (int64_t i = 0; i < k_in; i += kGroup) {
       const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inv));
       const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i + 16), inv));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(a));
@@ -100,11 +101,11 @@ struct UnpackedHalf {
   alignas(64) float dmin[kHalf];
 };
 
-// A half's 4-bit codes, one byte each.
-void unpack_codes(const uint8_t* record, int64_t half, UnpackedHalf& out) {
+// A half's 4-bit codes of its first `groups` sub-blocks, one byte each.
+void unpack_codes(const uint8_t* record, int64_t half, int64_t groups, UnpackedHalf& out) {
   const uint8_t* codes = record + half * kCodeBytes;
   const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int64_t g = 0; g < kGroups; ++g) {
+  for (int64_t g = 0; g < groups; ++g) {
     for (int64_t c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(codes + (g * 4 + c) * 64);
       _mm512_store_si512(out.codes[g][2 * c], _mm512_and_si512(v, low));
@@ -142,7 +143,9 @@ inline __m512i broadcast4(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// R rows' sums over one record (both halves: each broadcast of activations serves the two), added to
+// R rows' sums over one record's first `used` sub-blocks (the rest are the padding of a row whose width
+// is not a multiple of 256: zero weights against zero activations, skipped; their activation sums are
+// zero, so the mins' term needs no bound) (both halves: each broadcast of activations serves the two), added to
 // their accumulators acc[r * 32 + column]: per row and column, the exact int32 sums
 // sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. The
 // codes come unpacked from w (read by several blocks of rows), or, when the record has one block of
@@ -150,11 +153,11 @@ inline __m512i broadcast4(const void* p) {
 // operations, the integer ones exact, in the same order whatever R and the codes' source are.
 template <int R, bool kFromRecord>
 void rows_block(const UnpackedHalf* w, const uint8_t* record, const int8_t* xq, int64_t k, const int16_t* xsums,
-                int64_t groups, float* acc) {
+                int64_t groups, int64_t used, float* acc) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512i scaled[R][2];
   for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = _mm512_setzero_si512();
-  for (int64_t g = 0; g < kGroups; ++g) {
+  for (int64_t g = 0; g < used; ++g) {
     __m512i s[R][2];
     for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
     for (int64_t j = 0; j < 8; j += 2) {  // 8 weights: 4 in the low nibbles, the next 4 in the high
@@ -200,7 +203,7 @@ void rows_block(const UnpackedHalf* w, const uint8_t* record, const int8_t* xq, 
 }
 
 using RowsBlockFn = void (*)(const UnpackedHalf*, const uint8_t*, const int8_t*, int64_t, const int16_t*, int64_t,
-                             float*);
+                             int64_t, float*);
 
 template <bool kFromRecord, int... R>
 constexpr std::array<RowsBlockFn, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
@@ -214,21 +217,21 @@ constexpr auto kUnpackedRows = rows_blocks<false>(std::make_integer_sequence<int
 // differ by one at most (13 rows: 5, 4, 4). Up to kBlocksFromRecord blocks each unpack the codes in
 // registers; more share them unpacked once into w (measured: the first is faster up to ~16 rows).
 void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, int64_t m_rows, int64_t k,
-              int64_t s, float* acc) {
+              int64_t s, int64_t used, float* acc) {
   const int64_t groups = k / kGroup;
   const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
   unpack_scales(record, 0, w[0]);
   unpack_scales(record, 1, w[1]);
   const bool from_record = blocks <= kBlocksFromRecord;
   if (!from_record) {
-    unpack_codes(record, 0, w[0]);
-    unpack_codes(record, 1, w[1]);
+    unpack_codes(record, 0, used, w[0]);
+    unpack_codes(record, 1, used, w[1]);
   }
   const RowsBlockFn* fns = from_record ? kFromRecordRows.data() : kUnpackedRows.data();
   for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
     const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
     fns[rows](w, record, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
-              acc + m0 * kTile);
+              used, acc + m0 * kTile);
     m0 += rows;
   }
 }
@@ -241,7 +244,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
   const int64_t tiles = blocks.size(0);
   const int64_t supers = blocks.size(1);
   const int64_t k = supers * kSuper;
-  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weights ", k);
+  const int64_t k_in = x.size(1);  // the layer's width: the weights' last super-block may be part padding
+  TORCH_CHECK(k_in % kGroup == 0 && k_in > k - kSuper && k_in <= k, "x has ", k_in,
+              " columns: a multiple of 32 in (", k - kSuper, ", ", k, "] for these weights");
+  const int64_t last_used = (k_in - (k - kSuper)) / kGroup;  // sub-blocks of the last super-block that hold weights
   TORCH_CHECK(out_features > (tiles - 1) * kTile && out_features <= tiles * kTile,
               "out_features does not match the tiles");
   const bool has_bias = bias.has_value() && bias->defined();
@@ -255,7 +261,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
   at::Tensor y = at::empty({m_rows, out_features}, xc.options());
   if (m_rows == 0) return y;
 
-  const QuantisedRows xq = quantise_rows(xc.data_ptr<float>(), m_rows, k);
+  const QuantisedRows xq = quantise_rows(xc.data_ptr<float>(), m_rows, k_in, k);
   const uint8_t* blocks_p = bc.data_ptr<uint8_t>();
   const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
   float* y_p = y.data_ptr<float>();
@@ -269,7 +275,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* record = blocks_p + (t * supers + s) * kRecord;
         prefetch(record + kAhead * kRecord, kRecord);
-        all_rows(w, record, xq, m_rows, k, s, acc.data());
+        all_rows(w, record, xq, m_rows, k, s, s + 1 < supers ? kGroups : last_used, acc.data());
       }
       for (int64_t c = 0; c < 2; ++c) {
         const int64_t n0 = t * kTile + c * kHalf;
