@@ -105,25 +105,35 @@ def test_a_narrow_layer_skips_its_padding_and_gives_the_padded_calls_bits(width:
     assert torch.equal(layer(x), whole)
 
 
+def assert_rows_independent(layer: torch.nn.Module, x: torch.Tensor) -> None:
+    """Each row of ``layer(x)`` is the same bits as the row alone gives, and as a call from row 3 on."""
+    together = layer(x)
+    for i in range(x.shape[0]):
+        assert torch.equal(together[i], layer(x[i : i + 1])[0]), f"row {i} of {x.shape[0]}"
+    assert torch.equal(together[3:], layer(x[3:]))  # a row block starting elsewhere
+
+
+def assert_rebuilt_from_safetensors(layer: torch.nn.Module, tmp_path: Path) -> None:
+    """``type(layer)(**tensors)``, its tensors saved to and loaded from a safetensors file, is the layer."""
+    save_file(layer.tensors, tmp_path / "layer.safetensors")
+    rebuilt = type(layer)(**load_file(tmp_path / "layer.safetensors"))
+    x = torch.randn(3, layer.in_features)
+    assert (rebuilt.in_features, rebuilt.out_features) == (layer.in_features, layer.out_features)
+    assert torch.equal(rebuilt(x), layer(x))
+
+
 @needs_kernel
 @pytest.mark.parametrize("m", [2, 8, 9, 13, 17, 52, 128])
 def test_a_rows_output_is_the_same_bits_whatever_rows_share_the_call(layer: Q4KLinear, m: int) -> None:
-    x = torch.randn(m, K)
-    together = layer(x)
-    for i in range(m):
-        assert torch.equal(together[i], layer(x[i : i + 1])[0]), f"row {i} of {m}"
-    assert torch.equal(together[3:], layer(x[3:]))  # a row block starting elsewhere
+    assert_rows_independent(layer, torch.randn(m, K))
 
 
 @needs_kernel
 def test_the_packed_tensors_rebuild_the_layer_from_a_safetensors_file(
     layer: Q4KLinear, tmp_path: Path
 ) -> None:
-    save_file(layer.tensors, tmp_path / "layer.safetensors")
-    rebuilt = Q4KLinear(**load_file(tmp_path / "layer.safetensors"))
-    x = torch.randn(3, K)
-    assert (rebuilt.in_features, rebuilt.out_features) == (K, N)
-    assert torch.equal(rebuilt(x), layer(x))
+    assert (layer.in_features, layer.out_features) == (K, N)
+    assert_rebuilt_from_safetensors(layer, tmp_path)
 
 
 def test_a_cpu_without_the_instructions_is_named_once_in_the_log(
@@ -141,7 +151,7 @@ def test_a_kernel_that_does_not_compile_is_logged_and_reported_unavailable(
 ) -> None:
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(q4k, "_SOURCE", broken)
+    monkeypatch.setattr(q4k, "_SOURCES", (broken,))
     monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path / "cache"))
     with caplog.at_level(logging.WARNING, logger="marspec"):
         assert q4k._load_kernel() is False

@@ -21,6 +21,7 @@ import functools
 import logging
 import platform
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,7 +42,8 @@ TILE = 2 * HALF  # output columns the kernel computes together
 RECORD_BYTES = TILE * (SUPER_BLOCK // 2 + 2 * _SUBS + 2 * 4)  # a tile's super-block: 4.75 bits a weight
 _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
 
-_SOURCE = Path(__file__).with_name("kernels") / "q4k.cpp"
+# One library holds both operators (marspec_q4k, marspec_q6k): "the kernel is available" means both are.
+_SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4k.cpp", "q6k.cpp"))
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 # -fopenmp: at::parallel_for is a header template that runs on one thread without it; the library then
 # uses the OpenMP runtime torch has loaded (the same soname). -ffp-contract=off: the compiler fuses no
@@ -66,8 +68,9 @@ _LOADING = threading.Lock()  # one build and load per process, whichever threads
 
 
 def q4k_kernel_available() -> bool:
-    """Whether ``torch.ops.marspec_q4k.linear`` can run here: an x86-64 Linux CPU with AVX-512 F, BW and
-    VNNI, and the operator built (once, into marspec's cache) and loaded. Decided once per process; the
+    """Whether ``torch.ops.marspec_q4k.linear`` and ``torch.ops.marspec_q6k.linear`` (:mod:`.q6k`) can run
+    here: an x86-64 Linux CPU with AVX-512 F, BW and VNNI, and the operators built (once, into marspec's
+    cache, one library) and loaded. Decided once per process; the
     reason it cannot is logged then."""
     with _LOADING:
         return _kernel_loaded()
@@ -96,7 +99,7 @@ def _load_kernel() -> bool:
     from marspec.backends.kernels.build import load_library
 
     try:
-        load_library("marspec_q4k", _SOURCE, _COMPILE_FLAGS)
+        load_library("marspec_kernels", _SOURCES, _COMPILE_FLAGS)
     except Exception as exc:  # a missing compiler or ninja, a compile or load error: run without it
         log.warning(
             "marspec: the Q4_K kernel could not be built (%s); the CPU engine is int8 instead (slower): "
@@ -179,31 +182,43 @@ def q4k_blocks(weight: torch.Tensor) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def _pack(raw: np.ndarray) -> torch.Tensor:
-    """The kernel's blocks for raw Q4_K bytes [N, K / 256 * 144]: uint8 [ceil(N / 32), K / 256, 4864],
-    the last tile's missing columns zero (layout: kernels/q4k.cpp)."""
+def packed_tiles(
+    raw: np.ndarray, block_bytes: int, record_bytes: int, pack: Callable[[np.ndarray], np.ndarray]
+) -> torch.Tensor:
+    """A kernel's blocks for raw GGUF rows [N, K / 256 * block_bytes]: uint8 [ceil(N / 32), K / 256,
+    record_bytes], a chunk of rows at a time (bounding the repacking's memory), each chunk padded with
+    zero rows to whole tiles of 32 and given to ``pack`` ([32 * T, ...] -> [T, K / 256, record_bytes])."""
     rows = raw.shape[0]
-    supers = raw.shape[1] // BLOCK_BYTES
-    tiles = -(-rows // TILE)
-    blocks = np.empty((tiles, supers, RECORD_BYTES), dtype=np.uint8)
+    supers = raw.shape[1] // block_bytes
+    blocks = np.empty((-(-rows // TILE), supers, record_bytes), dtype=np.uint8)
     for start in range(0, rows, _ROWS_PER_CHUNK):
         chunk = raw[start : start + _ROWS_PER_CHUNK]
         padded = -(-chunk.shape[0] // TILE) * TILE
         if padded != chunk.shape[0]:
             chunk = np.concatenate([chunk, np.zeros((padded - chunk.shape[0], chunk.shape[1]), np.uint8)])
-        f = q4k_fields(chunk)
-        count = padded // TILE
-        # Codes [tile, half, column, super, sub, chunk of 8, 4 apart, 4]: a byte holds weights 4 apart.
-        q = f.q.reshape(count, 2, HALF, supers, _SUBS, 4, 2, 4)
-        codes = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, half, column, super, sub, chunk, 4]
-        codes = codes.transpose(0, 3, 1, 4, 5, 2, 6).reshape(count, supers, -1)
-        scales = np.concatenate([f.sc, f.m], axis=-1).reshape(count, 2, HALF, supers, 2 * _SUBS)
-        scales = scales.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1)
-        d = np.stack([f.d, f.dmin], axis=-1).astype("<f4").reshape(count, 2, HALF, supers, 2)
-        d = d.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1).view(np.uint8)
-        first = start // TILE
-        blocks[first : first + count] = np.concatenate([codes, scales, d], axis=-1)
+        blocks[start // TILE : (start + padded) // TILE] = pack(chunk)
     return torch.from_numpy(blocks)
+
+
+def _pack(raw: np.ndarray) -> torch.Tensor:
+    """The kernel's blocks for raw Q4_K bytes [N, K / 256 * 144]: uint8 [ceil(N / 32), K / 256, 4864],
+    the last tile's missing columns zero (layout: kernels/q4k.cpp)."""
+    return packed_tiles(raw, BLOCK_BYTES, RECORD_BYTES, _pack_tiles)
+
+
+def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
+    """Whole tiles of raw Q4_K rows [32 * T, K / 256 * 144] as the kernel's records [T, K / 256, 4864]."""
+    f = q4k_fields(chunk)
+    count, supers = chunk.shape[0] // TILE, chunk.shape[1] // BLOCK_BYTES
+    # Codes [tile, half, column, super, sub, chunk of 8, 4 apart, 4]: a byte holds weights 4 apart.
+    q = f.q.reshape(count, 2, HALF, supers, _SUBS, 4, 2, 4)
+    codes = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, half, column, super, sub, chunk, 4]
+    codes = codes.transpose(0, 3, 1, 4, 5, 2, 6).reshape(count, supers, -1)
+    scales = np.concatenate([f.sc, f.m], axis=-1).reshape(count, 2, HALF, supers, 2 * _SUBS)
+    scales = scales.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1)
+    d = np.stack([f.d, f.dmin], axis=-1).astype("<f4").reshape(count, 2, HALF, supers, 2)
+    d = d.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1).view(np.uint8)
+    return np.concatenate([codes, scales, d], axis=-1)
 
 
 class Q4KLinear(torch.nn.Module):
@@ -281,10 +296,19 @@ class Q4KLinear(torch.nn.Module):
 def q4k_reference(x: torch.Tensor, raw: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
     """What :class:`Q4KLinear` computes, in float64 with torch: each row of ``x`` [..., K] quantised to
     int8 as the kernel does, times the dequantised weights, times the row's scale; [..., N] float64."""
+    return quantised_rows_product(x, dequantize_q4k(raw), bias)
+
+
+def quantised_rows_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x`` [..., K] times ``weight`` [N, K] (+ ``bias``) in float64, each row of ``x`` first quantised to
+    int8 by its own scale as the kernels (and :class:`~marspec.backends.int8.RowwiseInt8Linear`) do:
+    the kernels' references; [..., N] float64."""
     rows = x.reshape(-1, x.shape[-1]).float()
     peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(_PEAK_FLOOR)  # [M, 1]
     q = (rows * (127.0 / peak)).round()
-    y = (q.double() @ dequantize_q4k(raw).double().T) * (peak.double() / 127.0)
+    y = (q.double() @ weight.double().T) * (peak.double() / 127.0)
     if bias is not None:
         y = y + bias.double()
     return y.reshape(*x.shape[:-1], -1)

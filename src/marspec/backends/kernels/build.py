@@ -1,8 +1,9 @@
-"""Compile a C++ torch operator library once per source, torch and flags, and load it.
+"""Compile a C++ torch operator library once per set of sources, torch and flags, and load it.
 
-The library goes to ``cache_dir()/kernels/<name>-<key>.so``, ``key`` a hash of the source, the compile
-flags, torch's version and the Python version. Each build runs in a folder of its own and its library is
-renamed into place, so two processes building at once each finish with a complete file.
+The library goes to ``cache_dir()/kernels/<name>-<key>.so``, ``key`` a hash of the sources and the
+headers beside them (``*.h``, which they include), the compile flags, torch's version and the Python
+version. Each build runs in a folder of its own and its library is renamed into place, so two processes
+building at once each finish with a complete file.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ def kernels_dir() -> Path:
     return cache_dir() / "kernels"
 
 
-def library_path(name: str, source: Path, flags: Sequence[str]) -> Path:
-    """The cached library built from ``source`` with ``flags`` by this torch and Python."""
-    ident = b"\0".join(
-        [source.read_bytes(), " ".join(flags).encode(), torch.__version__.encode(), sys.version.encode()]
-    )
+def library_path(name: str, sources: Sequence[Path], flags: Sequence[str]) -> Path:
+    """The cached library built from ``sources`` with ``flags`` by this torch and Python."""
+    headers = sorted({header for source in sources for header in source.parent.glob("*.h")})
+    texts = [path.read_bytes() for path in [*sources, *headers]]
+    ident = b"\0".join([*texts, " ".join(flags).encode(), torch.__version__.encode(), sys.version.encode()])
     return kernels_dir() / f"{name}-{hashlib.sha256(ident).hexdigest()[:16]}.so"
 
 
@@ -77,10 +78,10 @@ def _first_error(output: str) -> str:
     return lines[0] if lines else "no output"
 
 
-def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
-    """Load the operators ``source`` registers, compiling it first (with ``flags``, which the linker gets
-    too) if no cached build exists. Raises whatever the compiler or loader raises."""
-    library = library_path(name, source, flags)
+def load_library(name: str, sources: Sequence[Path], flags: Sequence[str]) -> None:
+    """Load the operators ``sources`` register, compiling them first into one library (with ``flags``,
+    which the linker gets too) if no cached build exists. Raises whatever the compiler or loader raises."""
+    library = library_path(name, sources, flags)
     if library.is_file():
         torch.ops.load_library(str(library))
         return
@@ -90,7 +91,7 @@ def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
         try:
             cpp_extension.load(
                 name=name,
-                sources=[str(source)],
+                sources=[str(source) for source in sources],
                 extra_cflags=list(flags),
                 extra_ldflags=list(flags),
                 build_directory=build,
@@ -98,6 +99,7 @@ def load_library(name: str, source: Path, flags: Sequence[str]) -> None:
                 verbose=False,
             )
         except (RuntimeError, OSError) as exc:
-            raise RuntimeError(f"building {source.name} failed: {_first_error(str(exc))}") from exc
+            names = ", ".join(source.name for source in sources)
+            raise RuntimeError(f"building {names} failed: {_first_error(str(exc))}") from exc
         # Loaded from the build folder already; the same file, renamed, is what later processes load.
         os.replace(Path(build) / f"{name}.so", library)

@@ -20,24 +20,25 @@
 //   d      2 x 128 bytes: float32 (little-endian) d [16], then dmin [16].
 // A weight is d * sc * q - dmin * m (ggml's Q4_K). 4.75 bits a weight.
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <algorithm>
+#include "tiled_linear.h"
+
 #include <array>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <utility>
-#include <vector>
 
 namespace {
 
+using marspec_kernels::broadcast4;
+using marspec_kernels::QuantisedRows;
+
 constexpr int64_t kHalf = 16;             // output columns in a zmm's lanes
 constexpr int64_t kTile = 2 * kHalf;      // output columns per tile: two halves share each broadcast
+static_assert(kTile == marspec_kernels::kTileColumns, "the tiles tiled_linear runs");
 constexpr int64_t kSuper = 256;           // weights per super-block
 constexpr int64_t kGroup = 32;            // weights per sub-block
 constexpr int64_t kGroups = kSuper / kGroup;
@@ -45,53 +46,9 @@ constexpr int64_t kCodeBytes = kSuper * kHalf / 2;   // a half's codes in a reco
 constexpr int64_t kScaleBytes = 2 * kGroups * kHalf; // a half's sc and m
 constexpr int64_t kDBytes = 2 * kHalf * 4;           // a half's d and dmin
 constexpr int64_t kRecord = 2 * (kCodeBytes + kScaleBytes + kDBytes);
-// Records ahead of the one unpacked whose bytes are requested from memory: the hardware prefetcher
-// alone left a thread reading well below the memory's bandwidth. Past the tensor's end a prefetch
-// does not fault.
-constexpr int64_t kAhead = 1;
 // Rows whose int32 sums stay in registers: 4 per row of the 32 vector registers, and a few more.
 constexpr int64_t kRowBlock = 6;
 constexpr int64_t kBlocksFromRecord = 3;
-// Largest magnitude floor: an all-zero row gets a finite scale and quantises to zeros.
-constexpr float kPeakFloor = 1e-30f;
-
-struct QuantisedRows {
-  std::vector<int8_t> q;      // [M, K]
-  std::vector<int16_t> sums;  // [M, K / 32]: each sub-block's sum of q (for the mins), |sum| <= 32 * 127
-  std::vector<float> scale;   // [M]: peak / 127
-};
-
-// Each row (k_in values, a multiple of 32) on [-127, 127] by its own scale, rounded to nearest (ties
-// to even), in rows of k >= k_in values whose tail is zeros (the weights' padding meets zeros).
-QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k_in, int64_t k) {
-  QuantisedRows out;
-  out.q.resize(m_rows * k);  // zeros
-  out.sums.resize(m_rows * (k / kGroup));
-  out.scale.resize(m_rows);
-  for (int64_t m = 0; m < m_rows; ++m) {
-    const float* row = x + m * k_in;
-    __m512 peak_v = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k_in; i += 16) {
-      peak_v = _mm512_max_ps(peak_v, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
-    }
-    const float peak = std::max(_mm512_reduce_max_ps(peak_v), kPeakFloor);
-    // As torch computes 127.0 / peak (reciprocal, then product), so that torch code quantising a row
-    // (RowwiseInt8Linear, q4k_reference) gets the same int8 values.
-    const __m512 inv = _mm512_set1_ps((1.0f / peak) * 127.0f);
-    int8_t* q = out.q.data() + m * k;
-    int16_t* sums = out.sums.data() + m * (k / kGroup);
-    for (int64_t i = 0; i < k_in; i += kGroup) {
-      const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inv));
-      const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i + 16), inv));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(a));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + 16), _mm512_cvtsepi32_epi8(b));
-      sums[i / kGroup] = static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)));
-    }
-    out.scale[m] = peak / 127.0f;
-  }
-  return out;
-}
-
 // One half of a record, unpacked once and then read by every row.
 struct UnpackedHalf {
   alignas(64) uint8_t codes[kGroups][8][64];  // [sub-block][4-weight step][16 columns x 4 codes]
@@ -131,16 +88,6 @@ void unpack_scales(const uint8_t* record, int64_t half, UnpackedHalf& out) {
   }
   _mm512_store_ps(out.d, _mm512_loadu_ps(d));
   _mm512_store_ps(out.dmin, _mm512_loadu_ps(d + kHalf * 4));
-}
-
-inline void prefetch(const uint8_t* p, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
-}
-
-inline __m512i broadcast4(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
 }
 
 // R rows' sums over one record's first `used` sub-blocks (the rest are the padding of a row whose width
@@ -238,60 +185,20 @@ void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, i
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                   const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
-  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.size(2) == kRecord,
-              "blocks must be uint8 [ceil(N/32), K/256, ", kRecord, "]");
-  const int64_t tiles = blocks.size(0);
+  TORCH_CHECK(blocks.dim() == 3 && x.dim() == 2, "x must be [M, K], blocks [ceil(N/32), K/256, ", kRecord, "]");
   const int64_t supers = blocks.size(1);
   const int64_t k = supers * kSuper;
   const int64_t k_in = x.size(1);  // the layer's width: the weights' last super-block may be part padding
   TORCH_CHECK(k_in % kGroup == 0 && k_in > k - kSuper && k_in <= k, "x has ", k_in,
               " columns: a multiple of 32 in (", k - kSuper, ", ", k, "] for these weights");
   const int64_t last_used = (k_in - (k - kSuper)) / kGroup;  // sub-blocks of the last super-block that hold weights
-  TORCH_CHECK(out_features > (tiles - 1) * kTile && out_features <= tiles * kTile,
-              "out_features does not match the tiles");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features && bias->is_contiguous(),
-                "bias must be contiguous float32 [N]");
-  }
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor bc = blocks.contiguous();
-  const int64_t m_rows = xc.size(0);
-  at::Tensor y = at::empty({m_rows, out_features}, xc.options());
-  if (m_rows == 0) return y;
-
-  const QuantisedRows xq = quantise_rows(xc.data_ptr<float>(), m_rows, k_in, k);
-  const uint8_t* blocks_p = bc.data_ptr<uint8_t>();
-  const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
-  float* y_p = y.data_ptr<float>();
-
-  // Output-column tiles only: every row's sums run over all of K in one thread.
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    UnpackedHalf w[2];
-    std::vector<float> acc(m_rows * kTile);
-    for (int64_t t = begin; t < end; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t s = 0; s < supers; ++s) {
-        const uint8_t* record = blocks_p + (t * supers + s) * kRecord;
-        prefetch(record + kAhead * kRecord, kRecord);
-        all_rows(w, record, xq, m_rows, k, s, s + 1 < supers ? kGroups : last_used, acc.data());
-      }
-      for (int64_t c = 0; c < 2; ++c) {
-        const int64_t n0 = t * kTile + c * kHalf;
-        const int64_t width = std::clamp<int64_t>(out_features - n0, 0, kHalf);
-        const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-        const __m512 b = has_bias ? _mm512_maskz_loadu_ps(mask, bias_p + n0) : _mm512_setzero_ps();
-        for (int64_t m = 0; m < m_rows; ++m) {
-          const __m512 sx = _mm512_set1_ps(xq.scale[m]);
-          const __m512 a = _mm512_loadu_ps(acc.data() + m * kTile + c * kHalf);
-          const __m512 out = has_bias ? _mm512_fmadd_ps(a, sx, b) : _mm512_mul_ps(a, sx);
-          _mm512_mask_storeu_ps(y_p + m * out_features + n0, mask, out);
-        }
-      }
-    }
-  });
-  return y;
+  return marspec_kernels::tiled_linear<kGroup>(
+      x, k, blocks, kRecord, out_features, bias,
+      [&](const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
+        UnpackedHalf w[2];
+        const int64_t used = s + 1 < supers ? kGroups : last_used;
+        all_rows(w, record, xq, static_cast<int64_t>(xq.scale.size()), k, s, used, acc);
+      });
 }
 
 }  // namespace

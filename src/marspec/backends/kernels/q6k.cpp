@@ -1,0 +1,222 @@
+// marspec_q6k::linear: float32 activations x Q6_K weights, with AVX-512 VNNI.
+//
+// Each activation row is quantised to int8 with its own scale (peak / 127, tiled_linear.h, as q4k.cpp's
+// rows are), then multiplied by the weights' 6-bit codes q (0..63) exactly in int32
+// (_mm512_dpbusd_epi32: codes as the unsigned operand, activations as the signed one). Per 256-weight
+// super-block, sum_j sc_j * (q_j . x_j) - 32 * sum_j sc_j * sum(x_j) over its sixteen 16-weight
+// sub-blocks j (sc_j the signed int8 scales) is exact in int32 (|.| < 2^29); then y += d * float(that)
+// in float32, super-block after super-block, and finally y * row scale (+ bias). Nothing a row
+// computes depends on the other rows of the call, so its output is the same bits whatever else is in
+// the batch.
+//
+// Packed layout (built in marspec/backends/q6k.py from GGUF Q6_K blocks): blocks, uint8
+// [T, S, 6720] for T = ceil(N / 32) tiles of 32 output columns and S = K / 256 super-blocks. A tile's
+// records follow each other, so a thread reads one sequential stream. A record is the super-block of
+// two halves of 16 columns (the 16 lanes of a zmm), each field for half 0 then half 1:
+//   codes  2 x 3072 bytes: per sub-block j (16), 192 bytes: two 64-byte nibble vectors p (0, 1) whose
+//          byte 4*c + b holds the low 4 bits of column c's code for weight 16j + 8p + b in its low
+//          nibble and for 16j + 8p + 4 + b in its high nibble, then one 64-byte vector whose byte
+//          4*c + b holds the top 2 bits of the codes for weights 16j + 4i + b in its bits 2i, 2i + 1
+//          (i = 0..3); so a few ANDs and shifts give dpbusd's 4 consecutive weights of 16 columns;
+//   scales 2 x 256 bytes: the int8 sub-block scales sc [16][16];
+//   d      2 x 32 bytes: fp16 (little-endian) d [16].
+// A weight is d * sc * (q - 32) (ggml's Q6_K). 210 bytes a 256-weight column: the GGUF's own 6.5625
+// bits a weight.
+
+#include <ATen/core/Tensor.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include "tiled_linear.h"
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+namespace {
+
+using marspec_kernels::broadcast4;
+using marspec_kernels::QuantisedRows;
+
+constexpr int64_t kHalf = 16;          // output columns in a zmm's lanes
+constexpr int64_t kTile = 2 * kHalf;   // output columns per tile: two halves share each broadcast
+static_assert(kTile == marspec_kernels::kTileColumns, "the tiles tiled_linear runs");
+constexpr int64_t kSuper = 256;        // weights per super-block
+constexpr int64_t kGroup = 16;         // weights per sub-block (one scale)
+constexpr int64_t kGroups = kSuper / kGroup;
+constexpr int64_t kSteps = kGroup / 4;                // dpbusd steps of 4 weights in a sub-block
+constexpr int64_t kGroupCodeBytes = 3 * 64;           // a half's codes of one sub-block
+constexpr int64_t kCodeBytes = kGroups * kGroupCodeBytes;  // a half's codes in a record
+constexpr int64_t kScaleBytes = kGroups * kHalf;      // a half's sc
+constexpr int64_t kDBytes = kHalf * 2;                // a half's d (fp16)
+constexpr int64_t kRecord = 2 * (kCodeBytes + kScaleBytes + kDBytes);
+static_assert(kRecord == kTile * 210, "a record holds the GGUF's bytes of its 32 columns");
+constexpr int32_t kOffset = 32;  // a weight is sc * (q - 32)
+// Rows whose int32 sums stay in registers: 4 per row of the 32 vector registers, and a few more.
+constexpr int64_t kRowBlock = 6;
+// Blocks of rows that unpack the codes in registers themselves; more share them unpacked once into a
+// buffer.
+constexpr int64_t kBlocksFromRecord = 1;
+
+// One half of a record, unpacked once and then read by every row.
+struct UnpackedHalf {
+  alignas(64) uint8_t codes[kGroups][kSteps][64];  // [sub-block][4-weight step][16 columns x 4 codes]
+  alignas(64) int32_t sc[kGroups][kHalf];          // the sub-block scales
+  alignas(64) int32_t sc_pairs[kGroups / 2][kHalf];  // the scales of sub-blocks 2i, 2i + 1 as int16 pairs
+  alignas(64) float d[kHalf];
+};
+
+// Step i's codes (weights 4i..4i+3 of a sub-block) from the sub-block's nibble and top-bit vectors.
+template <int kStep>
+inline __m512i step_codes(const __m512i nibbles[2], __m512i top) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i bits45 = _mm512_set1_epi8(0x30);
+  const __m512i v = nibbles[kStep / 2];
+  const __m512i low = (kStep % 2 == 0) ? _mm512_and_si512(v, low4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  // The step's 2 bits moved to bits 4-5 of each byte (16-bit shifts: the masked bits are the byte's own).
+  __m512i high;
+  if constexpr (kStep == 0) high = _mm512_slli_epi16(top, 4);
+  else if constexpr (kStep == 1) high = _mm512_slli_epi16(top, 2);
+  else if constexpr (kStep == 2) high = top;
+  else high = _mm512_srli_epi16(top, 2);
+  return _mm512_ternarylogic_epi32(high, bits45, low, 0xEA);  // (high & bits45) | low
+}
+
+// A sub-block's codes, all 4 steps, read from the record.
+inline void group_codes(const uint8_t* group, __m512i out[kSteps]) {
+  const __m512i nibbles[2] = {_mm512_loadu_si512(group), _mm512_loadu_si512(group + 64)};
+  const __m512i top = _mm512_loadu_si512(group + 128);
+  out[0] = step_codes<0>(nibbles, top);
+  out[1] = step_codes<1>(nibbles, top);
+  out[2] = step_codes<2>(nibbles, top);
+  out[3] = step_codes<3>(nibbles, top);
+}
+
+void unpack_codes(const uint8_t* record, int64_t half, UnpackedHalf& out) {
+  const uint8_t* codes = record + half * kCodeBytes;
+  for (int64_t j = 0; j < kGroups; ++j) {
+    __m512i steps[kSteps];
+    group_codes(codes + j * kGroupCodeBytes, steps);
+    for (int64_t i = 0; i < kSteps; ++i) _mm512_store_si512(out.codes[j][i], steps[i]);
+  }
+}
+
+// A half's scales (as int32, and as int16 pairs for the offset's dpwssd) and d.
+void unpack_scales(const uint8_t* record, int64_t half, UnpackedHalf& out) {
+  const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
+  const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
+  const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+  __m512i sc[kGroups];
+  for (int64_t j = 0; j < kGroups; ++j) {
+    sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + j * kHalf)));
+    _mm512_store_si512(out.sc[j], sc[j]);
+  }
+  for (int64_t i = 0; i < kGroups / 2; ++i) {
+    const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[2 * i], low16), _mm512_slli_epi32(sc[2 * i + 1], 16));
+    _mm512_store_si512(out.sc_pairs[i], pair);
+  }
+  _mm512_store_ps(out.d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d))));
+}
+
+// R rows' sums over one record (both halves: each broadcast of activations serves the two), added to
+// their accumulators acc[r * 32 + column]: per row and column, the exact int32
+// sum_j sc_j * (q_j . x_j) - 32 * sum_j sc_j * sum(x_j), then one multiply-add by d. The codes come
+// unpacked from w (read by several blocks of rows), or straight from the record (unpacked in
+// registers). Each output column gets the same operations, the integer ones exact, in the same order
+// whatever R and the codes' source are.
+template <int R, bool kFromRecord>
+void rows_block(const UnpackedHalf* w, const uint8_t* record, const int8_t* xq, int64_t k, const int16_t* xsums,
+                int64_t groups, float* acc) {
+  __m512i scaled[R][2];
+  for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < kGroups; ++j) {
+    __m512i codes[2][kSteps];  // [half][step]
+    for (int c = 0; c < 2; ++c) {
+      if constexpr (kFromRecord) {
+        group_codes(record + c * kCodeBytes + j * kGroupCodeBytes, codes[c]);
+      } else {
+        for (int i = 0; i < kSteps; ++i) codes[c][i] = _mm512_load_si512(w[c].codes[j][i]);
+      }
+    }
+    __m512i s[R][2];
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
+    for (int i = 0; i < kSteps; ++i) {
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = broadcast4(xq + r * k + j * kGroup + i * 4);
+        s[r][0] = _mm512_dpbusd_epi32(s[r][0], codes[0][i], x);
+        s[r][1] = _mm512_dpbusd_epi32(s[r][1], codes[1][i], x);
+      }
+    }
+    for (int c = 0; c < 2; ++c) {
+      const __m512i sc = _mm512_load_si512(w[c].sc[j]);
+      for (int r = 0; r < R; ++r) scaled[r][c] = _mm512_add_epi32(scaled[r][c], _mm512_mullo_epi32(s[r][c], sc));
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    const __m512 d = _mm512_load_ps(w[c].d);
+    for (int r = 0; r < R; ++r) {
+      __m512i offset = _mm512_setzero_si512();
+      for (int64_t i = 0; i < kGroups / 2; ++i) {
+        offset = _mm512_dpwssd_epi32(offset, _mm512_load_si512(w[c].sc_pairs[i]),
+                                     broadcast4(xsums + r * groups + 2 * i));
+      }
+      const __m512i total = _mm512_sub_epi32(scaled[r][c], _mm512_mullo_epi32(offset, _mm512_set1_epi32(kOffset)));
+      float* a = acc + r * kTile + c * kHalf;
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), _mm512_loadu_ps(a)));
+    }
+  }
+}
+
+using RowsBlockFn = void (*)(const UnpackedHalf*, const uint8_t*, const int8_t*, int64_t, const int16_t*, int64_t,
+                             float*);
+
+template <bool kFromRecord, int... R>
+constexpr std::array<RowsBlockFn, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
+  return {nullptr, rows_block<R + 1, kFromRecord>...};
+}
+
+constexpr auto kFromRecordRows = rows_blocks<true>(std::make_integer_sequence<int, kRowBlock>{});
+constexpr auto kUnpackedRows = rows_blocks<false>(std::make_integer_sequence<int, kRowBlock>{});
+
+// Every row against one record (super-block s), in as few blocks as fit the registers, of sizes that
+// differ by one at most (13 rows: 5, 4, 4).
+void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, int64_t m_rows, int64_t k,
+              int64_t s, float* acc) {
+  const int64_t groups = k / kGroup;
+  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  unpack_scales(record, 0, w[0]);
+  unpack_scales(record, 1, w[1]);
+  const bool from_record = blocks <= kBlocksFromRecord;
+  if (!from_record) {
+    unpack_codes(record, 0, w[0]);
+    unpack_codes(record, 1, w[1]);
+  }
+  const RowsBlockFn* fns = from_record ? kFromRecordRows.data() : kUnpackedRows.data();
+  for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
+    const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
+    fns[rows](w, record, xq.q.data() + m0 * k + s * kSuper, k, xq.sums.data() + m0 * groups + s * kGroups, groups,
+              acc + m0 * kTile);
+    m0 += rows;
+  }
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
+                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(blocks.dim() == 3 && x.dim() == 2, "x must be [M, K], blocks [ceil(N/32), K/256, ", kRecord, "]");
+  const int64_t supers = blocks.size(1);
+  const int64_t k = supers * kSuper;
+  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, these weights ", k);
+  return marspec_kernels::tiled_linear<kGroup>(
+      x, k, blocks, kRecord, out_features, bias,
+      [&](const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
+        UnpackedHalf w[2];
+        all_rows(w, record, xq, static_cast<int64_t>(xq.scale.size()), k, s, acc);
+      });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(marspec_q6k, m) {
+  m.def("linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &linear);
+}

@@ -1,0 +1,146 @@
+// What the kernels (q4k.cpp, q6k.cpp) share: the operator's frame (tiled_linear), which checks the
+// arguments, quantises the activation rows to int8, runs the tiles of 32 output columns in parallel and
+// writes the output; the kernel adds each tile's sums.
+//
+// Each row is put on [-127, 127] by its own scale (peak / 127) and rounded to nearest (ties to even),
+// as torch code quantising a row does (RowwiseInt8Linear, the kernels' float64 references): the same
+// int8 values in every kernel.
+
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace marspec_kernels {
+
+// Largest magnitude floor: an all-zero row gets a finite scale and quantises to zeros.
+constexpr float kPeakFloor = 1e-30f;
+
+struct QuantisedRows {
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<int16_t> sums;  // [M, K / group]: each group's sum of q, |sum| <= group * 127
+  std::vector<float> scale;   // [M]: peak / 127
+};
+
+// Each row (k_in values, a multiple of kGroup) quantised, in rows of k >= k_in values whose tail is
+// zeros (the weights' padding meets zeros), with the sum of each kGroup values (16 or 32).
+template <int64_t kGroup>
+QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k_in, int64_t k) {
+  static_assert(kGroup % 16 == 0 && kGroup * 127 <= INT16_MAX, "a group is whole zmms and its sum an int16");
+  QuantisedRows out;
+  out.q.resize(m_rows * k);  // zeros
+  out.sums.resize(m_rows * (k / kGroup));
+  out.scale.resize(m_rows);
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* row = x + m * k_in;
+    __m512 peak_v = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k_in; i += 16) {
+      peak_v = _mm512_max_ps(peak_v, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
+    }
+    const float peak = std::max(_mm512_reduce_max_ps(peak_v), kPeakFloor);
+    // As torch computes 127.0 / peak: the reciprocal, then the product.
+    const __m512 inv = _mm512_set1_ps((1.0f / peak) * 127.0f);
+    int8_t* q = out.q.data() + m * k;
+    int16_t* sums = out.sums.data() + m * (k / kGroup);
+    for (int64_t i = 0; i < k_in; i += kGroup) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t j = i; j < i + kGroup; j += 16) {
+        const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_cvtsepi32_epi8(a));
+        sum = _mm512_add_epi32(sum, a);
+      }
+      sums[i / kGroup] = static_cast<int16_t>(_mm512_reduce_add_epi32(sum));
+    }
+    out.scale[m] = peak / 127.0f;
+  }
+  return out;
+}
+
+constexpr int64_t kTileColumns = 32;  // output columns a tile's sums hold: two zmms of 16
+
+// Output columns t*32 .. t*32+31 (those below n) of every row from a tile's float sums
+// acc[m * 32 + column]: acc * the row's scale (+ bias).
+inline void write_tile(const float* acc, const QuantisedRows& xq, int64_t m_rows, int64_t t, int64_t n,
+                       const float* bias, float* y) {
+  for (int64_t c = 0; c < 2; ++c) {
+    const int64_t n0 = t * kTileColumns + c * 16;
+    const int64_t width = std::clamp<int64_t>(n - n0, 0, 16);
+    const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const __m512 sx = _mm512_set1_ps(xq.scale[m]);
+      const __m512 a = _mm512_loadu_ps(acc + m * kTileColumns + c * 16);
+      const __m512 out = bias != nullptr ? _mm512_fmadd_ps(a, sx, b) : _mm512_mul_ps(a, sx);
+      _mm512_mask_storeu_ps(y + m * n + n0, mask, out);
+    }
+  }
+}
+
+// Requests `bytes` from p on into the cache (past a tensor's end a prefetch does not fault).
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
+// The 4 bytes at p in every 32-bit lane.
+inline __m512i broadcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// y = x @ W.T (+ bias) for float32 x [M, k_in] and weights packed in blocks [T, S, record_bytes] (T
+// tiles of 32 output columns, each a sequential stream of S records), N = out_features. x's rows are
+// quantised in rows of k values (k_in <= k; the caller checks k_in), with the sums of each kGroup;
+// then each tile, on a thread of its own (never split over K), gets its sums acc [M, 32] (zeros first)
+// from add_record(record, s, quantised rows, acc) for its records s = 0..S-1 in turn, and its output
+// from them. The next record is requested from memory while one is added: the hardware prefetcher
+// alone left a thread reading well below the memory's bandwidth.
+template <int64_t kGroup, class AddRecord>
+at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t record_bytes,
+                        int64_t out_features, const std::optional<at::Tensor>& bias, AddRecord add_record) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
+  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.size(2) == record_bytes,
+              "blocks must be uint8 [ceil(N/32), K/256, ", record_bytes, "]");
+  const int64_t tiles = blocks.size(0);
+  TORCH_CHECK(out_features > (tiles - 1) * kTileColumns && out_features <= tiles * kTileColumns,
+              "out_features does not match the tiles");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features && bias->is_contiguous(),
+                "bias must be contiguous float32 [N]");
+  }
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor bc = blocks.contiguous();
+  const int64_t m_rows = xc.size(0);
+  at::Tensor y = at::empty({m_rows, out_features}, xc.options());
+  if (m_rows == 0) return y;
+
+  const QuantisedRows xq = quantise_rows<kGroup>(xc.data_ptr<float>(), m_rows, xc.size(1), k);
+  const uint8_t* blocks_p = bc.data_ptr<uint8_t>();
+  const int64_t supers = blocks.size(1);
+  const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
+  float* y_p = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(m_rows * kTileColumns);
+    for (int64_t t = begin; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* record = blocks_p + (t * supers + s) * record_bytes;
+        prefetch(record + record_bytes, record_bytes);  // past the tensor's end a prefetch does not fault
+        add_record(record, s, xq, acc.data());
+      }
+      write_tile(acc.data(), xq, m_rows, t, out_features, bias_p, y_p);
+    }
+  });
+  return y;
+}
+
+}  // namespace marspec_kernels
