@@ -33,14 +33,14 @@ from marspec.backends.q4k import (
 from marspec.errors import MarspecError
 
 Q6K_BLOCK_BYTES = 210  # a super-block in the GGUF: ql[128], qh[64], scales[16] (int8), d (fp16)
-SUB_BLOCK = 16  # weights per scale
-_SUBS = SUPER_BLOCK // SUB_BLOCK
-RECORD_BYTES = TILE * Q6K_BLOCK_BYTES  # a tile's super-block (layout: kernels/q6k.cpp)
-_TOP_SHIFTS = np.array([0, 2, 4, 6], np.uint8)[:, None]  # a packed step's top 2 bits in a byte
+_SUB_BLOCK = 16  # weights per scale
+_SUBS = SUPER_BLOCK // _SUB_BLOCK
+_RECORD_BYTES = TILE * Q6K_BLOCK_BYTES  # a tile's super-block (layout: kernels/q6k.cpp)
+_TOP_SHIFTS = np.array([0, 2, 4, 6], np.uint8)[:, None]  # step i's top 2 bits to bits 2i, 2i + 1 of a byte
 _ROWS_PER_CHUNK = 4096  # rows dequantised at a time: bounds the temporaries' memory
 
 
-class Q6KFields(NamedTuple):
+class _Q6KFields(NamedTuple):
     """The decoded fields of Q6_K blocks for N rows of K weights."""
 
     d: np.ndarray  # float32 [N, K / 256]
@@ -48,7 +48,7 @@ class Q6KFields(NamedTuple):
     q: np.ndarray  # uint8 [N, K], 0..63
 
 
-def q6k_fields(raw: np.ndarray) -> Q6KFields:
+def _q6k_fields(raw: np.ndarray) -> _Q6KFields:
     """Decode raw Q6_K bytes (uint8 [N, K / 256 * 210], rows as in the GGUF file) into their fields."""
     rows, width = raw.shape
     if width % Q6K_BLOCK_BYTES:
@@ -64,7 +64,7 @@ def q6k_fields(raw: np.ndarray) -> Q6KFields:
     low = ql.reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
     high = qh.reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
     q = (low & 0x0F).reshape(rows, -1) | ((high & 0x03).reshape(rows, -1) << 4)
-    return Q6KFields(d, sc, q)
+    return _Q6KFields(d, sc, q)
 
 
 def dequantize_q6k(raw: np.ndarray, rows_per_chunk: int = _ROWS_PER_CHUNK) -> torch.Tensor:
@@ -74,9 +74,9 @@ def dequantize_q6k(raw: np.ndarray, rows_per_chunk: int = _ROWS_PER_CHUNK) -> to
     rows, width = raw.shape
     out = np.empty((rows, width // Q6K_BLOCK_BYTES * SUPER_BLOCK), dtype=np.float32)
     for start in range(0, rows, rows_per_chunk):
-        d, sc, q = q6k_fields(raw[start : start + rows_per_chunk])
+        d, sc, q = _q6k_fields(raw[start : start + rows_per_chunk])
         scale = (d[..., None] * sc.astype(np.float32))[..., None]  # [rows, S, 16, 1]
-        codes = (q.astype(np.int8) - np.int8(32)).reshape(*sc.shape, SUB_BLOCK).astype(np.float32)
+        codes = (q.astype(np.int8) - np.int8(32)).reshape(*sc.shape, _SUB_BLOCK).astype(np.float32)
         out[start : start + rows_per_chunk] = (scale * codes).reshape(q.shape)
     return torch.from_numpy(out)
 
@@ -84,15 +84,15 @@ def dequantize_q6k(raw: np.ndarray, rows_per_chunk: int = _ROWS_PER_CHUNK) -> to
 def _pack(raw: np.ndarray) -> torch.Tensor:
     """The kernel's blocks for raw Q6_K bytes [N, K / 256 * 210]: uint8 [ceil(N / 32), K / 256, 6720],
     the last tile's missing columns zero (layout: kernels/q6k.cpp)."""
-    return packed_tiles(raw, Q6K_BLOCK_BYTES, RECORD_BYTES, _pack_tiles)
+    return packed_tiles(raw, Q6K_BLOCK_BYTES, _RECORD_BYTES, _pack_tiles)
 
 
 def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
     """Whole tiles of raw Q6_K rows [32 * T, K / 256 * 210] as the kernel's records [T, K / 256, 6720]."""
-    f = q6k_fields(chunk)
+    f = _q6k_fields(chunk)
     count, supers = chunk.shape[0] // TILE, chunk.shape[1] // Q6K_BLOCK_BYTES
     # Codes [tile, half, column, super, sub, 16 weights].
-    q = f.q.reshape(count, 2, HALF, supers, _SUBS, SUB_BLOCK)
+    q = f.q.reshape(count, 2, HALF, supers, _SUBS, _SUB_BLOCK)
     # Nibbles [.., sub, vector p, 4 apart, 4]: a byte holds the low 4 bits of weights 8p + b, 8p + 4 + b.
     low = (q & 0x0F).reshape(count, 2, HALF, supers, _SUBS, 2, 2, 4)
     nibbles = low[..., 0, :] | (low[..., 1, :] << 4)  # [.., sub, p, 4]
