@@ -36,7 +36,7 @@ Q6K_BLOCK_BYTES = 210  # a super-block in the GGUF: ql[128], qh[64], scales[16] 
 _SUB_BLOCK = 16  # weights per scale
 _SUBS = SUPER_BLOCK // _SUB_BLOCK
 _RECORD_BYTES = TILE * Q6K_BLOCK_BYTES  # a tile's super-block (layout: kernels/q6k.cpp)
-_TOP_SHIFTS = np.array([0, 2, 4], np.uint8)[:, None]  # vector i holds bits 2i, 2i + 1 of step 3's code
+_TOP_SHIFTS = np.array([0, 2, 4, 6], np.uint8)[:, None]  # step i's top 2 bits to bits 2i, 2i + 1 of a byte
 _ROWS_PER_CHUNK = 4096  # rows dequantised at a time: bounds the temporaries' memory
 
 
@@ -91,10 +91,17 @@ def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
     """Whole tiles of raw Q6_K rows [32 * T, K / 256 * 210] as the kernel's records [T, K / 256, 6720]."""
     f = _q6k_fields(chunk)
     count, supers = chunk.shape[0] // TILE, chunk.shape[1] // Q6K_BLOCK_BYTES
-    # Codes [tile, half, column, super, sub, step of 4 weights, 4].
-    steps = f.q.reshape(count, 2, HALF, supers, _SUBS, _SUB_BLOCK // 4, 4)
-    # Vectors A, B, C [.., sub, vector, 4]: steps 0-2 in the low 6 bits, two bits of step 3 in the top.
-    codes = steps[..., :3, :] | (((steps[..., 3:, :] >> _TOP_SHIFTS) & 0x03) << 6)
+    # Codes [tile, half, column, super, sub, 16 weights].
+    q = f.q.reshape(count, 2, HALF, supers, _SUBS, _SUB_BLOCK)
+    # Nibbles [.., sub, vector p, 4 apart, 4]: a byte holds the low 4 bits of weights 8p + b, 8p + 4 + b.
+    low = (q & 0x0F).reshape(count, 2, HALF, supers, _SUBS, 2, 2, 4)
+    nibbles = low[..., 0, :] | (low[..., 1, :] << 4)  # [.., sub, p, 4]
+    # Top bits [.., sub, step i, 4]: a byte holds the top 2 bits of weights 4i + b in bits 2i, 2i + 1.
+    top = (q >> 4).reshape(count, 2, HALF, supers, _SUBS, 4, 4) << _TOP_SHIFTS
+    top = np.bitwise_or.reduce(top, axis=-2)  # [.., sub, 4]
+    # Per sub-block: vector p 0, vector p 1, the top bits; each 64 bytes, byte 4 * column + b.
+    vectors = np.concatenate([nibbles.reshape(count, 2, HALF, supers, _SUBS, 8), top], axis=-1)
+    codes = vectors.reshape(count, 2, HALF, supers, _SUBS, 3, 4)
     codes = codes.transpose(0, 3, 1, 4, 5, 2, 6).reshape(count, supers, -1)
     sc = f.sc.view(np.uint8).reshape(count, 2, HALF, supers, _SUBS)
     sc = sc.transpose(0, 3, 1, 4, 2).reshape(count, supers, -1)

@@ -13,10 +13,11 @@
 // [T, S, 6720] for T = ceil(N / 32) tiles of 32 output columns and S = K / 256 super-blocks. A tile's
 // records follow each other, so a thread reads one sequential stream. A record is the super-block of
 // two halves of 16 columns (the 16 lanes of a zmm), each field for half 0 then half 1:
-//   codes  2 x 3072 bytes: per sub-block j (16), 192 bytes: three 64-byte vectors A, B, C (i = 0, 1, 2)
-//          whose byte 4*c + b holds column c's 6-bit code for weight 16j + 4i + b in its low 6 bits and
-//          bits 2i, 2i + 1 of its code for weight 16j + 12 + b in its top 2; so an AND gives dpbusd's
-//          4 consecutive weights of 16 columns for steps 0-2, and 3 shifts, 2 selects and an AND step 3;
+//   codes  2 x 3072 bytes: per sub-block j (16), 192 bytes: two 64-byte nibble vectors p (0, 1) whose
+//          byte 4*c + b holds the low 4 bits of column c's code for weight 16j + 8p + b in its low
+//          nibble and for 16j + 8p + 4 + b in its high nibble, then one 64-byte vector whose byte
+//          4*c + b holds the top 2 bits of the codes for weights 16j + 4i + b in its bits 2i, 2i + 1
+//          (i = 0..3); so a few ANDs and shifts give dpbusd's 4 consecutive weights of 16 columns;
 //   scales 2 x 256 bytes: the int8 sub-block scales sc [16][16];
 //   d      2 x 32 bytes: fp16 (little-endian) d [16].
 // A weight is d * sc * (q - 32) (ggml's Q6_K). 210 bytes a 256-weight column: the GGUF's own 6.5625
@@ -66,22 +67,30 @@ struct UnpackedHalf {
   alignas(64) float d[kHalf];
 };
 
-// A sub-block's codes, all 4 steps, from its three vectors A, B, C: steps 0-2 are their low 6 bits,
-// step 3 the top 2 bits of each (16-bit shifts: each result's bits come from its own byte where kept).
-inline void group_codes(const uint8_t* group, __m512i out[kSteps]) {
-  const __m512i low6 = _mm512_set1_epi8(0x3F);
-  const __m512i low2 = _mm512_set1_epi8(0x03);
+// Step i's codes (weights 4i..4i+3 of a sub-block) from the sub-block's nibble and top-bit vectors.
+template <int kStep>
+inline __m512i step_codes(const __m512i nibbles[2], __m512i top) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i a = _mm512_loadu_si512(group);
-  const __m512i b = _mm512_loadu_si512(group + 64);
-  const __m512i c = _mm512_loadu_si512(group + 128);
-  out[0] = _mm512_and_si512(a, low6);
-  out[1] = _mm512_and_si512(b, low6);
-  out[2] = _mm512_and_si512(c, low6);
-  constexpr int kSelect = 0xE4;  // ternarylogic (x, y, mask): x where the mask's bits are set, else y
-  const __m512i bits03 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 6), _mm512_srli_epi16(b, 4), low2, kSelect);
-  const __m512i bits07 = _mm512_ternarylogic_epi32(bits03, _mm512_srli_epi16(c, 2), low4, kSelect);
-  out[3] = _mm512_and_si512(bits07, low6);
+  const __m512i bits45 = _mm512_set1_epi8(0x30);
+  const __m512i v = nibbles[kStep / 2];
+  const __m512i low = (kStep % 2 == 0) ? _mm512_and_si512(v, low4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  // The step's 2 bits moved to bits 4-5 of each byte (16-bit shifts: the masked bits are the byte's own).
+  __m512i high;
+  if constexpr (kStep == 0) high = _mm512_slli_epi16(top, 4);
+  else if constexpr (kStep == 1) high = _mm512_slli_epi16(top, 2);
+  else if constexpr (kStep == 2) high = top;
+  else high = _mm512_srli_epi16(top, 2);
+  return _mm512_ternarylogic_epi32(high, bits45, low, 0xEA);  // (high & bits45) | low
+}
+
+// A sub-block's codes, all 4 steps, read from the record.
+inline void group_codes(const uint8_t* group, __m512i out[kSteps]) {
+  const __m512i nibbles[2] = {_mm512_loadu_si512(group), _mm512_loadu_si512(group + 64)};
+  const __m512i top = _mm512_loadu_si512(group + 128);
+  out[0] = step_codes<0>(nibbles, top);
+  out[1] = step_codes<1>(nibbles, top);
+  out[2] = step_codes<2>(nibbles, top);
+  out[3] = step_codes<3>(nibbles, top);
 }
 
 void unpack_codes(const uint8_t* record, int64_t half, UnpackedHalf& out) {
