@@ -1,7 +1,7 @@
-"""The "q4k" CPU engine (:mod:`marspec.models.int8_store`'s second form): a GGUF's Q4_K layers keep their
-blocks for the Q4_K kernel (no second rounding), its other layers become int8 rows, and the model so
-built decodes exactly (strict == plain, MARS at theta 1 == strict, block == plain) as the default on a
-CPU that runs the kernel. The GGUF is a tiny Qwen2 written here with Q4_K and float tensors."""
+"""The "q4k" CPU engine (:mod:`marspec.models.int8_store`'s second form): a GGUF's Q4_K and Q6_K layers
+keep their blocks for the kernels (no second rounding), its other layers become int8 rows, and the model
+so built decodes exactly (strict == plain, MARS at theta 1 == strict, block == plain) as the default on a
+CPU that runs the kernels. The GGUF is a tiny Qwen2 written here with Q4_K, Q6_K and float tensors."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from marspec import precision
 from marspec.api import Decoder
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear
 from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks, q4k_kernel_available
+from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear, dequantize_q6k
 from marspec.models.cache import WEIGHTS_FILE
 from marspec.models.convert import resolve_model_dir
 from marspec.models.int8_store import int8_model_file
@@ -25,21 +26,22 @@ from marspec.precision import choose_precision
 needs_kernel = pytest.mark.skipif(not q4k_kernel_available(), reason="the Q4_K kernel does not run here")
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2
 HEAD_DIM = HIDDEN // HEADS
-# Written as Q4_K (rows of 256-weight super-blocks); the rest stay float32 in the GGUF, as Q6_K and
-# float layers do in a real Q4_K_M file.
-Q4K_TENSORS = (
-    "token_embd",
-    "blk.0.attn_q",
-    "blk.0.attn_k",
-    "blk.0.attn_output",
-    "blk.0.ffn_gate",
-    "blk.0.ffn_up",
-)
+# Written as Q4_K or Q6_K (rows of 256-weight super-blocks), as in a real Q4_K_M file; the rest stay
+# float32 in the GGUF.
+Q4K_TENSORS = ("token_embd", "blk.0.attn_q", "blk.0.attn_output", "blk.0.ffn_gate", "blk.0.ffn_up")
+Q6K_TENSORS = ("blk.0.attn_v", "blk.0.ffn_down")
+
+
+def random_q6k_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Valid Q6_K bytes [rows, cols / 256 * 210]: any code and scale bytes, a small finite fp16 d."""
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, Q6K_BLOCK_BYTES), dtype=np.uint8)
+    blocks[..., -2:] = rng.uniform(1e-4, 4e-4, size=(rows, cols // 256, 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
 
 
 def write_tiny_qwen2_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
-    """A 1-layer Qwen2 GGUF (hidden 256, tied embedding) with :data:`Q4K_TENSORS` in Q4_K; returns it and
-    the raw blocks written, by GGUF name."""
+    """A 1-layer Qwen2 GGUF (hidden 256, tied embedding) with :data:`Q4K_TENSORS` in Q4_K and
+    :data:`Q6K_TENSORS` in Q6_K; returns it and the raw blocks written, by GGUF name."""
     import gguf
 
     tokens = [*_byte_chars(), "he", "ll", "hell", "or", "<s>", "</s>"]
@@ -68,13 +70,14 @@ def write_tiny_qwen2_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, np
 
     def weight(name: str, rows: int, cols: int) -> None:
         values = (rng.standard_normal((rows, cols)) * 0.3).astype(np.float32)
-        if name in Q4K_TENSORS:
-            raw[name] = q4k_blocks(torch.from_numpy(values))
+        if name in Q4K_TENSORS or name in Q6K_TENSORS:
+            q4k = name in Q4K_TENSORS
+            raw[name] = q4k_blocks(torch.from_numpy(values)) if q4k else random_q6k_blocks(rng, rows, cols)
             writer.add_tensor(
                 f"{name}.weight",
                 raw[name],
                 raw_shape=raw[name].shape,
-                raw_dtype=gguf.GGMLQuantizationType.Q4_K,
+                raw_dtype=gguf.GGMLQuantizationType.Q4_K if q4k else gguf.GGMLQuantizationType.Q6_K,
             )
         else:
             writer.add_tensor(f"{name}.weight", values)
@@ -112,21 +115,15 @@ def tiny_qwen2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, di
 
 
 @needs_kernel
-def test_q4k_layers_keep_the_ggufs_blocks_and_the_others_are_int8(tiny_qwen2) -> None:
+def test_q4k_and_q6k_layers_keep_the_ggufs_blocks_and_the_others_are_int8(tiny_qwen2) -> None:
     known, raw = tiny_qwen2
     decoder = Decoder(known, None, target_quant="q4k", device="cpu")
     model = decoder.target.model
     layer = model.model.layers[0]
-    for module in (
-        layer.self_attn.q_proj,
-        layer.self_attn.k_proj,
-        layer.self_attn.o_proj,
-        layer.mlp.gate_proj,
-    ):
+    for module in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj):
         assert isinstance(module, Q4KLinear)
-    assert isinstance(layer.self_attn.v_proj, RowwiseInt8Linear) and isinstance(
-        layer.mlp.down_proj, RowwiseInt8Linear
-    )
+    assert isinstance(layer.self_attn.v_proj, Q6KLinear) and isinstance(layer.mlp.down_proj, Q6KLinear)
+    assert isinstance(layer.self_attn.k_proj, RowwiseInt8Linear)  # float in the GGUF
     assert isinstance(model.lm_head, Q4KLinear)  # tied: the embedding's own Q4_K blocks
     assert isinstance(model.get_input_embeddings(), Int8Embedding)
     folder = resolve_model_dir(known)
@@ -136,6 +133,9 @@ def test_q4k_layers_keep_the_ggufs_blocks_and_the_others_are_int8(tiny_qwen2) ->
     x = torch.randn(5, HIDDEN)
     exact = x @ dequantize_q4k(raw["blk.0.ffn_gate"]).T
     assert torch.allclose(layer.mlp.gate_proj(x), exact, rtol=0.0, atol=0.02 * exact.abs().max().item())
+    x = torch.randn(5, FFN)
+    exact = x @ dequantize_q6k(raw["blk.0.ffn_down"]).T
+    assert torch.allclose(layer.mlp.down_proj(x), exact, rtol=0.0, atol=0.02 * exact.abs().max().item())
 
 
 @needs_kernel
@@ -175,12 +175,13 @@ def test_the_default_for_a_gguf_is_q4k_where_the_kernel_runs_else_int8(monkeypat
 
 @needs_kernel
 def test_a_q4k_draft_runs_every_layer_on_the_kernel_and_leaves_strict_equal_to_plain(tiny_qwen2) -> None:
-    """The draft's form quantises the GGUF's finer layers to Q4_K too (widths of any size, padded)."""
+    """The draft's form quantises the GGUF's other layers (Q6_K, float) to Q4_K too (widths of any size,
+    padded)."""
     known, _ = tiny_qwen2
     decoder = Decoder(known, known, target_quant="int8", device="cpu")
     assert decoder.draft_weights == "q4k"
     draft = decoder.drafter.draft_model.model
-    assert not any(isinstance(m, (RowwiseInt8Linear, torch.nn.Linear)) for m in draft.modules())
+    assert not any(isinstance(m, (RowwiseInt8Linear, Q6KLinear, torch.nn.Linear)) for m in draft.modules())
     assert int8_model_file(resolve_model_dir(known), "q4k-draft").is_file()
     prompt = "hello world, hello hello world"
     plain = decoder.generate(prompt, rule="plain", max_new_tokens=24, chat=False)

@@ -255,11 +255,13 @@ class Decoder:
         threads: torch intra-op threads (default: torch's choice). This is ``torch.set_num_threads``,
             which is process-wide: it also changes the thread count of every other torch user in the
             process (and of Decoders created earlier), and stays set after this Decoder is gone.
-        draft_quant: ``"int4"`` (default) gives a draft loaded by name 4-bit weights in groups of 32 (the
-            cheapest one-token step on a CPU: the 0.5B Qwen's costs 0.3 of the int8 target's), ``"int8"``
-            int8 linear layers, ``"none"`` its own weights. CPU kernels: on another device the draft runs in
-            the target's dtype. A draft only proposes, so this never touches exactness. An EAGLE-3 head runs
-            in the target's dtype whatever this says.
+        draft_quant: ``"auto"`` (default): on a CPU ``"q4k"`` where the Q4_K kernel runs, else ``"int4"``;
+            elsewhere ``"none"`` (:func:`marspec.precision.choose_draft_quant`). ``"q4k"`` runs every linear
+            layer of a draft loaded by name on the Q4_K kernel (the cheapest one-token step on a CPU: the
+            0.5B Qwen's costs ~0.4 of the q4k target's), ``"int4"`` 4-bit weights in groups of 32 on
+            torch's kernel, ``"int8"`` int8 linear layers, ``"none"`` its own weights. CPU kernels: on
+            another device the draft runs in the target's dtype. A draft only proposes, so this never
+            touches exactness. An EAGLE-3 head runs in the target's dtype whatever this says.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
             (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
@@ -273,9 +275,13 @@ class Decoder:
             ``prepack`` are CPU kernel choices and apply on the CPU only. Only the CPU has been tested
             by this project (see the README).
         target_quant: ``"auto"`` (default, with ``dtype="auto"``): on a CPU with an int8 dot product, a
-            model that comes as a GGUF (a known name or a ``.gguf`` path) runs as ``"int8"``, built straight
+            model that comes as a GGUF (a known name or a ``.gguf`` path) runs as ``"q4k"`` where the Q4_K
+            kernel runs (x86-64 Linux, AVX-512 VNNI, a C++ compiler), else as ``"int8"``, built straight
             from the GGUF and stored in marspec's cache; anything else as ``"none"`` in fp32, with a hint
-            naming the int8 engine for a float checkpoint (:mod:`marspec.precision`). ``"int8"`` runs the
+            naming the fast engine for a float checkpoint (:mod:`marspec.precision`). ``"q4k"`` keeps the
+            GGUF's own Q4_K and Q6_K blocks for marspec's AVX-512 VNNI kernels (int8 activation rows, each
+            row's sums in one fixed order), its other layers in int8 rows as ``"int8"``: strict equals
+            plain decoding of that model. ``"int8"`` runs the
             target's linear layers, LM head and embedding in int8, one activation scale per token row
             (oneDNN, CPU only): a verification forward costs about one one-token step, and the model is a
             different one from the fp32 model (its answers can differ), while strict verification still

@@ -1,15 +1,15 @@
 """A converted folder's model for the CPU engines: written once from its GGUF (or its float32 weights) a
 tensor at a time, then loaded from that file in seconds.
 
-Three forms. ``"int8"`` (a target's ``target_quant="int8"``): every linear layer holds int8 weights
-and per-row float32 scales, as the int8 kernel takes them (:func:`~marspec.backends.int8.int8_rows`; a
-tied LM head's from the embedding's weight). ``"q4k"`` (``target_quant="q4k"``): a linear layer whose
-GGUF weights are Q4_K keeps those blocks, repacked for the Q4_K kernel
-(:class:`~marspec.backends.q4k.Q4KLinear`: the file's own 4-bit weights, no second rounding), and the
-GGUF's finer layers (Q6_K, Q8_0, float) are int8 rows as above; a float checkpoint's layers are
-quantised to Q4_K. ``"q4k-draft"`` (``draft_quant="q4k"``): every layer on the Q4_K kernel, the finer
-ones quantised to Q4_K too, since a draft only proposes and its step's cost is what counts. In every
-form the token embedding is int8 with a scale per group of channels
+Three forms. ``"int8"`` (a target's ``target_quant="int8"``): every linear layer holds int8 weights and
+per-row float32 scales, as the int8 kernel takes them (:func:`~marspec.backends.int8.int8_rows`; a tied
+LM head's from the embedding's weight). ``"q4k"`` (``target_quant="q4k"``): a linear layer whose GGUF
+weights are Q4_K or Q6_K keeps those blocks, repacked for the kernels
+(:class:`~marspec.backends.q4k.Q4KLinear`, :class:`~marspec.backends.q6k.Q6KLinear`: the file's own
+weights, no second rounding), and a GGUF's layers of other types (Q8_0, float) are int8 rows as above; a
+float checkpoint's layers are quantised to Q4_K. ``"q4k-draft"`` (``draft_quant="q4k"``): every layer on
+the Q4_K kernel, the finer ones quantised to Q4_K too, since a draft only proposes and its step's cost
+is what counts. In every form the token embedding is int8 with a scale per group of channels
 (:func:`~marspec.backends.int8.int8_groups`) and everything else (norms, biases) float32. Writing it
 reads one GGUF tensor at a time (dequantized where it is not kept,
 :func:`~marspec.models.gguf_weights.gguf_tensors_keeping`) and converts it at once, so neither disk nor
@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -45,9 +45,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("marspec")
 
 # Each form's file format, bumped when what the file holds changes: a file of another is written again.
-_FORMATS = {"int8": "2", "q4k": "q4k-1", "q4k-draft": "q4k-draft-1"}
+_FORMATS = {"int8": "2", "q4k": "q4k-2", "q4k-draft": "q4k-draft-1"}
 _INT8, _SCALE = "int8_weight", "weight_scale"
 _Q4K = "q4k_"  # the prefix of a Q4_K layer's tensors (Q4KLinear.tensors' names after it)
+
+
+class _BlockType(NamedTuple):
+    """A GGUF block type that the Q4_K forms keep: its layer class, its dequantiser and the prefix of
+    its layers' tensors in the file (the class's ``tensors`` names after it)."""
+
+    layer: type[torch.nn.Module]
+    dequantize: Callable[[np.ndarray], torch.Tensor]
+    prefix: str
+
+
+def _block_types() -> dict[object, _BlockType]:
+    """The block types kept, by GGUF type (imported on use: the kernels' modules are the q4k forms')."""
+    from gguf import GGMLQuantizationType
+
+    from marspec.backends.q4k import Q4KLinear, dequantize_q4k
+    from marspec.backends.q6k import Q6KLinear, dequantize_q6k
+
+    return {
+        GGMLQuantizationType.Q4_K: _BlockType(Q4KLinear, dequantize_q4k, _Q4K),
+        GGMLQuantizationType.Q6_K: _BlockType(Q6KLinear, dequantize_q6k, "q6k_"),
+    }
+
+
+def _kept_types(form: str) -> tuple[object, ...]:
+    """The GGUF block types ``form`` stores as they are: the target's form keeps Q4_K and Q6_K, the
+    draft's Q4_K (its other layers are quantised to Q4_K), the int8 form none."""
+    if form == "int8":
+        return ()
+    kept = tuple(_block_types())
+    return kept if form == "q4k" else kept[:1]
 
 
 def int8_model_file(folder: Path, form: str = "int8") -> Path:
@@ -109,13 +140,15 @@ def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
             model.set_submodule(name, RowwiseInt8Linear(int8, scale, bias))
             release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again
             continue
-        from marspec.backends.q4k import Q4KLinear
-
-        prefix = f"{name}.{_Q4K}"
-        held = {key[len(prefix) :]: tensors.pop(key) for key in [k for k in tensors if k.startswith(prefix)]}
-        if not held:
-            raise KeyError(f"{name}.{_INT8}")  # neither form stored for this layer
-        model.set_submodule(name, Q4KLinear(**held, bias=bias))
+        for block_type in _block_types().values():
+            prefix = f"{name}.{block_type.prefix}"
+            keys = [key for key in tensors if key.startswith(prefix)]
+            held = {key[len(prefix) :]: tensors.pop(key) for key in keys}
+            if held:
+                model.set_submodule(name, block_type.layer(**held, bias=bias))
+                break
+        else:
+            raise KeyError(f"{name}.{_INT8}")  # no form stored for this layer
     model.load_state_dict(tensors, strict=True, assign=True)
 
 
@@ -177,12 +210,9 @@ def _source_tensors(
     file: for the Q4_K forms a GGUF's Q4_K tensors come as their raw blocks with their type, everything
     else as a float32 array with the type None."""
     if gguf is not None:
-        from gguf import GGMLQuantizationType
-
         from marspec.models.gguf_weights import gguf_tensors_keeping
 
-        kept = () if form == "int8" else (GGMLQuantizationType.Q4_K,)
-        yield from gguf_tensors_keeping(gguf, config, kept)
+        yield from gguf_tensors_keeping(gguf, config, _kept_types(form))
         return
     from safetensors import safe_open
 
@@ -217,32 +247,31 @@ def _stored_tensors(
 
 
 def _float_weight(array: np.ndarray, qtype: object) -> torch.Tensor:
-    """A source array as a float32 tensor: raw Q4_K blocks dequantized, a float array as it is."""
+    """A source array as a float32 tensor: raw blocks dequantized, a float array as it is."""
     if qtype is not None:
-        from marspec.backends.q4k import dequantize_q4k
-
-        return dequantize_q4k(array)
+        return _block_types()[qtype].dequantize(array)
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def _layer_tensors(
     owner: str, array: np.ndarray, qtype: object, requantize: bool, weight: torch.Tensor | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """A linear layer's stored tensors: its Q4_K blocks repacked when ``array`` is raw Q4_K blocks; else,
-    from its float weight (``weight``, when the caller has it already), Q4_K blocks (``requantize``) or
-    int8 rows and scales."""
+    """A linear layer's stored tensors: its blocks repacked when ``array`` is raw blocks of a kept type;
+    else, from its float weight (``weight``, when the caller has it already), Q4_K blocks
+    (``requantize``) or int8 rows and scales."""
     from marspec.backends.q4k import Q4KLinear
 
-    if qtype is not None:  # raw Q4_K blocks: kept as they are
-        layer = Q4KLinear.from_gguf_blocks(array)
+    if qtype is not None:  # raw blocks: kept as they are
+        prefix = _block_types()[qtype].prefix
+        layer = _block_types()[qtype].layer.from_gguf_blocks(array)
     else:
         float_weight = weight if weight is not None else _float_weight(array, None)
         if not requantize:
             yield from _int8_tensors(owner, int8_rows(float_weight))
             return
-        layer = Q4KLinear.from_float(float_weight)
+        prefix, layer = _Q4K, Q4KLinear.from_float(float_weight)
     for key, tensor in layer.tensors.items():
-        yield f"{owner}.{_Q4K}{key}", tensor.numpy()
+        yield f"{owner}.{prefix}{key}", tensor.numpy()
 
 
 def _int8_tensors(
