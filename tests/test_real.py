@@ -16,6 +16,7 @@ from marspec import Decoder, MarspecError
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
 from marspec.backends.q4k import Q4KLinear, q4k_kernel_available
+from marspec.backends.q6k import Q6KLinear
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
 from marspec.models.int4_cache import int4_model_file, read_int4_model
@@ -344,8 +345,10 @@ def test_the_cpu_engines_keep_strict_mars_theta_one_and_block_equal_to_their_pla
     assert not list(gguf_only_cache.rglob(GGUF_FILE))  # released once the stored forms were written
     assert isinstance(decoder.drafter.draft_model.model.get_input_embeddings(), Int8Embedding)
     layers = list(decoder.target.model.modules())
-    assert any(isinstance(m, RowwiseInt8Linear) for m in layers)  # q4k: the GGUF's Q6_K layers
-    assert any(isinstance(m, Q4KLinear) for m in layers) == (engine == "q4k")
+    # q4k: the GGUF's Q4_K and Q6_K layers on their kernels (every linear layer of this GGUF is one or
+    # the other); int8: every one int8 rows.
+    kinds = {RowwiseInt8Linear} if engine == "int8" else {Q4KLinear, Q6KLinear}
+    assert {type(m) for m in layers if type(m) in (RowwiseInt8Linear, Q4KLinear, Q6KLinear)} == kinds
     assert isinstance(decoder.target.model.get_input_embeddings(), Int8Embedding)
     assert not any(type(m) is torch.nn.Linear for m in layers)
     plain = decoder.generate(PROMPTS[0], rule="plain", max_new_tokens=NEW_TOKENS)
