@@ -12,12 +12,13 @@ import pytest
 import torch
 from test_gguf_int4 import register_known
 from test_models import _byte_chars
+from test_q6k import random_blocks as random_q6k_blocks
 
 from marspec import precision
 from marspec.api import Decoder
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear
 from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks, q4k_kernel_available
-from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear, dequantize_q6k
+from marspec.backends.q6k import Q6KLinear, dequantize_q6k
 from marspec.models.cache import WEIGHTS_FILE
 from marspec.models.convert import resolve_model_dir
 from marspec.models.int8_store import int8_model_file
@@ -30,13 +31,6 @@ HEAD_DIM = HIDDEN // HEADS
 # float32 in the GGUF.
 Q4K_TENSORS = ("token_embd", "blk.0.attn_q", "blk.0.attn_output", "blk.0.ffn_gate", "blk.0.ffn_up")
 Q6K_TENSORS = ("blk.0.attn_v", "blk.0.ffn_down")
-
-
-def random_q6k_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """Valid Q6_K bytes [rows, cols / 256 * 210]: any code and scale bytes, a small finite fp16 d."""
-    blocks = rng.integers(0, 256, size=(rows, cols // 256, Q6K_BLOCK_BYTES), dtype=np.uint8)
-    blocks[..., -2:] = rng.uniform(1e-4, 4e-4, size=(rows, cols // 256, 1)).astype(np.float16).view(np.uint8)
-    return blocks.reshape(rows, -1)
 
 
 def write_tiny_qwen2_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
@@ -72,7 +66,9 @@ def write_tiny_qwen2_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, np
         values = (rng.standard_normal((rows, cols)) * 0.3).astype(np.float32)
         if name in Q4K_TENSORS or name in Q6K_TENSORS:
             q4k = name in Q4K_TENSORS
-            raw[name] = q4k_blocks(torch.from_numpy(values)) if q4k else random_q6k_blocks(rng, rows, cols)
+            raw[name] = (
+                q4k_blocks(torch.from_numpy(values)) if q4k else random_q6k_blocks(rows, cols, seed=len(raw))
+            )
             writer.add_tensor(
                 f"{name}.weight",
                 raw[name],
