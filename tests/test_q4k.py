@@ -23,6 +23,7 @@ from marspec.backends.q4k import (
     q4k_kernel_available,
     q4k_reference,
 )
+from marspec.errors import MarspecError
 from marspec.models import DEFAULT_TARGET
 from marspec.models.cache import held_gguf, models_root
 from marspec.models.registry import MODELS, missing_requirements
@@ -94,15 +95,27 @@ def test_a_wider_layer_without_bias_computes_its_reference() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize(("width", "m"), [(896, 1), (896, 13), (300, 3), (32, 2)])
-def test_a_narrow_layer_skips_its_padding_and_gives_the_padded_calls_bits(width: int, m: int) -> None:
-    # The kernel reads rows of a multiple of 32 values and skips the weights' zero padding past them;
-    # the same call on rows padded with zeros to the blocks' width reads it all.
-    layer = Q4KLinear.from_float(torch.randn(70, width) * 0.1, torch.randn(70))
+@pytest.mark.parametrize(("width", "m"), [(896, 1), (896, 13), (300, 3), (32, 2), (288, 7)])
+def test_a_narrow_layer_stores_no_padding_and_gives_the_padded_layers_bits(width: int, m: int) -> None:
+    # A width that is not a multiple of 256 leaves the last super-block part empty: its record keeps
+    # only the sub-blocks that hold weights, and the layer computes what the same weights padded with
+    # zeros to whole super-blocks compute on inputs padded with zeros.
+    weight, bias = torch.randn(70, width) * 0.1, torch.randn(70)
+    layer = Q4KLinear.from_float(weight, bias)
+    padding = -width % 256
+    padded = Q4KLinear.from_gguf_blocks(q4k_blocks(torch.nn.functional.pad(weight, (0, padding))), bias)
     x = torch.randn(m, width)
-    padded = torch.nn.functional.pad(x, (0, layer.blocks.shape[1] * 256 - width))
-    whole = torch.ops.marspec_q4k.linear(padded, layer.blocks, layer.out_features, layer.bias)
-    assert torch.equal(layer(x), whole)
+    assert torch.equal(layer(x), padded(torch.nn.functional.pad(x, (0, padding))))
+    tiles = 3  # 70 output columns
+    assert layer.blocks.shape == (tiles, q4k.tile_bytes(-(-width // 32) * 32))
+    assert layer.blocks.numel() < padded.blocks.numel()
+
+
+def test_a_tiles_bytes_give_back_its_width() -> None:
+    for width in range(32, 2048 + 1, 32):
+        assert q4k.kernel_width(torch.empty(1, q4k.tile_bytes(width), dtype=torch.uint8)) == width
+    with pytest.raises(MarspecError, match="not whole tiles"):
+        q4k.kernel_width(torch.empty(1, q4k.tile_bytes(896) + 1, dtype=torch.uint8))
 
 
 def assert_rows_independent(layer: torch.nn.Module, x: torch.Tensor) -> None:

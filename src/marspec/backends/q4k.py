@@ -39,7 +39,9 @@ _SUBS = SUPER_BLOCK // SUB_BLOCK
 BLOCK_BYTES = 144  # a super-block in the GGUF: d, dmin (fp16), 12 bytes of scales, 128 of codes
 HALF = 16  # output columns in one zmm's lanes
 TILE = 2 * HALF  # output columns the kernel computes together
-RECORD_BYTES = TILE * (SUPER_BLOCK // 2 + 2 * _SUBS + 2 * 4)  # a tile's super-block: 4.75 bits a weight
+_SUB_CODE_BYTES = TILE * SUB_BLOCK // 2  # a record's codes of one sub-block (both halves)
+_RECORD_TAIL = TILE * (2 * _SUBS + 2 * 4)  # a record's scales, mins, d and dmin (both halves)
+RECORD_BYTES = _SUBS * _SUB_CODE_BYTES + _RECORD_TAIL  # a tile's super-block: 4.75 bits a weight
 _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
 
 # One library holds both operators (marspec_q4k, marspec_q6k): "the kernel is available" means both are.
@@ -200,10 +202,39 @@ def packed_tiles(
     return torch.from_numpy(blocks)
 
 
-def _pack(raw: np.ndarray) -> torch.Tensor:
-    """The kernel's blocks for raw Q4_K bytes [N, K / 256 * 144]: uint8 [ceil(N / 32), K / 256, 4864],
+def tile_bytes(width: int) -> int:
+    """The bytes of one tile of 32 output columns for a layer ``width`` wide (a multiple of 32): a record
+    per super-block, the last holding the codes of only the sub-blocks that hold weights."""
+    whole, used = divmod(width // SUB_BLOCK, _SUBS)
+    return whole * RECORD_BYTES + (used * _SUB_CODE_BYTES + _RECORD_TAIL if used else 0)
+
+
+def kernel_width(blocks: torch.Tensor) -> int:
+    """The width (a multiple of 32) whose tiles are ``blocks``' rows (:func:`tile_bytes` inverted)."""
+    whole, rest = divmod(blocks.shape[-1], RECORD_BYTES)
+    used, odd = divmod(rest - _RECORD_TAIL, _SUB_CODE_BYTES) if rest else (0, 0)
+    if blocks.dim() != 2 or odd or not 0 <= used < _SUBS:
+        raise MarspecError(
+            f"Q4_K blocks of shape {tuple(blocks.shape)} are not whole tiles; write them again"
+        )
+    return whole * SUPER_BLOCK + used * SUB_BLOCK
+
+
+def _pack(raw: np.ndarray, width: int | None = None) -> torch.Tensor:
+    """The kernel's blocks for raw Q4_K bytes [N, K / 256 * 144] of a layer ``width`` wide (K when None;
+    else a multiple of 32 the rows' padding past which is dropped): uint8 [ceil(N / 32), tile_bytes],
     the last tile's missing columns zero (layout: kernels/q4k.cpp)."""
-    return packed_tiles(raw, BLOCK_BYTES, RECORD_BYTES, _pack_tiles)
+    tiles = packed_tiles(raw, BLOCK_BYTES, RECORD_BYTES, _pack_tiles)  # [T, S, record]
+    width = tiles.shape[1] * SUPER_BLOCK if width is None else width
+    used = width % SUPER_BLOCK // SUB_BLOCK
+    if not used:
+        return tiles.reshape(tiles.shape[0], -1)
+    # The last record keeps the codes of its first `used` sub-blocks of each half, then its tail.
+    half = _SUBS * _SUB_CODE_BYTES // 2
+    kept = used * _SUB_CODE_BYTES // 2
+    last = tiles[:, -1]
+    parts = (tiles[:, :-1].reshape(tiles.shape[0], -1), last[:, :kept], last[:, half : half + kept])
+    return torch.cat([*parts, last[:, 2 * half :]], dim=1)
 
 
 def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
@@ -234,20 +265,21 @@ class Q4KLinear(torch.nn.Module):
         in_features: int | torch.Tensor | None = None,
     ) -> None:
         """From the packed weights (:attr:`tensors`; kept, not copied): ``blocks`` uint8
-        [ceil(N / 32), K / 256, 4864], ``out_features`` N (an int or an int64 tensor of one element),
-        an optional float bias [N], and ``in_features`` where the layer's input is narrower than the
-        blocks' K (a width that is not a multiple of 256: zero weights pad each row, and zeros the input).
-        The kernel is checked here, once, rather than in every forward."""
+        [ceil(N / 32), tile bytes] (:func:`tile_bytes` of the layer's width rounded up to 32),
+        ``out_features`` N (an int or an int64 tensor of one element), an optional float bias [N], and
+        ``in_features`` where the layer's input is narrower than that width (zero weights pad each row,
+        and zeros the input). The kernel is checked here, once, rather than in every forward."""
         if not q4k_kernel_available():
             raise MarspecError(Q4K_UNAVAILABLE)
         super().__init__()
         self.blocks = blocks.contiguous()
         self.out_features = int(out_features)
-        padded = blocks.shape[1] * SUPER_BLOCK
-        self.in_features = padded if in_features is None else int(in_features)
-        # The kernel reads rows whose width is a multiple of a sub-block (32) and skips the weights'
-        # padding past it; a narrower remainder is padded with zeros here.
-        self._pad = -self.in_features % SUB_BLOCK
+        width = kernel_width(self.blocks)
+        self.in_features = width if in_features is None else int(in_features)
+        # The kernel reads rows of a multiple of a sub-block (32); a narrower remainder is padded here.
+        self._pad = width - self.in_features
+        if not 0 <= self._pad < SUB_BLOCK:
+            raise MarspecError(f"Q4_K blocks {width} wide do not fit a layer {self.in_features} wide")
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     @classmethod
@@ -258,7 +290,7 @@ class Q4KLinear(torch.nn.Module):
     @classmethod
     def of(cls, linear: torch.nn.Linear) -> Q4KLinear:
         """The Q4_K form of a float ``linear`` (quantised by :func:`q4k_blocks`, a chunk of rows at a
-        time, each row padded with zeros to a multiple of 256 weights)."""
+        time, each row padded with zeros to a multiple of 256 weights, a padding the packed form drops)."""
         return cls.from_float(linear.weight.detach(), linear.bias)
 
     @classmethod
@@ -272,13 +304,15 @@ class Q4KLinear(torch.nn.Module):
         for start in range(0, weight.shape[0], rows_per_chunk):  # bounds the quantiser's float temporaries
             chunk = weight[start : start + rows_per_chunk].float()
             chunks.append(q4k_blocks(torch.nn.functional.pad(chunk, (0, pad)) if pad else chunk))
-        return cls(_pack(np.concatenate(chunks)), weight.shape[0], bias, in_features if pad else None)
+        width = -(-in_features // SUB_BLOCK) * SUB_BLOCK
+        layer_width = in_features if width != in_features else None
+        return cls(_pack(np.concatenate(chunks), width), weight.shape[0], bias, layer_width)
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """What the layer holds, by name: the constructor's arguments (``Q4KLinear(**layer.tensors)``)."""
         held = {"blocks": self.blocks, "out_features": torch.tensor([self.out_features], dtype=torch.int64)}
-        if self.in_features != self.blocks.shape[1] * SUPER_BLOCK:
+        if self._pad:
             held["in_features"] = torch.tensor([self.in_features], dtype=torch.int64)
         return held if self.bias is None else {**held, "bias": self.bias}
 

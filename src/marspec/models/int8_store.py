@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("marspec")
 
 # Each form's file format, bumped when what the file holds changes: a file of another is written again.
-_FORMATS = {"int8": "2", "q4k": "q4k-2", "q4k-draft": "q4k-draft-1"}
+_FORMATS = {"int8": "2", "q4k": "q4k-3", "q4k-draft": "q4k-draft-2"}
 _INT8, _SCALE = "int8_weight", "weight_scale"
 _Q4K = "q4k_"  # the prefix of a Q4_K layer's tensors (Q4KLinear.tensors' names after it)
 

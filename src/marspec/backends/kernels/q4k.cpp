@@ -9,16 +9,20 @@
 // is the same bits whatever else is in the batch (a verification forward scores each token as a
 // one-token step does).
 //
-// Packed layout (built in marspec/backends/q4k.py from GGUF Q4_K blocks): blocks, uint8
-// [T, S, 4864] for T = ceil(N / 32) tiles of 32 output columns and S = K / 256 super-blocks. A tile's
-// records follow each other, so a thread reads one sequential stream. A record is the super-block of
-// two halves of 16 columns (the 16 lanes of a zmm), each field for half 0 then half 1:
-//   codes  2 x 2048 bytes: per sub-block g (8) and 8-weight chunk c (4), 64 bytes: byte 4*j + b holds
-//          column j's code for weight 8*c + b in its low nibble and for 8*c + 4 + b in its high
+// Packed layout (built in marspec/backends/q4k.py from GGUF Q4_K blocks): blocks, uint8 [T, bytes] for
+// T = ceil(N / 32) tiles of 32 output columns of a layer K wide (a multiple of 32), each tile the
+// records of its S = ceil(K / 256) super-blocks one after the other, so a thread reads one sequential
+// stream. A record is the super-block of two halves of 16 columns (the 16 lanes of a zmm), each field
+// for half 0 then half 1:
+//   codes  2 x 256 bytes a sub-block: per sub-block g and 8-weight chunk c (4), 64 bytes: byte 4*j + b
+//          holds column j's code for weight 8*c + b in its low nibble and for 8*c + 4 + b in its high
 //          nibble (so one AND / one shift give dpbusd's 4 consecutive weights of 16 columns);
 //   scales 2 x 256 bytes: the 6-bit sub-block scales sc [8][16], then the mins m [8][16];
 //   d      2 x 128 bytes: float32 (little-endian) d [16], then dmin [16].
-// A weight is d * sc * q - dmin * m (ggml's Q4_K). 4.75 bits a weight.
+// A record holds the codes of the sub-blocks that hold weights: all 8 (4864 bytes), except in the last
+// super-block of a layer whose width is not a multiple of 256 (the draft's 896: 3.5 super-blocks), which
+// holds only its first K % 256 / 32, so no padding is stored or read. A weight is d * sc * q - dmin * m
+// (ggml's Q4_K). 4.75 bits a weight.
 
 #include <ATen/core/Tensor.h>
 #include <immintrin.h>
@@ -42,10 +46,12 @@ static_assert(kTile == marspec_kernels::kTileColumns, "the tiles tiled_linear ru
 constexpr int64_t kSuper = 256;           // weights per super-block
 constexpr int64_t kGroup = 32;            // weights per sub-block
 constexpr int64_t kGroups = kSuper / kGroup;
-constexpr int64_t kCodeBytes = kSuper * kHalf / 2;   // a half's codes in a record
-constexpr int64_t kScaleBytes = 2 * kGroups * kHalf; // a half's sc and m
-constexpr int64_t kDBytes = 2 * kHalf * 4;           // a half's d and dmin
-constexpr int64_t kRecord = 2 * (kCodeBytes + kScaleBytes + kDBytes);
+constexpr int64_t kGroupCodeBytes = kGroup * kHalf / 2;  // a half's codes of one sub-block
+constexpr int64_t kScaleBytes = 2 * kGroups * kHalf;      // a half's sc and m
+constexpr int64_t kDBytes = 2 * kHalf * 4;                // a half's d and dmin
+// A record whose first `used` sub-blocks hold weights.
+constexpr int64_t record_bytes(int64_t used) { return 2 * (used * kGroupCodeBytes + kScaleBytes + kDBytes); }
+constexpr int64_t kRecord = record_bytes(kGroups);
 // Rows whose int32 sums stay in registers: 4 per row of the 32 vector registers, and a few more.
 constexpr int64_t kRowBlock = 6;
 constexpr int64_t kBlocksFromRecord = 3;
@@ -58,11 +64,11 @@ struct UnpackedHalf {
   alignas(64) float dmin[kHalf];
 };
 
-// A half's 4-bit codes of its first `groups` sub-blocks, one byte each.
-void unpack_codes(const uint8_t* record, int64_t half, int64_t groups, UnpackedHalf& out) {
-  const uint8_t* codes = record + half * kCodeBytes;
+// A half's 4-bit codes of the record's `used` sub-blocks, one byte each.
+void unpack_codes(const uint8_t* record, int64_t half, int64_t used, UnpackedHalf& out) {
+  const uint8_t* codes = record + half * used * kGroupCodeBytes;
   const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g < used; ++g) {
     for (int64_t c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(codes + (g * 4 + c) * 64);
       _mm512_store_si512(out.codes[g][2 * c], _mm512_and_si512(v, low));
@@ -71,10 +77,10 @@ void unpack_codes(const uint8_t* record, int64_t half, int64_t groups, UnpackedH
   }
 }
 
-// A half's scales, mins, d and dmin.
-void unpack_scales(const uint8_t* record, int64_t half, UnpackedHalf& out) {
-  const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
-  const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
+// A half's scales, mins, d and dmin (after the codes of the record's `used` sub-blocks).
+void unpack_scales(const uint8_t* record, int64_t half, int64_t used, UnpackedHalf& out) {
+  const uint8_t* scales = record + 2 * used * kGroupCodeBytes + half * kScaleBytes;
+  const uint8_t* d = record + 2 * (used * kGroupCodeBytes + kScaleBytes) + half * kDBytes;
   for (int64_t g = 0; g < kGroups; ++g) {
     const auto* sc = reinterpret_cast<const __m128i*>(scales + g * kHalf);
     _mm512_store_si512(out.sc[g], _mm512_cvtepu8_epi32(_mm_loadu_si128(sc)));
@@ -90,9 +96,9 @@ void unpack_scales(const uint8_t* record, int64_t half, UnpackedHalf& out) {
   _mm512_store_ps(out.dmin, _mm512_loadu_ps(d + kHalf * 4));
 }
 
-// R rows' sums over one record's first `used` sub-blocks (the rest are the padding of a row whose width
-// is not a multiple of 256: zero weights against zero activations, skipped; their activation sums are
-// zero, so the mins' term needs no bound) (both halves: each broadcast of activations serves the two), added to
+// R rows' sums over one record's `used` sub-blocks (fewer than 8 only past the end of a row whose width
+// is not a multiple of 256: there the activations are zeros, so their sums are zero and the mins' term
+// needs no bound) (both halves: each broadcast of activations serves the two), added to
 // their accumulators acc[r * 32 + column]: per row and column, the exact int32 sums
 // sum_g sc_g * (q_g . x_g) and sum_g m_g * sum(x_g), then one multiply-add each by d and dmin. The
 // codes come unpacked from w (read by several blocks of rows), or, when the record has one block of
@@ -111,7 +117,7 @@ void rows_block(const UnpackedHalf* w, const uint8_t* record, const int8_t* xq, 
       __m512i codes[2][2];  // [half][nibble]
       for (int c = 0; c < 2; ++c) {
         if constexpr (kFromRecord) {
-          const __m512i v = _mm512_loadu_si512(record + c * kCodeBytes + (g * 4 + j / 2) * 64);
+          const __m512i v = _mm512_loadu_si512(record + c * used * kGroupCodeBytes + (g * 4 + j / 2) * 64);
           codes[c][0] = _mm512_and_si512(v, low);
           codes[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         } else {
@@ -167,8 +173,8 @@ void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, i
               int64_t s, int64_t used, float* acc) {
   const int64_t groups = k / kGroup;
   const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
-  unpack_scales(record, 0, w[0]);
-  unpack_scales(record, 1, w[1]);
+  unpack_scales(record, 0, used, w[0]);
+  unpack_scales(record, 1, used, w[1]);
   const bool from_record = blocks <= kBlocksFromRecord;
   if (!from_record) {
     unpack_codes(record, 0, used, w[0]);
@@ -185,15 +191,13 @@ void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, i
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                   const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(blocks.dim() == 3 && x.dim() == 2, "x must be [M, K], blocks [ceil(N/32), K/256, ", kRecord, "]");
-  const int64_t supers = blocks.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.size(1) % kGroup == 0, "x must be [M, K], K a multiple of 32");
+  const int64_t k_in = x.size(1);  // the layer's width: its last super-block may hold fewer sub-blocks
+  const int64_t supers = (k_in + kSuper - 1) / kSuper;
   const int64_t k = supers * kSuper;
-  const int64_t k_in = x.size(1);  // the layer's width: the weights' last super-block may be part padding
-  TORCH_CHECK(k_in % kGroup == 0 && k_in > k - kSuper && k_in <= k, "x has ", k_in,
-              " columns: a multiple of 32 in (", k - kSuper, ", ", k, "] for these weights");
-  const int64_t last_used = (k_in - (k - kSuper)) / kGroup;  // sub-blocks of the last super-block that hold weights
+  const int64_t last_used = (k_in - (k - kSuper)) / kGroup;  // sub-blocks in the last super-block
   return marspec_kernels::tiled_linear<kGroup>(
-      x, k, blocks, kRecord, out_features, bias,
+      x, k, blocks, supers, kRecord, record_bytes(last_used), out_features, bias,
       [&](const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
         UnpackedHalf w[2];
         const int64_t used = s + 1 < supers ? kGroups : last_used;

@@ -198,7 +198,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
   const int64_t k = supers * kSuper;
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, these weights ", k);
   return marspec_kernels::tiled_linear<kGroup>(
-      x, k, blocks, kRecord, out_features, bias,
+      x, k, blocks, supers, kRecord, kRecord, out_features, bias,
       [&](const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
         UnpackedHalf w[2];
         all_rows(w, record, xq, static_cast<int64_t>(xq.scale.size()), k, s, acc);

@@ -96,19 +96,23 @@ inline __m512i broadcast4(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// y = x @ W.T (+ bias) for float32 x [M, k_in] and weights packed in blocks [T, S, record_bytes] (T
-// tiles of 32 output columns, each a sequential stream of S records), N = out_features. x's rows are
-// quantised in rows of k values (k_in <= k; the caller checks k_in), with the sums of each kGroup;
-// then each tile, on a thread of its own (never split over K), gets its sums acc [M, 32] (zeros first)
-// from add_record(record, s, quantised rows, acc) for its records s = 0..S-1 in turn, and its output
-// from them. The next record is requested from memory while one is added: the hardware prefetcher
-// alone left a thread reading well below the memory's bandwidth.
+// y = x @ W.T (+ bias) for float32 x [M, k_in] and weights packed in blocks [T, ...] (T tiles of 32
+// output columns, each a sequential stream of S records: S - 1 of record_bytes, then the last of
+// last_record_bytes, which is shorter where the layer's width leaves the last super-block part empty),
+// N = out_features. x's rows are quantised in rows of k values (k_in <= k; the caller checks k_in), with
+// the sums of each kGroup; then each tile, on a thread of its own (never split over K), gets its sums
+// acc [M, 32] (zeros first) from add_record(record, s, quantised rows, acc) for its records s = 0..S-1
+// in turn, and its output from them. The next record is requested from memory while one is added: the
+// hardware prefetcher alone left a thread reading well below the memory's bandwidth.
 template <int64_t kGroup, class AddRecord>
-at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t record_bytes,
-                        int64_t out_features, const std::optional<at::Tensor>& bias, AddRecord add_record) {
+at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t supers,
+                        int64_t record_bytes, int64_t last_record_bytes, int64_t out_features,
+                        const std::optional<at::Tensor>& bias, AddRecord add_record) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
-  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.size(2) == record_bytes,
-              "blocks must be uint8 [ceil(N/32), K/256, ", record_bytes, "]");
+  const int64_t tile_bytes = (supers - 1) * record_bytes + last_record_bytes;
+  TORCH_CHECK(blocks.dim() >= 2 && blocks.scalar_type() == at::kByte && blocks.numel() == blocks.size(0) * tile_bytes,
+              "blocks must be uint8 [ceil(N/32), ...] of ", tile_bytes, " bytes a tile for ", supers,
+              " super-blocks");
   const int64_t tiles = blocks.size(0);
   TORCH_CHECK(out_features > (tiles - 1) * kTileColumns && out_features <= tiles * kTileColumns,
               "out_features does not match the tiles");
@@ -125,7 +129,6 @@ at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks
 
   const QuantisedRows xq = quantise_rows<kGroup>(xc.data_ptr<float>(), m_rows, xc.size(1), k);
   const uint8_t* blocks_p = bc.data_ptr<uint8_t>();
-  const int64_t supers = blocks.size(1);
   const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
   float* y_p = y.data_ptr<float>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
@@ -133,7 +136,7 @@ at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks
     for (int64_t t = begin; t < end; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
-        const uint8_t* record = blocks_p + (t * supers + s) * record_bytes;
+        const uint8_t* record = blocks_p + t * tile_bytes + s * record_bytes;
         prefetch(record + record_bytes, record_bytes);  // past the tensor's end a prefetch does not fault
         add_record(record, s, xq, acc.data());
       }
