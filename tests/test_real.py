@@ -13,8 +13,10 @@ import torch
 from test_gguf_int4 import assert_same_4bit_weights
 
 from marspec import Decoder, MarspecError
+from marspec.backends.hf import HFCausalLM, cache_keyword
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
+from marspec.backends.kv_cache import position_cache
 from marspec.backends.q4k import Q4KLinear, q4k_kernel_available
 from marspec.backends.q6k import Q6KLinear
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -364,6 +366,24 @@ def test_the_cpu_engines_keep_strict_mars_theta_one_and_block_equal_to_their_pla
     kept = decoder.generate(turn2, rule="strict", k=5, max_new_tokens=32)
     fresh = decoder.generate(turn2, rule="strict", k=5, max_new_tokens=32, reuse_prefix=False)
     assert kept.stats.reused_tokens > 0 and kept.token_ids == fresh.token_ids
+
+
+@pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
+def test_the_default_engines_models_run_the_direct_forward_with_transformers_bits(default_pair):
+    """Both models of the default CPU engine take the direct forward (marspec.backends.direct), and on
+    the real weights it gives transformers' forward's logits and cache bit for bit: a prompt's prefill,
+    a 13-token verification and a one-token step."""
+    for lm in (default_pair.target, default_pair.drafter.draft_model):
+        assert lm.direct is not None
+        direct = HFCausalLM(lm.model, lm.tokenizer, "direct")  # a cache of its own on the same model
+        cache = position_cache(lm.model.config)
+        ids = lm.tokenizer(PROMPTS[1], return_tensors="pt").input_ids[0]
+        with torch.inference_mode():
+            for chunk in (ids[:-14], ids[-14:-1], ids[-1:]):
+                out = lm.model(input_ids=chunk[None], **{cache_keyword(lm.model): cache}, use_cache=True)
+                assert torch.equal(direct.forward(chunk), out.logits[0].float()), (lm.name, len(chunk))
+        for ours, theirs in zip(direct.cache_layers, cache.layers, strict=True):
+            assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")

@@ -16,7 +16,9 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicLayer
 
+from marspec.backends.direct import Attend, DirectForward, direct_forward
 from marspec.backends.kv_cache import PositionLayer, position_cache
+from marspec.backends.row_attention import row_by_row_attention
 from marspec.backends.timing import ForwardTimer
 from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree, ForwardClock
@@ -69,6 +71,7 @@ class HFCausalLM:
         self.hidden_size: int = int(model.config.hidden_size)
         self.num_layers: int = int(model.config.num_hidden_layers)
         self._states = _HiddenStateRecorder(model)
+        self._direct: tuple[object, DirectForward | None] = (None, None)  # (attention it was made for, it)
 
     @property
     def cached_len(self) -> int:
@@ -146,6 +149,32 @@ class HFCausalLM:
         """Whether forwards also keep some layers' hidden states (:meth:`capture_hidden_states`)."""
         return bool(self._states.layers)
 
+    @property
+    def direct(self) -> DirectForward | None:
+        """The forward written out for this model (:mod:`marspec.backends.direct`) that every forward
+        takes, or None where transformers' forward runs: another architecture or attention, or hidden
+        states kept (transformers' layers note them)."""
+        if self.captures_hidden_states:
+            return None
+        # Made again when the model's attention changes (a quantiser switches it to row by row).
+        attention = getattr(self.model.config, "_attn_implementation", None)
+        if self._direct[0] != attention:
+            self._direct = (attention, direct_forward(self.model))
+        return self._direct[1]
+
+    def _attend_cached(self, mask: torch.Tensor | None = None) -> Attend:
+        """The direct forward's attention: each layer's new keys and values into this cache, each row
+        attended as transformers' call to the row-by-row function does (``mask`` for a token tree)."""
+        layers = self._cache.layers
+
+        def attend(
+            module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+        ) -> torch.Tensor:
+            keys, values = layers[module.layer_idx].update(key, value)
+            return row_by_row_attention(module, query, keys, values, mask, scaling=module.scaling)[0]
+
+        return attend
+
     def _new_cache(self) -> DynamicCache:
         config = self.model.config
         return position_cache(config) if self.position_cache else DynamicCache(config=config)
@@ -158,14 +187,19 @@ class HFCausalLM:
         need the LM head over the whole prompt: with V = 151,936 that head would dominate the cost).
         """
         start = self._timer.start()
-        out = self.model(
-            input_ids=tokens.unsqueeze(0),
-            **{self._cache_keyword: self._cache},
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-        )
+        direct = self.direct
+        if direct is not None:
+            positions = torch.arange(self._cached, self._cached + tokens.shape[0], device=tokens.device)
+            logits = direct(tokens, positions, self._attend_cached(), 1 if last_only else None)
+        else:
+            out = self.model(
+                input_ids=tokens.unsqueeze(0),
+                **{self._cache_keyword: self._cache},
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+            )
+            logits = out.logits[0].float()  # [n or 1, V]
         self.note_appended(tokens)
-        logits = out.logits[0].float()  # [n or 1, V]
         self._timer.stop(start)
         return logits
 
@@ -181,15 +215,20 @@ class HFCausalLM:
         cached = self._cached
         tokens = torch.cat((root, tree.tokens))  # [N+1]
         positions = cached + tree.position_offsets()  # [N+1]
-        out = self.model(
-            input_ids=tokens.unsqueeze(0),
-            attention_mask=tree.attention_mask(cached, self.dtype),
-            position_ids=positions.unsqueeze(0),
-            **{self._cache_keyword: self._cache},
-            use_cache=True,
-        )
+        mask = tree.attention_mask(cached, self.dtype)
+        direct = self.direct
+        if direct is not None:
+            logits = direct(tokens, positions, self._attend_cached(mask))
+        else:
+            out = self.model(
+                input_ids=tokens.unsqueeze(0),
+                attention_mask=mask,
+                position_ids=positions.unsqueeze(0),
+                **{self._cache_keyword: self._cache},
+                use_cache=True,
+            )
+            logits = out.logits[0].float()  # [N+1, V]
         self.note_appended(tokens)
-        logits = out.logits[0].float()  # [N+1, V]
         self._timer.stop(start)
         return logits
 

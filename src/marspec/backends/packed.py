@@ -94,21 +94,31 @@ def forward_packed(calls: Sequence[tuple[HFCausalLM, torch.Tensor, bool]]) -> li
         keep.append(torch.arange(end - 1 if last_only else start, end))
         start = end
     device = calls[0][1].device
+    packed = torch.cat([tokens for _, tokens, _ in calls])
+    rows = torch.cat(positions).to(device)
+    kept = torch.cat(keep).to(device)
+    packing = Packing(tuple(segments))
+    direct = calls[0][0].direct
     began = time.perf_counter()
     try:
-        out = model(
-            input_ids=torch.cat([tokens for _, tokens, _ in calls]).unsqueeze(0),
-            position_ids=torch.cat(positions).to(device).unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=torch.cat(keep).to(device),
-            **{PACKING_KEYWORD: Packing(tuple(segments))},
-        )
+        if direct is not None:
+            logits = direct(
+                packed, rows, lambda module, q, k, v: packing.attend(module, q, k, v, module.scaling), kept
+            )
+        else:
+            out = model(
+                input_ids=packed.unsqueeze(0),
+                position_ids=rows.unsqueeze(0),
+                use_cache=False,
+                logits_to_keep=kept,
+                **{PACKING_KEYWORD: packing},
+            )
+            logits = out.logits[0].float()  # [kept rows, V]
     except BaseException:
         for lm, _, _ in calls:  # layers the failed forward reached hold rows no length counts
             _crop_to(lm, lm.cached_len)
         raise
     elapsed = time.perf_counter() - began
-    logits = out.logits[0].float()  # [kept rows, V]
     results, row = [], 0
     for lm, tokens, last_only in calls:
         kept = 1 if last_only else int(tokens.shape[0])
