@@ -37,6 +37,7 @@ BASE_FLAGS = ["--target", MODEL, "--draft", "ngram", "--threads", "1", "--port",
 # Prompts where n-gram drafts hit SmolLM2's runner-up at near-ties, so MARS relaxes (found by experiment).
 LIST_PROMPT = "Repeat this list: apple, banana, cherry, apple, banana, cherry."
 EXPLAIN_PROMPT = "Explain what a list is in Python, briefly."
+RELAXING_PROMPT = "Copy this sentence exactly: Birds of a feather flock together."  # a close call early on
 # A prompt SmolLM2 continues for hundreds of tokens: a request that is still running when we act on it.
 LONG_BODY = {
     "model": MODEL,
@@ -279,8 +280,8 @@ def test_models_and_health(client: openai.OpenAI, http: httpx.Client) -> None:
 
 def test_metrics(client: openai.OpenAI, server: ServerProcess) -> None:
     before = metric(server.url, "marspec_accepted_draft_tokens_total", kind="relaxed")
-    paper = {"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}}  # relaxes on this prompt
-    client.chat.completions.create(model=MODEL, messages=chat(LIST_PROMPT), max_tokens=24, extra_body=paper)
+    paper = {"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}}
+    client.chat.completions.create(model=MODEL, messages=chat(RELAXING_PROMPT), max_tokens=24, extra_body=paper)
     samples = metric_samples(server.url)
     assert samples[("marspec_accepted_draft_tokens_total", (("kind", "relaxed"),))] > before
     chat_ok = (("endpoint", "/v1/chat/completions"), ("status", "200"))

@@ -44,8 +44,11 @@ _RECORD_TAIL = TILE * (2 * _SUBS + 2 * 4)  # a record's scales, mins, d and dmin
 RECORD_BYTES = _SUBS * _SUB_CODE_BYTES + _RECORD_TAIL  # a tile's super-block: 4.75 bits a weight
 _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
 
-# One library holds both operators (marspec_q4k, marspec_q6k): "the kernel is available" means both are.
-_SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4k.cpp", "q6k.cpp"))
+# One library holds the operators (marspec_q4k, marspec_q6k, marspec_attention): "the kernel is
+# available" means all are.
+_SOURCES = tuple(
+    Path(__file__).with_name("kernels") / name for name in ("q4k.cpp", "q6k.cpp", "attention.cpp")
+)
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 # -fopenmp: at::parallel_for is a header template that runs on one thread without it; the library then
 # uses the OpenMP runtime torch has loaded (the same soname). -ffp-contract=off: the compiler fuses no
