@@ -36,7 +36,9 @@ class HFCausalLM:
 
     The cache is written by position (:mod:`marspec.backends.kv_cache`): appends write in place and a
     rollback only sets a length. ``position_cache=False`` keeps transformers' ``DynamicCache``, which
-    copies the whole cache on every append (for comparisons).
+    copies the whole cache on every append (for comparisons). Models the direct forward takes
+    (:mod:`marspec.backends.direct`) run it unless :attr:`use_direct` is False (for comparisons; the
+    same bits either way).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class HFCausalLM:
         self.num_layers: int = int(model.config.num_hidden_layers)
         self._states = _HiddenStateRecorder(model)
         self._direct: tuple[object, DirectForward | None] = (None, None)  # (attention it was made for, it)
+        self.use_direct = True
 
     @property
     def cached_len(self) -> int:
@@ -152,9 +155,9 @@ class HFCausalLM:
     @property
     def direct(self) -> DirectForward | None:
         """The forward written out for this model (:mod:`marspec.backends.direct`) that every forward
-        takes, or None where transformers' forward runs: another architecture or attention, or hidden
-        states kept (transformers' layers note them)."""
-        if self.captures_hidden_states:
+        takes, or None where transformers' forward runs: another architecture or attention, hidden states
+        kept (transformers' layers note them), or :attr:`use_direct` off."""
+        if self.captures_hidden_states or not self.use_direct:
             return None
         # Made again when the model's attention changes (a quantiser switches it to row by row).
         attention = getattr(self.model.config, "_attn_implementation", None)
