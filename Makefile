@@ -247,7 +247,7 @@ NEWEST_PYTHON ?= $(call find_python,3.12)
 NEWEST_TESTS := tests/test_backends.py tests/test_kv_cache.py tests/test_models.py tests/test_hub.py \
 	tests/test_gguf_parse.py tests/test_gguf_int4.py tests/test_prefix_reuse.py tests/test_prepack.py \
 	tests/test_target_quant.py tests/test_int8_engine.py tests/test_q4k.py tests/test_q6k.py tests/test_q4k_store.py tests/test_threads.py \
-	tests/test_direct.py \
+	tests/test_direct.py tests/test_attention_kernel.py \
 	tests/test_batch.py tests/test_logprobs.py tests/test_decode.py \
 	tests/test_verify.py tests/test_tree.py tests/test_sampling_lossless.py tests/test_committed_runs.py \
 	tests/test_bench.py::test_tiny_bench_end_to_end_and_resume
