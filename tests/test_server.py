@@ -281,7 +281,9 @@ def test_models_and_health(client: openai.OpenAI, http: httpx.Client) -> None:
 def test_metrics(client: openai.OpenAI, server: ServerProcess) -> None:
     before = metric(server.url, "marspec_accepted_draft_tokens_total", kind="relaxed")
     paper = {"marspec": {"rule": "mars", "theta": 0.9, "margin": "logit_ratio"}}
-    client.chat.completions.create(model=MODEL, messages=chat(RELAXING_PROMPT), max_tokens=24, extra_body=paper)
+    client.chat.completions.create(
+        model=MODEL, messages=chat(RELAXING_PROMPT), max_tokens=24, extra_body=paper
+    )
     samples = metric_samples(server.url)
     assert samples[("marspec_accepted_draft_tokens_total", (("kind", "relaxed"),))] > before
     chat_ok = (("endpoint", "/v1/chat/completions"), ("status", "200"))

@@ -118,7 +118,8 @@ def test_a_stream_carries_the_logprobs_of_each_delta(http, path) -> None:
 
 
 def test_n_choices_with_a_seed_begin_with_the_single_answer(http) -> None:
-    body = text_body(temperature=1.0, seed=7, max_tokens=10)
+    # Hot enough that three seeds on the tiny model's peaked distributions do not all draw one text.
+    body = text_body(temperature=2.0, seed=7, max_tokens=10)
     single = ok(http, TEXT, body)
     three = ok(http, TEXT, {**body, "n": 3})
     openai.types.Completion.model_validate(three)

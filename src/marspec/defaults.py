@@ -14,9 +14,14 @@ import math
 # calibration of the pair.
 DEFAULT_RULE = "strict"
 
-# Most draft tokens per step; confidence-stopped drafts are usually shorter. With prepacked kernels a
-# 13-token verification costs about one step: k = 12 measured 3.52x against 3.13x for k = 8.
-DEFAULT_K = 12
+# Most draft tokens per step; confidence-stopped drafts are usually shorter. Chosen with the confidence
+# stop below on the default CPU engine (q4k target and draft), where a draft step costs ~0.45 of a target
+# step and a 13-token verification ~2 steps, so a draft token that will be rejected is dear: k = 8 with
+# stop 0.55 decoded 1.25x (strict) and 1.20x (MARS) as fast as k = 12 with stop 0.4, the best of 8
+# settings (benchmarks/draft_stop.py, prompts written there; docs/results.md, "Draft length and
+# confidence stop"). Beside the fp32 target, whose step the draft's barely dents, k = 12 had been
+# faster (3.52x against 3.13x for k = 8); GPUs were not measured with this setting.
+DEFAULT_K = 8
 # The most draft tokens a step may propose. Each step verifies k + 1 positions in one target forward and
 # reserves k + 1 slots of its buffers, so k bounds the work and memory one request can ask for (an
 # unbounded k let a server request reserve gigabytes). The measured optimum is 12 and a longer draft is
@@ -32,7 +37,7 @@ DEFAULT_DRAFT_QUANT = "auto"
 # that comes as a GGUF runs on the int8 engine; anything else keeps its float weights, in float32).
 DEFAULT_TARGET_QUANT = "auto"
 DEFAULT_DTYPE = "auto"
-DEFAULT_DRAFT_CONFIDENCE = 0.4
+DEFAULT_DRAFT_CONFIDENCE = 0.55  # see DEFAULT_K
 DEFAULT_LOOKUP = False  # measured: 3-gram lookups drafted worse than the model (tau 7.2-8.0 vs 8.7-9.0)
 DEFAULT_PREPACK = True  # measured: a 21-token target forward 1289 -> 424 ms, a 1-token one 395 -> 317 ms
 
