@@ -45,21 +45,22 @@ def bench_config(methods: str, **changes: Any) -> BenchConfig:
     return replace(config, **changes)
 
 
+# The tiny models' sizes, shared by every architecture the tests build (a layer count of their own).
+TINY_SIZES: dict[str, Any] = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
 def tiny_lm(seed: int, name: str = "tiny", layers: int = 2, **config_changes: Any) -> HFCausalLM:
     """A random 2-layer Qwen2 with a 97-token vocabulary, fp32, no tokenizer (loop tests use ids);
     ``config_changes`` override its Qwen2Config."""
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        **config_changes,
-    )
+    config = Qwen2Config(**TINY_SIZES, num_hidden_layers=layers, tie_word_embeddings=False, **config_changes)
     model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
     # Sharpen the random logits so greedy choices are not decided by float noise.
     model.lm_head.weight.mul_(20.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, tiny_lm
+from conftest import TINY_SIZES, tiny_lm
 from test_tree import TREE
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
@@ -15,16 +15,6 @@ from marspec.backends.hf import HFCausalLM
 from marspec.backends.packed import forward_packed
 from marspec.backends.quantize import quantize_target_int8, rowwise_int8_available
 from marspec.backends.row_attention import use_row_attention
-
-SIZES = dict(
-    vocab_size=TINY_VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
 
 
 def row_attention_model(kind: str, seed: int = 0) -> torch.nn.Module:
@@ -41,9 +31,11 @@ def row_attention_model(kind: str, seed: int = 0) -> torch.nn.Module:
             "original_max_position_embeddings": 64,
             "rope_theta": 10000.0,
         }
-        model = LlamaForCausalLM(LlamaConfig(**SIZES, rope_parameters=rope)).eval()
+        model = LlamaForCausalLM(LlamaConfig(**TINY_SIZES, num_hidden_layers=3, rope_parameters=rope)).eval()
     else:
-        model = MistralForCausalLM(MistralConfig(**SIZES, sliding_window=None)).eval()
+        model = MistralForCausalLM(
+            MistralConfig(**TINY_SIZES, num_hidden_layers=3, sliding_window=None)
+        ).eval()
     model.requires_grad_(False)
     use_row_attention(model)
     return model
