@@ -20,6 +20,7 @@ import torch
 from marspec.backends.fixed import FixedShapeLM
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.packed import rows_alone
+from marspec.backends.threads import hold_thread_count
 from marspec.batch.batcher import BatchClosed, Batcher
 from marspec.batch.slots import Slot, check_batchable, make_slot
 from marspec.defaults import MAX_K
@@ -166,17 +167,29 @@ class Scheduler:
             if self._direct:  # one at a time: the sequence runs here, in the thread that runs forwards
                 self._run(work, slot)
                 continue
-            thread = threading.Thread(target=self._member, args=(work, slot), name="marspec-seq", daemon=True)
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-            thread.start()
+            self._start_member(work, slot)
 
-    def _member(self, work: Work, slot: Slot) -> None:
-        """A sequence's thread. Its own torch work (verification, drafting decisions) is small, and runs
-        on one thread: every thread that opens OpenMP parallel regions keeps a team of worker threads of
-        its own, and once they outnumber the cores libgomp stops spinning between regions, which made the
-        dispatcher's forwards up to 2x slower (measured: docs/results.md, "Several users at once")."""
-        torch.set_num_threads(1)  # this thread's OpenMP setting (each thread keeps its own)
-        self._run(work, slot)
+    def _start_member(self, work: Work, slot: Slot) -> None:
+        """Run ``work`` in a thread of its own, on one torch thread: its torch work (verification,
+        drafting decisions) is small, and every thread that opens OpenMP parallel regions keeps a team of
+        worker threads of its own; once they outnumber the cores libgomp stops spinning between regions,
+        which made the dispatcher's forwards up to 2x slower (docs/results.md, "Several users at once").
+        Setting a count is also the process's default for threads yet to read theirs
+        (:mod:`marspec.backends.threads`), so the dispatcher's count is set back once the member holds its
+        own."""
+        dispatcher_threads = torch.get_num_threads()
+        holding = threading.Event()
+
+        def member() -> None:
+            hold_thread_count(1)
+            holding.set()
+            self._run(work, slot)
+
+        thread = threading.Thread(target=member, name="marspec-seq", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+        holding.wait()
+        torch.set_num_threads(dispatcher_threads)
 
     def _new_slot(self) -> Slot:
         if self._direct:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 
 from marspec.api import Decoder, GenerationOptions, GenerationStream, TokenLogprob
+from marspec.backends.threads import hold_thread_count
 from marspec.batch.batcher import BatchClosed
 from marspec.batch.scheduler import Scheduler
 from marspec.batch.slots import Slot
@@ -244,7 +245,7 @@ class Engine:
         scheduler = self._scheduler
         # This thread runs the forwards: it takes the thread count the process was given (--threads),
         # whatever the sequences' threads set for themselves (marspec.batch.scheduler).
-        torch.set_num_threads(self._torch_threads)
+        hold_thread_count(self._torch_threads)
         try:
             while True:
                 self._admit()
