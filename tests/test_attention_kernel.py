@@ -1,6 +1,7 @@
 """The row attention kernel (``marspec_attention::rows``, kernels/attention.cpp): each row against its own
 prefix computes softmax attention (float64 reference), the same bits whatever rows share the call, and
-row-by-row attention takes it for chains and token trees alike."""
+row-by-row attention takes it for chains and token trees alike; ``segments`` attends the rows of several
+sequences, each against its own cache, as ``rows`` would."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_row_by_row_attention_takes_the_kernel_for_chains_and_trees() -> None:
     torch.manual_seed(1)
     query, key, value = torch.randn(1, 4, 3, 32), torch.randn(1, 2, 9, 32), torch.randn(1, 2, 9, 32)
     module = torch.nn.Module()
-    assert row_attention._kernel_takes(query)
+    assert row_attention.kernel_takes(query)
     chain, _ = row_by_row_attention(module, query, key, value, None)  # rows see 7, 8, 9 positions
     assert chain.shape == (1, 3, 4, 32)
     expected = reference(query[0], key[0], value[0], [7, 8, 9], 32**-0.5)
@@ -88,9 +89,35 @@ def test_row_by_row_attention_takes_the_kernel_for_chains_and_trees() -> None:
     assert torch.equal(tree[0, 2], alone[0, 0])
 
 
+@needs_kernel
+def test_packed_sequences_rows_are_each_their_own_sequences_rows() -> None:
+    """``marspec_attention::segments``: rows of several sequences in one call, each against its own
+    sequence's cache (its own buffer, length and strides), the same bits as a call of its own."""
+    torch.manual_seed(2)
+    heads, kv_heads, d = 12, 2, 128
+    lengths, rows = [40, 7, 90], [3, 1, 5]  # each sequence's cached positions and new rows
+    caches = [torch.randn(2, kv_heads, n + 16, d) for n in lengths]  # buffers longer than their use
+    keys = [c[0, :, :n] for c, n in zip(caches, lengths, strict=True)]
+    values = [c[1, :, :n] for c, n in zip(caches, lengths, strict=True)]
+    query = torch.randn(heads, sum(rows), d)
+    visible = [n - r + i + 1 for n, r in zip(lengths, rows, strict=True) for i in range(r)]
+    starts = torch.tensor([0, 3, 4, 9])
+    out = torch.ops.marspec_attention.segments(query, keys, values, starts, torch.tensor(visible), d**-0.5)
+    assert out.shape == (9, heads, d)
+    for s in range(3):
+        a, b = int(starts[s]), int(starts[s + 1])
+        alone = torch.ops.marspec_attention.rows(
+            query[:, a:b], keys[s], values[s], torch.tensor(visible[a:b]), d**-0.5
+        )
+        assert torch.equal(out[a:b], alone), s
+    with pytest.raises(RuntimeError, match="sees 91 positions of 90"):
+        bad = torch.tensor([*visible[:-1], 91])
+        torch.ops.marspec_attention.segments(query, keys, values, starts, bad, d**-0.5)
+
+
 def test_heads_the_kernel_does_not_take_are_attended_by_sdpa() -> None:
     query, key, value = torch.randn(1, 2, 2, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
-    assert not row_attention._kernel_takes(query)  # 8 wide
+    assert not row_attention.kernel_takes(query)  # 8 wide
     out, _ = row_by_row_attention(torch.nn.Module(), query, key, value, None)
     expected = reference(query[0], key[0], value[0], [4, 5], 8**-0.5)
     torch.testing.assert_close(out[0].double(), expected, rtol=1e-5, atol=1e-5)

@@ -24,7 +24,7 @@ import torch
 
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.kv_cache import PositionLayer
-from marspec.backends.row_attention import PACKING_KEYWORD, ROW_ATTENTION, row_by_row_attention
+from marspec.backends.row_attention import PACKING_KEYWORD, ROW_ATTENTION, kernel_takes, row_by_row_attention
 
 
 def rows_alone(lm: HFCausalLM) -> bool:
@@ -55,6 +55,8 @@ class Packing:
     attention function (transformers hands keyword arguments down to it), which calls :meth:`attend`."""
 
     segments: tuple[Segment, ...]
+    starts: torch.Tensor  # long[S + 1]: where each sequence's rows start, then the rows' count
+    visible: torch.Tensor  # long[rows]: the positions each row sees (its own position + 1)
 
     def attend(
         self,
@@ -67,15 +69,23 @@ class Packing:
         """Append each segment's keys and values to its own cache's layer and attend its rows against
         that cache, as the sequence's own forward would; returns [1, T, H, D]."""
         layer_index = module.layer_idx
-        outputs = []
-        for seg in self.segments:
-            layer = seg.lm.cache_layers[layer_index]
-            keys, values = layer.update(key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end])
-            rows, _ = row_by_row_attention(
-                module, query[:, :, seg.start : seg.end], keys, values, None, scaling=scaling
+        cached = [
+            seg.lm.cache_layers[layer_index].update(
+                key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
             )
-            outputs.append(rows)  # [1, n, H, D]
-        return torch.cat(outputs, dim=1)
+            for seg in self.segments
+        ]
+        if kernel_takes(query):  # every sequence's rows in one call, each row as its own forward attends it
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            keys = [k[0] for k, _ in cached]
+            values = [v[0] for _, v in cached]
+            attend = torch.ops.marspec_attention.segments
+            return attend(query[0], keys, values, self.starts, self.visible, scale).unsqueeze(0)
+        outputs = [
+            row_by_row_attention(module, query[:, :, seg.start : seg.end], k, v, None, scaling=scaling)[0]
+            for seg, (k, v) in zip(self.segments, cached, strict=True)
+        ]
+        return torch.cat(outputs, dim=1)  # [1, T, H, D]
 
 
 @torch.inference_mode()
@@ -97,7 +107,8 @@ def forward_packed(calls: Sequence[tuple[HFCausalLM, torch.Tensor, bool]]) -> li
     packed = torch.cat([tokens for _, tokens, _ in calls])
     rows = torch.cat(positions).to(device)
     kept = torch.cat(keep).to(device)
-    packing = Packing(tuple(segments))
+    starts = torch.tensor([seg.start for seg in segments] + [start])
+    packing = Packing(tuple(segments), starts, rows.cpu() + 1)
     direct = calls[0][0].direct
     began = time.perf_counter()
     try:

@@ -67,7 +67,7 @@ def row_by_row_attention(
     if attention_mask is not None and query.shape[0] != 1:
         raise MarspecError("row-by-row attention takes a mask for one sequence only (batch 1)")
     q_len, kv_len = query.shape[2], key.shape[2]
-    if _kernel_takes(query):
+    if kernel_takes(query):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if attention_mask is None:  # row i sees the first kv - q + i + 1 positions
             visible = torch.arange(kv_len - q_len + 1, kv_len + 1)
@@ -97,7 +97,7 @@ def _kernel_loaded() -> bool:
     return q4k_kernel_available()
 
 
-def _kernel_takes(query: torch.Tensor) -> bool:
+def kernel_takes(query: torch.Tensor) -> bool:
     """Whether ``marspec_attention::rows`` attends ``query`` [B, H, q, D]: one sequence of float32 rows on
     the CPU, heads a multiple of 16 up to 256 wide, and the kernel built here."""
     d = query.shape[-1]

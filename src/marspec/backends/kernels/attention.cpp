@@ -128,8 +128,75 @@ at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tenso
   return out;
 }
 
+// The rows of several sequences packed one after the other (a packed forward, marspec/backends/packed.py):
+// query [H, Q, D], sequence s's rows are starts[s] .. starts[s + 1] - 1 (starts int64 [S + 1], from 0 to
+// Q) and attend keys[s] and values[s] ([H_kv, >= max visible, D] each, laid out as rows() takes them).
+// Each (row, head) is rows()'s: the same bits as its sequence's rows attended in a call of their own.
+at::Tensor segments(const at::Tensor& query, at::TensorList keys, at::TensorList values, const at::Tensor& starts,
+                    const at::Tensor& visible, double scale) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
+              "query must be float32 [H, Q, D], the head dimension contiguous");
+  const int64_t heads = query.size(0), q_rows = query.size(1), d = query.size(2);
+  const int64_t sequences = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(sequences >= 1 && static_cast<int64_t>(values.size()) == sequences, "one keys and values per sequence");
+  TORCH_CHECK(d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 up to 256");
+  TORCH_CHECK(starts.scalar_type() == at::kLong && starts.dim() == 1 && starts.size(0) == sequences + 1,
+              "starts must be int64 [sequences + 1]");
+  TORCH_CHECK(visible.scalar_type() == at::kLong && visible.dim() == 1 && visible.size(0) == q_rows,
+              "visible must be int64 [Q]");
+  const at::Tensor starts_c = starts.contiguous(), lengths = visible.contiguous();
+  const int64_t* start_p = starts_c.data_ptr<int64_t>();
+  const int64_t* length_p = lengths.data_ptr<int64_t>();
+  TORCH_CHECK(start_p[0] == 0 && start_p[sequences] == q_rows, "starts must run from 0 to the query's rows");
+  std::vector<int64_t> sequence_of(q_rows);
+  std::vector<const float*> k_ptrs(sequences), v_ptrs(sequences);
+  std::vector<int64_t> kv_head_strides(sequences), position_strides(sequences);
+  int64_t longest = 0, kv_heads = 0;
+  for (int64_t s = 0; s < sequences; ++s) {
+    const at::Tensor& k = keys[s];
+    const at::Tensor& v = values[s];
+    TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+                "keys and values must be float32 [H_kv, L, D]");
+    TORCH_CHECK(k.size(2) == d && v.size(2) == d && v.size(0) == k.size(0) && v.size(1) == k.size(1),
+                "keys and values must match each other and the query's head size");
+    TORCH_CHECK(s == 0 || k.size(0) == kv_heads, "every sequence has the same key heads");
+    kv_heads = k.size(0);
+    TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == v.stride(1) && k.stride(0) == v.stride(0),
+                "keys and values laid out alike, the head dimension contiguous");
+    TORCH_CHECK(start_p[s] <= start_p[s + 1], "starts must not decrease");
+    for (int64_t i = start_p[s]; i < start_p[s + 1]; ++i) {
+      TORCH_CHECK(length_p[i] >= 1 && length_p[i] <= k.size(1), "row ", i, " sees ", length_p[i], " positions of ",
+                  k.size(1));
+      longest = length_p[i] > longest ? length_p[i] : longest;
+      sequence_of[i] = s;
+    }
+    k_ptrs[s] = k.data_ptr<float>();
+    v_ptrs[s] = v.data_ptr<float>();
+    kv_head_strides[s] = k.stride(0);
+    position_strides[s] = k.stride(1);
+  }
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads do not share ", kv_heads, " key heads");
+  at::Tensor out = at::empty({q_rows, heads, d}, query.options());
+  const float* q_p = query.data_ptr<float>();
+  float* out_p = out.data_ptr<float>();
+  const int64_t group = heads / kv_heads;
+  const float scale_f = static_cast<float>(scale);
+  at::parallel_for(0, q_rows * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(longest + kLanes);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / heads, h = task % heads, s = sequence_of[i];
+      const int64_t offset = (h / group) * kv_head_strides[s];
+      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k_ptrs[s] + offset, v_ptrs[s] + offset,
+                 position_strides[s], length_p[i], d, scale_f, scores.data(), out_p + (i * heads + h) * d);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(marspec_attention, m) {
   m.def("rows(Tensor query, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor", &rows);
+  m.def("segments(Tensor query, Tensor[] keys, Tensor[] values, Tensor starts, Tensor visible, float scale) -> Tensor",
+        &segments);
 }
