@@ -115,7 +115,7 @@ def test_inside_a_batch_strict_equals_plain_and_mars_at_theta_one_equals_strict(
 
 def test_a_batch_shortens_drafts_as_it_grows_and_a_sequence_alone_keeps_its_k() -> None:
     assert batched_draft_len(1) == MAX_K
-    assert [batched_draft_len(n) for n in (2, 4, 5, 6, 8)] == [7, 3, 2, 0, 0]
+    assert [batched_draft_len(n) for n in (2, 3, 4, 5, 8)] == [5, 3, 2, 0, 0]
 
 
 @needs_int8

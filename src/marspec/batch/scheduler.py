@@ -36,9 +36,12 @@ Work = Callable[[Slot], None]
 PREFILL_CHUNK = 128
 
 # The verification rows a batch's target forward aims at when its sequences' answers do not depend on
-# their drafts (greedy, lossless): on 2 cores, four sequences decoded 44 tok/s drafting 3 tokens each
-# against 26 drafting 12, and eight decoded plain 63 against 16 (docs/results.md, "Several users at once").
-BATCH_VERIFY_ROWS = 16
+# their drafts (greedy, lossless). On 2 cores the q4k engine's products are bound by reading the weights
+# up to ~4 rows and by the rows' arithmetic past ~8, so rows beyond a few cost nearly what they bring:
+# served (4 prompts x 128 tokens a client), 2 clients drafting 5 or 3 tokens each decoded 55-68 tok/s
+# against 49-55 drafting 7, and 4 clients drafting 2 or 3 tokens 83-93 against 74-86 decoding plain
+# (docs/results.md, "Several users at once").
+BATCH_VERIFY_ROWS = 12
 
 
 def batched_draft_len(sequences: int) -> int:
