@@ -90,29 +90,55 @@ def test_row_by_row_attention_takes_the_kernel_for_chains_and_trees() -> None:
 
 
 @needs_kernel
-def test_packed_sequences_rows_are_each_their_own_sequences_rows() -> None:
-    """``marspec_attention::segments``: rows of several sequences in one call, each against its own
-    sequence's cache (its own buffer, length and strides), the same bits as a call of its own."""
+def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_there() -> None:
+    """``marspec_attention::segments``: rows of several sequences in one call, each row's key and value
+    written to its own sequence's cache (buffers longer than their use) at its position, then attended
+    there: the same cache contents, and the same bits, as each sequence's own write and rows() call."""
     torch.manual_seed(2)
     heads, kv_heads, d = 12, 2, 128
-    lengths, rows = [40, 7, 90], [3, 1, 5]  # each sequence's cached positions and new rows
-    caches = [torch.randn(2, kv_heads, n + 16, d) for n in lengths]  # buffers longer than their use
-    keys = [c[0, :, :n] for c, n in zip(caches, lengths, strict=True)]
-    values = [c[1, :, :n] for c, n in zip(caches, lengths, strict=True)]
+    cached, rows = [40, 7, 90], [3, 1, 5]  # each sequence's cached positions and new rows
+    caches = [torch.randn(2, 1, kv_heads, n + 16, d) for n in cached]  # [keys | values][1, H_kv, capacity, D]
+    expected = [c.clone() for c in caches]
     query = torch.randn(heads, sum(rows), d)
-    visible = [n - r + i + 1 for n, r in zip(lengths, rows, strict=True) for i in range(r)]
-    starts = torch.tensor([0, 3, 4, 9])
-    out = torch.ops.marspec_attention.segments(query, keys, values, starts, torch.tensor(visible), d**-0.5)
+    new = torch.randn(2, kv_heads, sum(rows), d)  # the rows' own keys and values
+    visible = [n + i + 1 for n, r in zip(cached, rows, strict=True) for i in range(r)]
+    starts = [0, 3, 4, 9]
+    out = torch.ops.marspec_attention.segments(
+        query,
+        new[0],
+        new[1],
+        [c[0] for c in caches],
+        [c[1] for c in caches],
+        torch.tensor(starts),
+        torch.tensor(visible),
+        d**-0.5,
+    )
     assert out.shape == (9, heads, d)
     for s in range(3):
-        a, b = int(starts[s]), int(starts[s + 1])
+        a, b = starts[s], starts[s + 1]
+        end = cached[s] + rows[s]
+        expected[s][:, 0, :, cached[s] : end] = new[:, :, a:b]
+        assert torch.equal(caches[s], expected[s]), s  # written where its rows are, nothing else touched
         alone = torch.ops.marspec_attention.rows(
-            query[:, a:b], keys[s], values[s], torch.tensor(visible[a:b]), d**-0.5
+            query[:, a:b],
+            expected[s][0, 0, :, :end],
+            expected[s][1, 0, :, :end],
+            torch.tensor(visible[a:b]),
+            d**-0.5,
         )
         assert torch.equal(out[a:b], alone), s
-    with pytest.raises(RuntimeError, match="sees 91 positions of 90"):
-        bad = torch.tensor([*visible[:-1], 91])
-        torch.ops.marspec_attention.segments(query, keys, values, starts, bad, d**-0.5)
+    with pytest.raises(RuntimeError, match="sees 107 positions of 106"):
+        bad = torch.tensor([*visible[:-1], 107])
+        torch.ops.marspec_attention.segments(
+            query,
+            new[0],
+            new[1],
+            [c[0] for c in caches],
+            [c[1] for c in caches],
+            torch.tensor(starts),
+            bad,
+            1.0,
+        )
 
 
 def test_heads_the_kernel_does_not_take_are_attended_by_sdpa() -> None:

@@ -50,18 +50,32 @@ class PositionLayer(CacheLayerMixin):
         """Write ``key_states``/``value_states`` ([B, H, n, D]) at positions ``length ... length + n`` and
         return views of every cached position, these included."""
         start = self.length
-        end = start + key_states.shape[-2]
-        key_buf, value_buf = self._key_buf, self._value_buf
-        # The checks are kept off the per-token path: shapes are checked once per sequence, at its start.
-        if start == 0 or key_buf is None or value_buf is None:
-            key_buf, value_buf = self._new_sequence(key_states, value_states, end)
-        elif end > key_buf.shape[-2]:
-            key_buf, value_buf = self._grow(end)
-        key_buf[:, :, start:end].copy_(key_states)
-        value_buf[:, :, start:end].copy_(value_states)
-        self.length = end
-        self._expose()
+        n = key_states.shape[-2]
+        key_buf, value_buf = self.room(key_states, value_states, n)
+        key_buf[:, :, start : start + n].copy_(key_states)
+        value_buf[:, :, start : start + n].copy_(value_states)
+        self.advance(n)
         return self.keys, self.values
+
+    def room(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers ([B, H, capacity, D]) with room for ``n`` positions after the cached
+        ones, made or grown as an append of states like these needs (only their batch size, heads, head
+        size, dtype and device are read). Write positions ``length .. length + n - 1``, then
+        :meth:`advance`: what :meth:`update` does, for a writer of its own (a packed forward's kernel)."""
+        start, end = self.length, self.length + n
+        # The checks are kept off the per-token path: shapes are checked once per sequence, at its start.
+        if start == 0 or self._key_buf is None or self._value_buf is None:
+            return self._new_sequence(key_states, value_states, end)
+        if end > self._key_buf.shape[-2]:
+            return self._grow(end)
+        return self._key_buf, self._value_buf
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` positions written after the cached ones (see :meth:`room`)."""
+        self.length += n
+        self._expose()
 
     def get_seq_length(self) -> int:
         return self.length

@@ -69,22 +69,33 @@ class Packing:
         """Append each segment's keys and values to its own cache's layer and attend its rows against
         that cache, as the sequence's own forward would; returns [1, T, H, D]."""
         layer_index = module.layer_idx
-        cached = [
-            seg.lm.cache_layers[layer_index].update(
-                key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
-            )
-            for seg in self.segments
-        ]
-        if kernel_takes(query):  # every sequence's rows in one call, each row as its own forward attends it
+        layers = [seg.lm.cache_layers[layer_index] for seg in self.segments]
+        if kernel_takes(query):  # one call: every sequence's rows written to its cache and attended there
+            rooms = [
+                layer.room(key, value, seg.end - seg.start)
+                for layer, seg in zip(layers, self.segments, strict=True)
+            ]
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            keys = [k[0] for k, _ in cached]
-            values = [v[0] for _, v in cached]
-            attend = torch.ops.marspec_attention.segments
-            return attend(query[0], keys, values, self.starts, self.visible, scale).unsqueeze(0)
-        outputs = [
-            row_by_row_attention(module, query[:, :, seg.start : seg.end], k, v, None, scaling=scaling)[0]
-            for seg, (k, v) in zip(self.segments, cached, strict=True)
-        ]
+            rows = torch.ops.marspec_attention.segments(
+                query[0],
+                key[0],
+                value[0],
+                [k for k, _ in rooms],
+                [v for _, v in rooms],
+                self.starts,
+                self.visible,
+                scale,
+            )
+            for layer, seg in zip(layers, self.segments, strict=True):
+                layer.advance(seg.end - seg.start)
+            return rows.unsqueeze(0)
+        outputs = []
+        for layer, seg in zip(layers, self.segments, strict=True):
+            keys, values = layer.update(key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end])
+            rows, _ = row_by_row_attention(
+                module, query[:, :, seg.start : seg.end], keys, values, None, scaling=scaling
+            )
+            outputs.append(rows)  # [1, n, H, D]
         return torch.cat(outputs, dim=1)  # [1, T, H, D]
 
 

@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -129,17 +130,27 @@ at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tenso
 }
 
 // The rows of several sequences packed one after the other (a packed forward, marspec/backends/packed.py):
-// query [H, Q, D], sequence s's rows are starts[s] .. starts[s + 1] - 1 (starts int64 [S + 1], from 0 to
-// Q) and attend keys[s] and values[s] ([H_kv, >= max visible, D] each, laid out as rows() takes them).
-// Each (row, head) is rows()'s: the same bits as its sequence's rows attended in a call of their own.
-at::Tensor segments(const at::Tensor& query, at::TensorList keys, at::TensorList values, const at::Tensor& starts,
+// query [H, Q, D] and the rows' own keys and values new_keys, new_values [H_kv, Q, D]; sequence s's rows
+// are starts[s] .. starts[s + 1] - 1 (starts int64 [S + 1], from 0 to Q), and its cache is caches_k[s],
+// caches_v[s] ([1, H_kv, capacity, D], the head dimension contiguous). Row i is at position
+// visible[i] - 1 of its sequence: its key and value are written there first, then each (row, head) is
+// attended as rows() attends it, over positions 0 .. visible[i] - 1 of its own cache: the same bits as
+// the sequence's cache written and its rows attended in calls of their own.
+at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const at::Tensor& new_values,
+                    at::TensorList caches_k, at::TensorList caches_v, const at::Tensor& starts,
                     const at::Tensor& visible, double scale) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
               "query must be float32 [H, Q, D], the head dimension contiguous");
   const int64_t heads = query.size(0), q_rows = query.size(1), d = query.size(2);
-  const int64_t sequences = static_cast<int64_t>(keys.size());
-  TORCH_CHECK(sequences >= 1 && static_cast<int64_t>(values.size()) == sequences, "one keys and values per sequence");
   TORCH_CHECK(d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 up to 256");
+  TORCH_CHECK(new_keys.dim() == 3 && new_values.sizes() == new_keys.sizes() && new_keys.size(1) == q_rows &&
+                  new_keys.size(2) == d && new_keys.scalar_type() == at::kFloat &&
+                  new_values.scalar_type() == at::kFloat && new_keys.stride(2) == 1 && new_values.stride(2) == 1,
+              "new_keys and new_values must be float32 [H_kv, Q, D], the head dimension contiguous");
+  const int64_t kv_heads = new_keys.size(0);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads do not share ", kv_heads, " key heads");
+  const int64_t sequences = static_cast<int64_t>(caches_k.size());
+  TORCH_CHECK(sequences >= 1 && static_cast<int64_t>(caches_v.size()) == sequences, "one cache per sequence");
   TORCH_CHECK(starts.scalar_type() == at::kLong && starts.dim() == 1 && starts.size(0) == sequences + 1,
               "starts must be int64 [sequences + 1]");
   TORCH_CHECK(visible.scalar_type() == at::kLong && visible.dim() == 1 && visible.size(0) == q_rows,
@@ -149,33 +160,37 @@ at::Tensor segments(const at::Tensor& query, at::TensorList keys, at::TensorList
   const int64_t* length_p = lengths.data_ptr<int64_t>();
   TORCH_CHECK(start_p[0] == 0 && start_p[sequences] == q_rows, "starts must run from 0 to the query's rows");
   std::vector<int64_t> sequence_of(q_rows);
-  std::vector<const float*> k_ptrs(sequences), v_ptrs(sequences);
-  std::vector<int64_t> kv_head_strides(sequences), position_strides(sequences);
-  int64_t longest = 0, kv_heads = 0;
+  int64_t longest = 0;
   for (int64_t s = 0; s < sequences; ++s) {
-    const at::Tensor& k = keys[s];
-    const at::Tensor& v = values[s];
-    TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-                "keys and values must be float32 [H_kv, L, D]");
-    TORCH_CHECK(k.size(2) == d && v.size(2) == d && v.size(0) == k.size(0) && v.size(1) == k.size(1),
-                "keys and values must match each other and the query's head size");
-    TORCH_CHECK(s == 0 || k.size(0) == kv_heads, "every sequence has the same key heads");
-    kv_heads = k.size(0);
-    TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == v.stride(1) && k.stride(0) == v.stride(0),
-                "keys and values laid out alike, the head dimension contiguous");
+    const at::Tensor& k = caches_k[s];
+    const at::Tensor& v = caches_v[s];
+    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == kv_heads && k.size(3) == d && v.sizes() == k.sizes() &&
+                    k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+                "each cache must be float32 [1, H_kv, capacity, D] like the new keys");
+    TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == v.stride(2) && k.stride(1) == v.stride(1),
+                "caches laid out alike, the head dimension contiguous");
     TORCH_CHECK(start_p[s] <= start_p[s + 1], "starts must not decrease");
     for (int64_t i = start_p[s]; i < start_p[s + 1]; ++i) {
-      TORCH_CHECK(length_p[i] >= 1 && length_p[i] <= k.size(1), "row ", i, " sees ", length_p[i], " positions of ",
-                  k.size(1));
+      TORCH_CHECK(length_p[i] >= 1 && length_p[i] <= k.size(2), "row ", i, " sees ", length_p[i], " positions of ",
+                  k.size(2));
       longest = length_p[i] > longest ? length_p[i] : longest;
       sequence_of[i] = s;
     }
-    k_ptrs[s] = k.data_ptr<float>();
-    v_ptrs[s] = v.data_ptr<float>();
-    kv_head_strides[s] = k.stride(0);
-    position_strides[s] = k.stride(1);
   }
-  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads do not share ", kv_heads, " key heads");
+  // Every row's key and value into its cache before any row reads a cache.
+  const float* nk_p = new_keys.data_ptr<float>();
+  const float* nv_p = new_values.data_ptr<float>();
+  for (int64_t i = 0; i < q_rows; ++i) {
+    const at::Tensor& k = caches_k[sequence_of[i]];
+    const at::Tensor& v = caches_v[sequence_of[i]];
+    const int64_t position = length_p[i] - 1;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t to = h * k.stride(1) + position * k.stride(2);
+      std::memcpy(k.data_ptr<float>() + to, nk_p + h * new_keys.stride(0) + i * new_keys.stride(1), d * sizeof(float));
+      std::memcpy(v.data_ptr<float>() + to, nv_p + h * new_values.stride(0) + i * new_values.stride(1),
+                  d * sizeof(float));
+    }
+  }
   at::Tensor out = at::empty({q_rows, heads, d}, query.options());
   const float* q_p = query.data_ptr<float>();
   float* out_p = out.data_ptr<float>();
@@ -185,9 +200,11 @@ at::Tensor segments(const at::Tensor& query, at::TensorList keys, at::TensorList
     std::vector<float> scores(longest + kLanes);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / heads, h = task % heads, s = sequence_of[i];
-      const int64_t offset = (h / group) * kv_head_strides[s];
-      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k_ptrs[s] + offset, v_ptrs[s] + offset,
-                 position_strides[s], length_p[i], d, scale_f, scores.data(), out_p + (i * heads + h) * d);
+      const at::Tensor& k = caches_k[s];
+      const int64_t offset = (h / group) * k.stride(1);
+      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k.data_ptr<float>() + offset,
+                 caches_v[s].data_ptr<float>() + offset, k.stride(2), length_p[i], d, scale_f, scores.data(),
+                 out_p + (i * heads + h) * d);
     }
   });
   return out;
@@ -197,6 +214,8 @@ at::Tensor segments(const at::Tensor& query, at::TensorList keys, at::TensorList
 
 TORCH_LIBRARY(marspec_attention, m) {
   m.def("rows(Tensor query, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor", &rows);
-  m.def("segments(Tensor query, Tensor[] keys, Tensor[] values, Tensor starts, Tensor visible, float scale) -> Tensor",
-        &segments);
+  m.def(
+      "segments(Tensor query, Tensor new_keys, Tensor new_values, Tensor[] caches_k, Tensor[] caches_v, "
+      "Tensor starts, Tensor visible, float scale) -> Tensor",
+      &segments);
 }
