@@ -103,16 +103,14 @@ def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_ther
     new = torch.randn(2, kv_heads, sum(rows), d)  # the rows' own keys and values
     visible = [n + i + 1 for n, r in zip(cached, rows, strict=True) for i in range(r)]
     starts = [0, 3, 4, 9]
-    out = torch.ops.marspec_attention.segments(
-        query,
-        new[0],
-        new[1],
-        [c[0] for c in caches],
-        [c[1] for c in caches],
-        torch.tensor(starts),
-        torch.tensor(visible),
-        d**-0.5,
-    )
+
+    def attend(seen: list[int]) -> torch.Tensor:
+        caches_k, caches_v = [c[0] for c in caches], [c[1] for c in caches]
+        return torch.ops.marspec_attention.segments(
+            query, new[0], new[1], caches_k, caches_v, torch.tensor(starts), torch.tensor(seen), d**-0.5
+        )
+
+    out = attend(visible)
     assert out.shape == (9, heads, d)
     for s in range(3):
         a, b = starts[s], starts[s + 1]
@@ -128,17 +126,7 @@ def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_ther
         )
         assert torch.equal(out[a:b], alone), s
     with pytest.raises(RuntimeError, match="sees 107 positions of 106"):
-        bad = torch.tensor([*visible[:-1], 107])
-        torch.ops.marspec_attention.segments(
-            query,
-            new[0],
-            new[1],
-            [c[0] for c in caches],
-            [c[1] for c in caches],
-            torch.tensor(starts),
-            bad,
-            1.0,
-        )
+        attend([*visible[:-1], 107])
 
 
 def test_heads_the_kernel_does_not_take_are_attended_by_sdpa() -> None:
