@@ -44,10 +44,11 @@ _RECORD_TAIL = TILE * (2 * _SUBS + 2 * 4)  # a record's scales, mins, d and dmin
 RECORD_BYTES = _SUBS * _SUB_CODE_BYTES + _RECORD_TAIL  # a tile's super-block: 4.75 bits a weight
 _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
 
-# One library holds the operators (marspec_q4k, marspec_q6k, marspec_attention): "the kernel is
-# available" means all are.
+# One library holds the operators (marspec_q4k, marspec_q6k, marspec_attention, marspec_vocab): "the
+# kernel is available" means all are.
 _SOURCES = tuple(
-    Path(__file__).with_name("kernels") / name for name in ("q4k.cpp", "q6k.cpp", "attention.cpp")
+    Path(__file__).with_name("kernels") / name
+    for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp")
 )
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 # -fopenmp: at::parallel_for is a header template that runs on one thread without it; the library then
@@ -79,6 +80,13 @@ def q4k_kernel_available() -> bool:
     reason it cannot is logged then."""
     with _LOADING:
         return _kernel_loaded()
+
+
+def kernel_library_loaded() -> bool:
+    """Whether the kernels' library is loaded in this process already (by a Q4_K or Q6_K layer, or row
+    attention), without building or loading it: for operators not worth a build of their own (the
+    vocabulary's, :mod:`marspec.verify.top_tokens`)."""
+    return _kernel_loaded.cache_info().currsize > 0 and _kernel_loaded()
 
 
 @functools.cache

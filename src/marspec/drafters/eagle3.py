@@ -20,6 +20,7 @@ from marspec.drafters.tree import best_first_tree, node_budget
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft, DraftTree, ForwardClock, HiddenStates
 from marspec.verify.chain import sample_token
+from marspec.verify.top_tokens import argmax
 
 
 class HeadModel:
@@ -152,14 +153,14 @@ class Eagle3Drafter:
                 ranked[n, top.shape[0] :] = ranked[n, 0]
                 tokens[n] = ranked[n, 0]
             elif probs is None:
-                tokens[n] = self._target_ids[torch.argmax(logits)]
+                tokens[n] = self._target_ids[argmax(logits)]
             else:
                 q = torch.softmax(logits / (temperature if sampling else 1.0), dim=-1)  # draft vocabulary
                 probs[n].index_copy_(0, self._target_ids, q)  # d2t is one-to-one (checked at load)
                 if sampling:
                     tokens[n] = sample_token(probs[n], generator)[0]
                 else:
-                    tokens[n] = self._target_ids[torch.argmax(logits)]
+                    tokens[n] = self._target_ids[argmax(logits)]
             n += 1
             if n == k or self._unsure(logits):
                 break

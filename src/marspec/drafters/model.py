@@ -7,6 +7,7 @@ import torch
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft
 from marspec.verify.chain import sample_token
+from marspec.verify.top_tokens import argmax
 
 
 class ModelDrafter:
@@ -78,11 +79,11 @@ class ModelDrafter:
                 ranked[n] = torch.topk(logits, 1 + alternatives).indices
                 tokens[n] = ranked[n, 0]
             elif probs is None:
-                tokens[n] = torch.argmax(logits)
+                tokens[n] = argmax(logits)
             else:
                 q = self._to_target_vocab(torch.softmax(logits / (temperature if sampling else 1.0), dim=-1))
                 probs[n] = q
-                tokens[n] = sample_token(q, generator)[0] if sampling else torch.argmax(logits)
+                tokens[n] = sample_token(q, generator)[0] if sampling else argmax(logits)
             if sure is not None:
                 sure[n] = torch.softmax(logits, dim=-1).max() >= self.min_confidence
             n += 1

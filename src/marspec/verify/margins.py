@@ -19,20 +19,7 @@ import math
 import torch
 
 from marspec.rules import Margin, Rule
-
-
-def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two largest entries of the last dimension: ``(values[..., 2], tokens[..., 2])``.
-
-    The first token is ``torch.argmax`` so it breaks ties exactly like plain greedy decoding; the second
-    is the argmax once the first is masked out (on an exact tie it is the other tied token).
-    """
-    # logits: [..., V]
-    v1 = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
-    masked = logits.scatter(-1, v1, float("-inf"))
-    v2 = masked.argmax(dim=-1, keepdim=True)  # [..., 1]
-    tokens = torch.cat([v1, v2], dim=-1)  # [..., 2]
-    return logits.gather(-1, tokens), tokens
+from marspec.verify.top_tokens import top2 as top2  # every verifier's, defined there
 
 
 def margin_measure(
