@@ -1,0 +1,149 @@
+r"""The vocabulary kernels (marspec_vocab::top2 and ::argmax, marspec.verify.top_tokens) against torch's
+operators, interleaved in one process: first the operators alone on 151,936-token rows (the default
+pair's vocabulary) at 1, 3, 9 and 13 rows on 1 and 2 threads; then, with ``--clients N``, N clients
+decoding the demo's 4 prompts in turn through the batch scheduler (no HTTP), kernel on and off in
+alternating rounds: aggregate tok/s, the dispatcher's forward time, the rest (the sequences' own work
+between forwards), and whether every prompt got one answer across all runs.
+
+    python benchmarks/top_tokens.py --clients 4 --rounds 4 --out top-tokens.json
+
+A timing: run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import git_commit, machine, script_parser, write_json
+
+from marspec.backends.q4k import q4k_kernel_available
+from marspec.verify import top_tokens
+
+VOCAB = 151936
+
+
+def torch_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What top_tokens.top2 runs without the kernel."""
+    first = logits.argmax(dim=-1, keepdim=True)
+    second = logits.scatter(-1, first, float("-inf")).argmax(dim=-1, keepdim=True)
+    tokens = torch.cat([first, second], dim=-1)
+    return logits.gather(-1, tokens), tokens
+
+
+def operators() -> list[dict[str, Any]]:
+    """Median microseconds a call, each operator pair interleaved."""
+    rows_out = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for rows in (1, 3, 9, 13):
+            logits = torch.randn(rows, VOCAB)
+            calls = {
+                "top2 torch": lambda x=logits: torch_top2(x),
+                "top2 kernel": lambda x=logits: torch.ops.marspec_vocab.top2(x),
+                "argmax torch": lambda x=logits: x.argmax(-1),
+                "argmax kernel": lambda x=logits: torch.ops.marspec_vocab.argmax(x),
+            }
+            micros: dict[str, list[float]] = defaultdict(list)
+            for _ in range(15):
+                for name, call in calls.items():
+                    start = time.perf_counter()
+                    for _ in range(20):
+                        call()
+                    micros[name].append((time.perf_counter() - start) / 20 * 1e6)
+            row = {"threads": threads, "rows": rows, **{k: statistics.median(v) for k, v in micros.items()}}
+            print(", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+            rows_out.append(row)
+    return rows_out
+
+
+def batch(clients: int, rounds: int, max_new_tokens: int) -> dict[str, Any]:
+    """``clients`` sequences through the scheduler, the kernel on and off in alternating rounds."""
+    import marspec
+    from marspec.batch.batcher import Batcher
+    from marspec.batch.scheduler import Scheduler
+    from marspec.demo import DEMO_PROMPTS
+    from marspec.settings import GenerationOptions
+
+    decoder = marspec.Decoder(threads=2)
+    prompts = [[{"role": "user", "content": text}] for _, text in DEMO_PROMPTS]
+    decoder.generate(prompts[0], max_new_tokens=8)  # warm-up, and the kernels' library loaded
+    forwards, tokens = [0.0], [0]
+    run_once = Batcher.run_once
+
+    def timed(self: Batcher) -> int:
+        start = time.perf_counter()
+        ran = run_once(self)
+        forwards[0] += time.perf_counter() - start if ran else 0.0
+        return ran
+
+    Batcher.run_once = timed  # type: ignore[method-assign]
+    loaded = top_tokens._library_loaded
+    arms = {"torch": lambda: False, "kernel": loaded}
+    runs: dict[str, list[dict[str, float]]] = defaultdict(list)
+    answers: dict[int, set[tuple[int, ...]]] = defaultdict(set)
+    for round_ in range(rounds):
+        for arm in list(arms) if round_ % 2 == 0 else list(arms)[::-1]:
+            top_tokens._library_loaded = arms[arm]  # type: ignore[assignment]
+            tokens[0], forwards[0] = 0, 0.0
+
+            def work(i: int) -> Callable[[Any], None]:
+                def run(slot: Any) -> None:
+                    for j in range(len(prompts)):
+                        options = GenerationOptions.of({"max_new_tokens": max_new_tokens, "rule": "strict"})
+                        steps = decoder.decode_on(slot, prompts[(i + j) % len(prompts)], options, True)
+                        try:
+                            while True:
+                                next(steps)
+                        except StopIteration as end:
+                            tokens[0] += len(end.value.token_ids)
+                            answers[(i + j) % len(prompts)].add(tuple(end.value.token_ids))
+
+                return run
+
+            scheduler = Scheduler(decoder.target, decoder.drafter, max_batch=8)
+            for i in range(clients):
+                scheduler.add(work(i))
+            start = time.perf_counter()
+            while scheduler.step():
+                pass
+            wall = time.perf_counter() - start
+            scheduler.close()
+            rest = wall - forwards[0]
+            runs[arm].append({"tok_s": tokens[0] / wall, "forwards_s": forwards[0], "rest_s": rest})
+            print(arm, {k: round(v, 2) for k, v in runs[arm][-1].items()}, flush=True)
+    top_tokens._library_loaded = loaded  # type: ignore[assignment]
+    Batcher.run_once = run_once  # type: ignore[method-assign]
+    summary = {arm: {k: statistics.median(r[k] for r in v) for k in v[0]} for arm, v in runs.items()}
+    return {
+        "clients": clients,
+        "runs": runs,
+        "medians": summary,
+        "one_answer_per_prompt": all(len(s) == 1 for s in answers.values()),
+    }
+
+
+def main() -> None:
+    parser = script_parser(__doc__)
+    parser.add_argument("--clients", type=int, default=0, help="also the batch A/B with this many clients")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not q4k_kernel_available():
+        raise SystemExit("the kernels' library does not build or run here")
+    result: dict[str, Any] = {"commit": git_commit(), "machine": machine(), "operators_us": operators()}
+    if args.clients:
+        result["batch"] = batch(args.clients, args.rounds, args.max_new_tokens)
+        print({arm: {k: round(v, 2) for k, v in m.items()} for arm, m in result["batch"]["medians"].items()})
+    if args.out:
+        write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
