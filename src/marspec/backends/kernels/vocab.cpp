@@ -153,7 +153,7 @@ std::tuple<at::Tensor, at::Tensor> top2(const at::Tensor& x) {
     const at::Tensor row = rows[r];
     const int64_t first = row.argmax().item<int64_t>();
     at::Tensor masked = row.clone();
-    masked[first] = kNegInf;
+    masked[first].fill_(kNegInf);
     const int64_t second = masked.argmax().item<int64_t>();
     tp[2 * r] = first;
     tp[2 * r + 1] = second;
