@@ -84,7 +84,7 @@ class ModelDrafter:
                 q = self._to_target_vocab(torch.softmax(logits / (temperature if sampling else 1.0), dim=-1))
                 probs[n] = q
                 tokens[n] = sample_token(q, generator)[0] if sampling else argmax(logits)
-            if sure is not None:
+            if sure is not None and n + 1 < k:  # the last token's confidence is never read (below)
                 sure[n] = torch.softmax(logits, dim=-1).max() >= self.min_confidence
             n += 1
             if n == k:
