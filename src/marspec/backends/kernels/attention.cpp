@@ -160,6 +160,9 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
   const int64_t* length_p = lengths.data_ptr<int64_t>();
   TORCH_CHECK(start_p[0] == 0 && start_p[sequences] == q_rows, "starts must run from 0 to the query's rows");
   std::vector<int64_t> sequence_of(q_rows);
+  // Each cache's buffers and strides, read once here rather than per row and head below.
+  std::vector<float*> k_ptrs(sequences), v_ptrs(sequences);
+  std::vector<int64_t> head_strides(sequences), position_strides(sequences);
   int64_t longest = 0;
   for (int64_t s = 0; s < sequences; ++s) {
     const at::Tensor& k = caches_k[s];
@@ -176,19 +179,21 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
       longest = length_p[i] > longest ? length_p[i] : longest;
       sequence_of[i] = s;
     }
+    k_ptrs[s] = k.data_ptr<float>();
+    v_ptrs[s] = v.data_ptr<float>();
+    head_strides[s] = k.stride(1);
+    position_strides[s] = k.stride(2);
   }
   // Every row's key and value into its cache before any row reads a cache.
   const float* nk_p = new_keys.data_ptr<float>();
   const float* nv_p = new_values.data_ptr<float>();
   for (int64_t i = 0; i < q_rows; ++i) {
-    const at::Tensor& k = caches_k[sequence_of[i]];
-    const at::Tensor& v = caches_v[sequence_of[i]];
+    const int64_t s = sequence_of[i];
     const int64_t position = length_p[i] - 1;
     for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t to = h * k.stride(1) + position * k.stride(2);
-      std::memcpy(k.data_ptr<float>() + to, nk_p + h * new_keys.stride(0) + i * new_keys.stride(1), d * sizeof(float));
-      std::memcpy(v.data_ptr<float>() + to, nv_p + h * new_values.stride(0) + i * new_values.stride(1),
-                  d * sizeof(float));
+      const int64_t to = h * head_strides[s] + position * position_strides[s];
+      std::memcpy(k_ptrs[s] + to, nk_p + h * new_keys.stride(0) + i * new_keys.stride(1), d * sizeof(float));
+      std::memcpy(v_ptrs[s] + to, nv_p + h * new_values.stride(0) + i * new_values.stride(1), d * sizeof(float));
     }
   }
   at::Tensor out = at::empty({q_rows, heads, d}, query.options());
@@ -200,11 +205,9 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
     std::vector<float> scores(longest + kLanes);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / heads, h = task % heads, s = sequence_of[i];
-      const at::Tensor& k = caches_k[s];
-      const int64_t offset = (h / group) * k.stride(1);
-      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k.data_ptr<float>() + offset,
-                 caches_v[s].data_ptr<float>() + offset, k.stride(2), length_p[i], d, scale_f, scores.data(),
-                 out_p + (i * heads + h) * d);
+      const int64_t offset = (h / group) * head_strides[s];
+      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k_ptrs[s] + offset, v_ptrs[s] + offset,
+                 position_strides[s], length_p[i], d, scale_f, scores.data(), out_p + (i * heads + h) * d);
     }
   });
   return out;
