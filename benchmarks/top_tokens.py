@@ -24,16 +24,9 @@ from _common import git_commit, machine, script_parser, write_json
 
 from marspec.backends.q4k import q4k_kernel_available
 from marspec.verify import top_tokens
+from marspec.verify.top_tokens import torch_top2
 
 VOCAB = 151936
-
-
-def torch_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What top_tokens.top2 runs without the kernel."""
-    first = logits.argmax(dim=-1, keepdim=True)
-    second = logits.scatter(-1, first, float("-inf")).argmax(dim=-1, keepdim=True)
-    tokens = torch.cat([first, second], dim=-1)
-    return logits.gather(-1, tokens), tokens
 
 
 def operators() -> list[dict[str, Any]]:

@@ -46,8 +46,13 @@ def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values[..., 2], tokens[..., 2])``: each row's argmax and the argmax of the row with it masked
     to -inf (on an exact tie the other tied token), with their logits."""
     if kernel_takes(logits):
-        values, tokens = torch.ops.marspec_vocab.top2(logits)
-        return values, tokens
+        return torch.ops.marspec_vocab.top2(logits)
+    return torch_top2(logits)
+
+
+def torch_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`top2` by torch's operators, on any device and dtype: the argmax, a copy with it masked, the
+    argmax of the copy."""
     first = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
     second = logits.scatter(-1, first, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
     tokens = torch.cat([first, second], dim=-1)  # [..., 2]
