@@ -14,6 +14,7 @@ import platform
 import statistics
 import subprocess
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,75 @@ def write_json(path: Path | str, result: object) -> None:
     """Write ``result`` to ``path`` as indented JSON ending in a newline (the whole file, each time: a
     script that writes after each part keeps what a cut run measured)."""
     Path(path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def scheduler_ab(
+    arms: dict[str, Callable[[], None]], clients: int, rounds: int, max_new_tokens: int
+) -> dict[str, Any]:
+    """``clients`` sequences decoding the demo's prompts (each client all of them in turn, strict, the
+    default pair on 2 threads) through the batch scheduler, no HTTP, once per arm in each of ``rounds``
+    rounds, the arms' order alternating; an arm is a function that puts the process in its state before
+    its run. Per run: aggregate tok/s, the seconds in the dispatcher's forwards and the rest (the
+    sequences' own work between forwards); the medians per arm; whether every prompt got one answer
+    across all runs."""
+    import marspec
+    from marspec.batch.batcher import Batcher
+    from marspec.batch.scheduler import Scheduler
+    from marspec.demo import DEMO_PROMPTS
+    from marspec.settings import GenerationOptions
+
+    decoder = marspec.Decoder(threads=2)
+    prompts = [[{"role": "user", "content": text}] for _, text in DEMO_PROMPTS]
+    decoder.generate(prompts[0], max_new_tokens=8)  # warm-up, and the kernels' library loaded
+    forwards, tokens = [0.0], [0]
+    run_once = Batcher.run_once
+
+    def timed(self: Batcher) -> int:
+        start = time.perf_counter()
+        ran = run_once(self)
+        forwards[0] += time.perf_counter() - start if ran else 0.0
+        return ran
+
+    runs: dict[str, list[dict[str, float]]] = defaultdict(list)
+    answers: dict[int, set[tuple[int, ...]]] = defaultdict(set)
+
+    def work(i: int) -> Callable[[Any], None]:
+        def run(slot: Any) -> None:
+            for j in range(len(prompts)):
+                options = GenerationOptions.of({"max_new_tokens": max_new_tokens, "rule": "strict"})
+                steps = decoder.decode_on(slot, prompts[(i + j) % len(prompts)], options, True)
+                try:
+                    while True:
+                        next(steps)
+                except StopIteration as end:
+                    tokens[0] += len(end.value.token_ids)
+                    answers[(i + j) % len(prompts)].add(tuple(end.value.token_ids))
+
+        return run
+
+    Batcher.run_once = timed  # type: ignore[method-assign]
+    try:
+        for round_ in range(rounds):
+            for arm in list(arms) if round_ % 2 == 0 else list(arms)[::-1]:
+                arms[arm]()
+                tokens[0], forwards[0] = 0, 0.0
+                scheduler = Scheduler(decoder.target, decoder.drafter, max_batch=8)
+                for i in range(clients):
+                    scheduler.add(work(i))
+                start = time.perf_counter()
+                while scheduler.step():
+                    pass
+                wall = time.perf_counter() - start
+                scheduler.close()
+                run = {"tok_s": tokens[0] / wall, "forwards_s": forwards[0], "rest_s": wall - forwards[0]}
+                runs[arm].append(run)
+                print(arm, {k: round(v, 2) for k, v in runs[arm][-1].items()}, flush=True)
+    finally:
+        Batcher.run_once = run_once  # type: ignore[method-assign]
+    summary = {arm: {k: statistics.median(r[k] for r in v) for k in v[0]} for arm, v in runs.items()}
+    return {
+        "clients": clients,
+        "runs": runs,
+        "medians": summary,
+        "one_answer_per_prompt": all(len(s) == 1 for s in answers.values()),
+    }

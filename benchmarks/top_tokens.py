@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import git_commit, machine, script_parser, write_json
+from _common import git_commit, machine, scheduler_ab, script_parser, write_json
 
 from marspec.backends.q4k import q4k_kernel_available
 from marspec.verify import top_tokens
@@ -57,68 +57,18 @@ def operators() -> list[dict[str, Any]]:
 
 def batch(clients: int, rounds: int, max_new_tokens: int) -> dict[str, Any]:
     """``clients`` sequences through the scheduler, the kernel on and off in alternating rounds."""
-    import marspec
-    from marspec.batch.batcher import Batcher
-    from marspec.batch.scheduler import Scheduler
-    from marspec.demo import DEMO_PROMPTS
-    from marspec.settings import GenerationOptions
-
-    decoder = marspec.Decoder(threads=2)
-    prompts = [[{"role": "user", "content": text}] for _, text in DEMO_PROMPTS]
-    decoder.generate(prompts[0], max_new_tokens=8)  # warm-up, and the kernels' library loaded
-    forwards, tokens = [0.0], [0]
-    run_once = Batcher.run_once
-
-    def timed(self: Batcher) -> int:
-        start = time.perf_counter()
-        ran = run_once(self)
-        forwards[0] += time.perf_counter() - start if ran else 0.0
-        return ran
-
-    Batcher.run_once = timed  # type: ignore[method-assign]
     loaded = top_tokens._library_loaded
-    arms = {"torch": lambda: False, "kernel": loaded}
-    runs: dict[str, list[dict[str, float]]] = defaultdict(list)
-    answers: dict[int, set[tuple[int, ...]]] = defaultdict(set)
-    for round_ in range(rounds):
-        for arm in list(arms) if round_ % 2 == 0 else list(arms)[::-1]:
-            top_tokens._library_loaded = arms[arm]  # type: ignore[assignment]
-            tokens[0], forwards[0] = 0, 0.0
 
-            def work(i: int) -> Callable[[Any], None]:
-                def run(slot: Any) -> None:
-                    for j in range(len(prompts)):
-                        options = GenerationOptions.of({"max_new_tokens": max_new_tokens, "rule": "strict"})
-                        steps = decoder.decode_on(slot, prompts[(i + j) % len(prompts)], options, True)
-                        try:
-                            while True:
-                                next(steps)
-                        except StopIteration as end:
-                            tokens[0] += len(end.value.token_ids)
-                            answers[(i + j) % len(prompts)].add(tuple(end.value.token_ids))
+    def arm(kernel: bool) -> Callable[[], None]:
+        def use() -> None:
+            top_tokens._library_loaded = loaded if kernel else lambda: False  # type: ignore[assignment]
 
-                return run
+        return use
 
-            scheduler = Scheduler(decoder.target, decoder.drafter, max_batch=8)
-            for i in range(clients):
-                scheduler.add(work(i))
-            start = time.perf_counter()
-            while scheduler.step():
-                pass
-            wall = time.perf_counter() - start
-            scheduler.close()
-            rest = wall - forwards[0]
-            runs[arm].append({"tok_s": tokens[0] / wall, "forwards_s": forwards[0], "rest_s": rest})
-            print(arm, {k: round(v, 2) for k, v in runs[arm][-1].items()}, flush=True)
-    top_tokens._library_loaded = loaded  # type: ignore[assignment]
-    Batcher.run_once = run_once  # type: ignore[method-assign]
-    summary = {arm: {k: statistics.median(r[k] for r in v) for k in v[0]} for arm, v in runs.items()}
-    return {
-        "clients": clients,
-        "runs": runs,
-        "medians": summary,
-        "one_answer_per_prompt": all(len(s) == 1 for s in answers.values()),
-    }
+    try:
+        return scheduler_ab({"torch": arm(False), "kernel": arm(True)}, clients, rounds, max_new_tokens)
+    finally:
+        top_tokens._library_loaded = loaded  # type: ignore[assignment]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The Q4_K x int8 kernel (:mod:`marspec.backends.q4k`): its dequantiser gives gguf-py's values, the
 kernel computes what its float64 reference does, a row's output is the same bits whatever rows share
-the call, and the packed form survives a safetensors file."""
+the call and on either of its paths (VNNI, AMX), and the packed form survives a safetensors file."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from marspec.backends import q4k
 from marspec.backends.q4k import (
     BLOCK_BYTES,
     Q4KLinear,
+    amx_available,
+    amx_from_rows,
     dequantize_q4k,
     q4k_blocks,
     q4k_kernel_available,
@@ -126,6 +128,30 @@ def assert_rows_independent(layer: torch.nn.Module, x: torch.Tensor) -> None:
     assert torch.equal(together[3:], layer(x[3:]))  # a row block starting elsewhere
 
 
+def cpu_has_amx_int8() -> bool:
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"amx_tile", "amx_int8"} <= flags
+
+
+needs_amx = pytest.mark.skipif(
+    not (q4k_kernel_available() and amx_available()), reason="no AMX int8 tiles here (or no kernels' library)"
+)
+
+
+def assert_amx_gives_vnnis_bits(layer: torch.nn.Module, x: torch.Tensor) -> None:
+    """``layer(x)`` is the same bits on the AMX path as on the VNNI path, and so is each row alone."""
+    with amx_from_rows(1):
+        amx = layer(x)
+        amx_rows = [layer(x[i : i + 1]) for i in range(x.shape[0])]
+    with amx_from_rows(0):
+        vnni = layer(x)
+    assert torch.equal(amx, vnni), f"{x.shape[0]} rows: largest difference {(amx - vnni).abs().max()}"
+    assert torch.equal(torch.cat(amx_rows), vnni)
+
+
 def assert_rebuilt_from_safetensors(layer: torch.nn.Module, tmp_path: Path) -> None:
     """``type(layer)(**tensors)``, its tensors saved to and loaded from a safetensors file, is the layer."""
     save_file(layer.tensors, tmp_path / "layer.safetensors")
@@ -139,6 +165,55 @@ def assert_rebuilt_from_safetensors(layer: torch.nn.Module, tmp_path: Path) -> N
 @pytest.mark.parametrize("m", [2, 8, 9, 13, 17, 52, 128])
 def test_a_rows_output_is_the_same_bits_whatever_rows_share_the_call(layer: Q4KLinear, m: int) -> None:
     assert_rows_independent(layer, torch.randn(m, K))
+
+
+@needs_kernel
+def test_amx_is_available_wherever_the_cpu_has_amx_int8() -> None:
+    # The AMX path is asked for by the CPU's flags and Linux's permission; a build or a check that
+    # silently lost it would leave such a CPU on the slower VNNI path at many rows.
+    assert amx_available() == cpu_has_amx_int8()
+
+
+@needs_kernel
+def test_amx_from_rows_restores_the_settings_before() -> None:
+    defaults = torch.ops.marspec_amx.set_min_rows(8, 12)
+    assert defaults == [8, 12]  # the kernels' own (kernels/amx.h), which amx_from_rows documents
+    with amx_from_rows(3):
+        with amx_from_rows(0, 5):
+            assert torch.ops.marspec_amx.set_min_rows(0, 5) == [0, 5]
+        assert torch.ops.marspec_amx.set_min_rows(3, 3) == [3, 3]
+    assert torch.ops.marspec_amx.set_min_rows(8, 12) == [8, 12]
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 16, 17, 40])
+def test_the_amx_path_gives_the_vnni_paths_bits(layer: Q4KLinear, m: int) -> None:
+    assert_amx_gives_vnnis_bits(layer, torch.randn(m, K) * 3)
+
+
+@needs_amx
+@pytest.mark.parametrize("width", [896, 288, 32])
+def test_the_amx_path_gives_the_vnni_paths_bits_on_a_part_empty_last_super_block(width: int) -> None:
+    # 896 leaves 4 of the last super-block's 8 sub-blocks, 288 and 32 one: a tile product then covers one
+    # sub-block that holds weights and one that does not.
+    layer = Q4KLinear.from_float(torch.randn(40, width) * 0.1, torch.randn(40))
+    assert_amx_gives_vnnis_bits(layer, torch.randn(13, width))
+
+
+@needs_amx
+def test_extreme_codes_scales_and_activations_sum_exactly_on_the_amx_path() -> None:
+    # Every code 15, every scale and min 63, activations at +-127 after quantisation: the largest sums
+    # of the AMX path's split scales (sc = 8 * hi + lo, each product at most 105).
+    raw = random_blocks(64, 1024, seed=3).reshape(64, 4, BLOCK_BYTES)
+    raw[..., 4:] = 0xFF
+    layer = Q4KLinear.from_gguf_blocks(raw.reshape(64, -1))
+    x = torch.full((9, 1024), 5.0)
+    x[1::2] = -5.0
+    assert_amx_gives_vnnis_bits(layer, x)
+    expected = q4k_reference(x, raw.reshape(64, -1))
+    with amx_from_rows(1):
+        y = layer(x)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 @needs_kernel

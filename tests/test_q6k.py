@@ -1,6 +1,6 @@
 """The Q6_K x int8 kernel (:mod:`marspec.backends.q6k`): its dequantiser gives gguf-py's values, the
 kernel computes what its float64 reference does, a row's output is the same bits whatever rows share
-the call, and the packed form survives a safetensors file."""
+the call and on either of its paths (VNNI, AMX), and the packed form survives a safetensors file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from test_q4k import assert_rebuilt_from_safetensors, assert_rows_independent, needs_kernel, target_gguf
+from test_q4k import (
+    assert_amx_gives_vnnis_bits,
+    assert_rebuilt_from_safetensors,
+    assert_rows_independent,
+    needs_amx,
+    needs_kernel,
+    target_gguf,
+)
 
 from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear, dequantize_q6k, q6k_reference
 
@@ -71,6 +78,29 @@ def test_extreme_codes_and_scales_sum_exactly() -> None:
     x = torch.full((3, 1024), 5.0)
     x[1] = -5.0
     assert_close_to(Q6KLinear.from_gguf_blocks(raw)(x), q6k_reference(x, raw))
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 16, 17, 40])
+def test_the_amx_path_gives_the_vnni_paths_bits(layer: Q6KLinear, m: int) -> None:
+    assert_amx_gives_vnnis_bits(layer, torch.randn(m, K) * 3)
+
+
+@needs_amx
+@pytest.mark.parametrize("code", [0x00, 0xFF])
+@pytest.mark.parametrize("scale", [0x80, 0x7F])
+def test_extreme_codes_and_scales_sum_exactly_on_the_amx_path(code: int, scale: int) -> None:
+    # sc * (q - 32) at its ends (-128 * -32 = 4096, -128 * 31, 127 * -32, 127 * 31): the AMX path splits
+    # it into a low byte 0..255 and a signed high byte.
+    raw = random_blocks(40, 1024, seed=4).reshape(40, 4, Q6K_BLOCK_BYTES)
+    raw[..., :192] = code
+    raw[..., 192:208] = scale
+    raw = raw.reshape(40, -1)
+    layer = Q6KLinear.from_gguf_blocks(raw)
+    x = torch.full((9, 1024), 5.0)
+    x[1::2] = -5.0
+    assert_amx_gives_vnnis_bits(layer, x)
+    assert_close_to(layer(x), q6k_reference(x, raw))
 
 
 @needs_kernel

@@ -8,7 +8,9 @@ kernel (``kernels/q4k.cpp``) reads each weight once per call whatever the number
 sequential stream per 32 output columns. Its input is
 quantised to int8 per token row, as :class:`~marspec.backends.int8.RowwiseInt8Linear`'s is, and each
 row's sums run in the same order whatever else is in the call: a row's output is the same bits in a
-13-token verification as in a one-token step.
+13-token verification as in a one-token step. On a CPU with AMX int8 tiles, calls of many rows (a batch's
+forward, a prompt) take the kernel's AMX path (:func:`amx_available`, :func:`amx_from_rows`), whose
+exact integer sums and float operations are the VNNI path's: the same bits, faster.
 
 The packed weights are one plain uint8 tensor (its float32 fields little-endian) whose layout does not
 depend on the CPU that made it (:attr:`Q4KLinear.tensors`); weights that come in float are first
@@ -17,11 +19,12 @@ quantised to Q4_K blocks by :func:`q4k_blocks`, so both sources share one path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import platform
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -121,6 +124,29 @@ def _load_kernel() -> bool:
         )
         return False
     return True
+
+
+def amx_available() -> bool:
+    """Whether the Q4_K and Q6_K kernels have their AMX path here: the kernels' library runs
+    (:func:`q4k_kernel_available`), it was compiled with AMX's intrinsics, the CPU has AMX int8 tiles and
+    Linux lets this process use them (asked once, by this call or the first kernel call that could)."""
+    return q4k_kernel_available() and bool(torch.ops.marspec_amx.available())
+
+
+@contextlib.contextmanager
+def amx_from_rows(q4k: int, q6k: int | None = None) -> Iterator[None]:
+    """Inside, the Q4_K kernel takes its AMX path (where :func:`amx_available`) for calls of at least
+    ``q4k`` rows and the Q6_K kernel for calls of at least ``q6k`` (default: ``q4k``) rows, 0 never, in
+    every thread; after, the settings before. Outside, the kernels take it from the row counts where it
+    was measured faster (8 and 12, ``kernels/amx.h``). Only speed depends on it: a row's output is the
+    same bits on both paths. For tests and benchmarks; it needs the kernels' library."""
+    if not q4k_kernel_available():
+        raise RuntimeError(Q4K_UNAVAILABLE)
+    before = torch.ops.marspec_amx.set_min_rows(q4k, q4k if q6k is None else q6k)
+    try:
+        yield
+    finally:
+        torch.ops.marspec_amx.set_min_rows(*before)
 
 
 class Q4KFields(NamedTuple):

@@ -8,7 +8,8 @@ those bytes (6.5625 bits a weight, no second rounding), repacked once so that th
 reads each weight once per call whatever the number of rows, in one sequential stream per 32 output
 columns. Its input is quantised to int8 per token row as :class:`~.q4k.Q4KLinear`'s is, and each row's
 sums run in the same order whatever else is in the call: a row's output is the same bits in a 13-token
-verification as in a one-token step.
+verification as in a one-token step, and on the kernel's AMX path (:func:`~.q4k.amx_from_rows`) as on
+its VNNI path.
 
 The packed weights are one plain uint8 tensor whose layout does not depend on the CPU that made it
 (:attr:`Q6KLinear.tensors`).

@@ -1,4 +1,5 @@
-// marspec_q4k::linear: float32 activations x Q4_K weights, with AVX-512 VNNI.
+// marspec_q4k::linear: float32 activations x Q4_K weights, with AVX-512 VNNI, or from 8 rows AMX tiles
+// (amx.h; the same sums, below).
 //
 // Each activation row is quantised to int8 with its own scale (peak / 127), then multiplied by the
 // weights' 4-bit codes exactly in int32 (_mm512_dpbusd_epi32: codes as the unsigned operand,
@@ -28,12 +29,15 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "amx.h"
 #include "tiled_linear.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -77,23 +81,47 @@ void unpack_codes(const uint8_t* record, int64_t half, int64_t used, UnpackedHal
   }
 }
 
+// 16 bytes at p as the int32 lanes of a zmm.
+inline __m512i widened(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// A record's half's scales (its sc, then its m, 8 x 16 bytes each) and d, dmin: where they start.
+const uint8_t* half_scales(const uint8_t* record, int64_t half, int64_t used) {
+  return record + 2 * used * kGroupCodeBytes + half * kScaleBytes;
+}
+const uint8_t* half_d(const uint8_t* record, int64_t half, int64_t used) {
+  return record + 2 * (used * kGroupCodeBytes + kScaleBytes) + half * kDBytes;
+}
+
+// A half's mins as int16 pairs (sub-blocks 2i, 2i + 1), its d and dmin: what both paths' rows end with.
+void unpack_mins_and_d(const uint8_t* record, int64_t half, int64_t used, int32_t (&m)[kGroups / 2][kHalf],
+                       float (&d)[kHalf], float (&dmin)[kHalf]) {
+  const uint8_t* mins = half_scales(record, half, used) + kGroups * kHalf;
+  for (int64_t i = 0; i < kGroups / 2; ++i) {
+    const __m512i even = widened(mins + 2 * i * kHalf), odd = widened(mins + (2 * i + 1) * kHalf);
+    _mm512_store_si512(m[i], _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+  }
+  const uint8_t* ds = half_d(record, half, used);
+  _mm512_store_ps(d, _mm512_loadu_ps(ds));
+  _mm512_store_ps(dmin, _mm512_loadu_ps(ds + kHalf * 4));
+}
+
 // A half's scales, mins, d and dmin (after the codes of the record's `used` sub-blocks).
 void unpack_scales(const uint8_t* record, int64_t half, int64_t used, UnpackedHalf& out) {
-  const uint8_t* scales = record + 2 * used * kGroupCodeBytes + half * kScaleBytes;
-  const uint8_t* d = record + 2 * (used * kGroupCodeBytes + kScaleBytes) + half * kDBytes;
-  for (int64_t g = 0; g < kGroups; ++g) {
-    const auto* sc = reinterpret_cast<const __m128i*>(scales + g * kHalf);
-    _mm512_store_si512(out.sc[g], _mm512_cvtepu8_epi32(_mm_loadu_si128(sc)));
-  }
-  for (int64_t i = 0; i < kGroups / 2; ++i) {
-    const auto* even = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i) * kHalf);
-    const auto* odd = reinterpret_cast<const __m128i*>(scales + (kGroups + 2 * i + 1) * kHalf);
-    const __m512i pair = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128(even)),
-                                         _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(odd)), 16));
-    _mm512_store_si512(out.m[i], pair);
-  }
-  _mm512_store_ps(out.d, _mm512_loadu_ps(d));
-  _mm512_store_ps(out.dmin, _mm512_loadu_ps(d + kHalf * 4));
+  const uint8_t* scales = half_scales(record, half, used);
+  for (int64_t g = 0; g < kGroups; ++g) _mm512_store_si512(out.sc[g], widened(scales + g * kHalf));
+  unpack_mins_and_d(record, half, used, out.m, out.d, out.dmin);
+}
+
+// A row's 16 accumulators a after a record's half: a += d * scaled, then a -= dmin * mins, from the exact
+// int32 scaled = sum_g sc_g * (q_g . x_g) and mins = sum_g m_g * sum(x_g). Both kernel paths end a record
+// here, so a row's float operations are the same on either.
+inline void finish_row(const float* d, const float* dmin, __m512i scaled, __m512i mins, float* a) {
+  __m512 f = _mm512_loadu_ps(a);
+  f = _mm512_fmadd_ps(_mm512_load_ps(d), _mm512_cvtepi32_ps(scaled), f);
+  f = _mm512_fnmadd_ps(_mm512_load_ps(dmin), _mm512_cvtepi32_ps(mins), f);
+  _mm512_storeu_ps(a, f);
 }
 
 // R rows' sums over one record's `used` sub-blocks (fewer than 8 only past the end of a row whose width
@@ -139,18 +167,12 @@ void rows_block(const UnpackedHalf* w, const uint8_t* record, const int8_t* xq, 
     }
   }
   for (int c = 0; c < 2; ++c) {
-    const __m512 d = _mm512_load_ps(w[c].d);
-    const __m512 dmin = _mm512_load_ps(w[c].dmin);
     for (int r = 0; r < R; ++r) {
       __m512i mins = _mm512_setzero_si512();
       for (int64_t i = 0; i < kGroups / 2; ++i) {
         mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(w[c].m[i]), broadcast4(xsums + r * groups + 2 * i));
       }
-      float* a = acc + r * kTile + c * kHalf;
-      __m512 f = _mm512_loadu_ps(a);
-      f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(scaled[r][c]), f);
-      f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mins), f);
-      _mm512_storeu_ps(a, f);
+      finish_row(w[c].d, w[c].dmin, scaled[r][c], mins, acc + r * kTile + c * kHalf);
     }
   }
 }
@@ -189,6 +211,124 @@ void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, i
   }
 }
 
+#if MARSPEC_HAS_AMX
+// The AMX path. A tile product sums 64 weights (two sub-blocks) at once, so the sub-block scales go
+// into the weights it multiplies: with sc = 8 * hi + lo (hi, lo in 0..7), the products lo * q and
+// hi * q (at most 105) are bytes, and over a super-block sum_k x_k * lo_k q_k + 8 * sum_k x_k * hi_k q_k
+// = sum_g sc_g * (q_g . x_g), the VNNI path's exact int32 (each sum at most 256 * 127 * 105 in
+// magnitude). Each record's codes are scaled once for all rows (a 16-bit multiply gives two bytes'
+// products: neither exceeds a byte); a row then needs two sums per half.
+using marspec_kernels::kChunk;
+using marspec_kernels::kTileRows;
+static_assert(kChunk == 2 * kGroup, "a tile product sums two sub-blocks");
+constexpr int kScaleBits = 3;  // sc = hi << 3 | lo
+
+// One half of a record for the tiles: lo * q and hi * q as the weights' tile B of each chunk (16 rows
+// of 16 columns x 4 weights: sub-block 2i's 8 rows, then sub-block 2i + 1's), the mins as int16 pairs.
+struct AmxHalf {
+  alignas(64) uint8_t lo[kGroups][8][64];
+  alignas(64) uint8_t hi[kGroups][8][64];
+  alignas(64) int32_t m[kGroups / 2][kHalf];
+  alignas(64) float d[kHalf];
+  alignas(64) float dmin[kHalf];
+};
+
+void amx_unpack(const uint8_t* record, int64_t half, int64_t used, AmxHalf& out) {
+  const uint8_t* codes = record + half * used * kGroupCodeBytes;
+  const uint8_t* scales = half_scales(record, half, used);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i low_bits = _mm512_set1_epi32((1 << kScaleBits) - 1);
+  for (int64_t g = 0; g < used; ++g) {
+    // Each column's scale part in both 16-bit words of its lane (its 4 code bytes).
+    const __m512i sc = widened(scales + g * kHalf);
+    const __m512i lo_part = _mm512_and_si512(sc, low_bits);
+    const __m512i hi_part = _mm512_srli_epi32(sc, kScaleBits);
+    const __m512i lo = _mm512_or_si512(lo_part, _mm512_slli_epi32(lo_part, 16));
+    const __m512i hi = _mm512_or_si512(hi_part, _mm512_slli_epi32(hi_part, 16));
+    for (int64_t c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(codes + (g * 4 + c) * 64);
+      const __m512i first = _mm512_and_si512(v, low);
+      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      _mm512_store_si512(out.lo[g][2 * c], _mm512_mullo_epi16(first, lo));
+      _mm512_store_si512(out.lo[g][2 * c + 1], _mm512_mullo_epi16(second, lo));
+      _mm512_store_si512(out.hi[g][2 * c], _mm512_mullo_epi16(first, hi));
+      _mm512_store_si512(out.hi[g][2 * c + 1], _mm512_mullo_epi16(second, hi));
+    }
+  }
+  unpack_mins_and_d(record, half, used, out.m, out.d, out.dmin);
+}
+
+// A block of rows (the tiles' configured count, the last block's padded with zero rows) against a
+// record unpacked in w: the tile products over its chunks (two sub-blocks each; where the last has one,
+// its second's weights are whatever the buffer holds, against activations that are zeros there),
+// stored to sums[half][lo, hi][row][column].
+MARSPEC_AMX_TARGET void amx_products(const AmxHalf* w, const int8_t* xq, int64_t k, int64_t used, int32_t* sums) {
+  const auto weights = [w](int64_t i, int half, bool high) -> const void* {
+    return high ? w[half].hi[2 * i] : w[half].lo[2 * i];
+  };
+  marspec_kernels::chunk_products<false>(xq, k, (used + 1) / 2, weights, sums);
+}
+
+// The `rows` real rows of a block from amx_products' sums: each row's scaled sum and mins, and
+// finish_row, as rows_block ends.
+void amx_finish(const AmxHalf* w, const int16_t* xsums, int64_t groups, int64_t rows, const int32_t* sums,
+                float* acc) {
+  for (int c = 0; c < 2; ++c) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512i lo = _mm512_load_si512(sums + ((2 * c) * kTileRows + r) * kHalf);
+      const __m512i hi = _mm512_load_si512(sums + ((2 * c + 1) * kTileRows + r) * kHalf);
+      const __m512i scaled = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, kScaleBits));
+      __m512i mins = _mm512_setzero_si512();
+      for (int64_t i = 0; i < kGroups / 2; ++i) {
+        mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(w[c].m[i]), broadcast4(xsums + r * groups + 2 * i));
+      }
+      finish_row(w[c].d, w[c].dmin, scaled, mins, acc + r * kTile + c * kHalf);
+    }
+  }
+}
+#undef Q4K_AMX_CHUNK
+#endif
+
+// What one thread adds per record on its share of a call's tiles: the VNNI path (all_rows), or, where
+// the call's rows take AMX, blocks of block_rows rows through the tiles it holds while it lives.
+class Q4KWorker {
+ public:
+  Q4KWorker(int64_t k, int64_t supers, int64_t last_used, int64_t block_rows)
+      : k_(k), supers_(supers), last_used_(last_used), block_rows_(block_rows) {
+#if MARSPEC_HAS_AMX
+    if (block_rows_ > 0) tiles_.emplace(marspec_kernels::chunk_tiles(block_rows_));
+#endif
+  }
+
+  void operator()(const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
+    const int64_t used = s + 1 < supers_ ? kGroups : last_used_;
+    const auto m_rows = static_cast<int64_t>(xq.scale.size());
+#if MARSPEC_HAS_AMX
+    if (block_rows_ > 0) {
+      amx_unpack(record, 0, used, amx_[0]);
+      amx_unpack(record, 1, used, amx_[1]);
+      const int64_t groups = k_ / kGroup;
+      for (int64_t m0 = 0; m0 < m_rows; m0 += block_rows_) {
+        amx_products(amx_, xq.q.data() + m0 * k_ + s * kSuper, k_, used, sums_);
+        amx_finish(amx_, xq.sums.data() + m0 * groups + s * kGroups, groups, std::min(block_rows_, m_rows - m0), sums_,
+                   acc + m0 * kTile);
+      }
+      return;
+    }
+#endif
+    all_rows(w_, record, xq, m_rows, k_, s, used, acc);
+  }
+
+ private:
+  int64_t k_, supers_, last_used_, block_rows_;
+  UnpackedHalf w_[2];
+#if MARSPEC_HAS_AMX
+  std::optional<marspec_kernels::HeldTiles> tiles_;
+  AmxHalf amx_[2];
+  alignas(64) int32_t sums_[4 * kTileRows * kHalf];  // [half][lo, hi][row][column]
+#endif
+};
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                   const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.size(1) % kGroup == 0, "x must be [M, K], K a multiple of 32");
@@ -196,17 +336,26 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
   const int64_t supers = (k_in + kSuper - 1) / kSuper;
   const int64_t k = supers * kSuper;
   const int64_t last_used = (k_in - (k - kSuper)) / kGroup;  // sub-blocks in the last super-block
-  return marspec_kernels::tiled_linear<kGroup>(
-      x, k, blocks, supers, kRecord, record_bytes(last_used), out_features, bias,
-      [&](const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
-        UnpackedHalf w[2];
-        const int64_t used = s + 1 < supers ? kGroups : last_used;
-        all_rows(w, record, xq, static_cast<int64_t>(xq.scale.size()), k, s, used, acc);
-      });
+  const auto amx = marspec_kernels::amx_row_blocks(x.size(0), marspec_kernels::amx_min_rows_q4k);
+  return marspec_kernels::tiled_linear<kGroup>(x, k, blocks, supers, kRecord, record_bytes(last_used), out_features,
+                                               bias, amx.stored_rows,
+                                               [&] { return Q4KWorker(k, supers, last_used, amx.block_rows); });
 }
 
 }  // namespace
 
 TORCH_LIBRARY(marspec_q4k, m) {
   m.def("linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &linear);
+}
+
+// The AMX path's switch for the kernels that have one: whether it can run in this process, and the row
+// counts from which the Q4_K and Q6_K kernels' calls take it (set_min_rows returns the counts before; 0
+// turns a kernel's path off).
+TORCH_LIBRARY(marspec_amx, m) {
+  m.def("available() -> bool", [] { return marspec_kernels::amx_permitted(); });
+  m.def("set_min_rows(int q4k, int q6k) -> int[]", [](int64_t q4k, int64_t q6k) {
+    TORCH_CHECK(q4k >= 0 && q6k >= 0, "row counts must be >= 0");
+    return std::vector<int64_t>{marspec_kernels::amx_min_rows_q4k.exchange(q4k),
+                                marspec_kernels::amx_min_rows_q6k.exchange(q6k)};
+  });
 }

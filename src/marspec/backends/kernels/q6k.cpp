@@ -1,4 +1,5 @@
-// marspec_q6k::linear: float32 activations x Q6_K weights, with AVX-512 VNNI.
+// marspec_q6k::linear: float32 activations x Q6_K weights, with AVX-512 VNNI, or from 12 rows AMX
+// tiles (amx.h; the same sums, below).
 //
 // Each activation row is quantised to int8 with its own scale (peak / 127, tiled_linear.h, as q4k.cpp's
 // rows are), then multiplied by the weights' 6-bit codes q (0..63) exactly in int32
@@ -27,8 +28,10 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "amx.h"
 #include "tiled_linear.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -191,18 +194,131 @@ void all_rows(UnpackedHalf* w, const uint8_t* record, const QuantisedRows& xq, i
   }
 }
 
+#if MARSPEC_HAS_AMX
+// The AMX path. Each weight's scaled code v = sc * (q - 32) (|v| <= 4096) is split into its 16-bit
+// form's bytes, v = 256 * high + low (low unsigned 0..255, high signed): one tile product per byte
+// (TDPBSUD for the low, TDPBSSD for the high), each over 64 weights (four sub-blocks) at once, and
+// low_sum + 256 * high_sum = sum_j sc_j * (q_j - 32) . x_j, the VNNI path's exact int32 (each sum at most
+// 256 * 127 * 255 in magnitude). The codes are scaled once a record for all rows; a row then needs two
+// sums per half.
+using marspec_kernels::kChunk;
+using marspec_kernels::kTileRows;
+constexpr int64_t kChunks = kSuper / kChunk;
+
+// One half of a record for the tiles: the low and high bytes of sc * (q - 32), as the weights' tile B
+// of each chunk (16 rows of 16 columns x 4 weights: its four sub-blocks' 4 rows each).
+struct AmxHalf {
+  alignas(64) uint8_t low[kGroups][kSteps][64];
+  alignas(64) int8_t high[kGroups][kSteps][64];
+  alignas(64) float d[kHalf];
+};
+
+// Byte permutes (VBMI): every CPU with AMX has them.
+__attribute__((target("avx512vbmi"))) void amx_unpack(const uint8_t* record, int64_t half, AmxHalf& out) {
+  const uint8_t* codes = record + half * kCodeBytes;
+  const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
+  const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
+  // Bytes 2i and 2i + 1 of the result: the low (high) bytes of 16-bit word i of a and of b.
+  alignas(64) uint8_t low_index[64], high_index[64];
+  for (int i = 0; i < 32; ++i) {
+    low_index[2 * i] = static_cast<uint8_t>(2 * i);
+    low_index[2 * i + 1] = static_cast<uint8_t>(64 + 2 * i);
+    high_index[2 * i] = static_cast<uint8_t>(2 * i + 1);
+    high_index[2 * i + 1] = static_cast<uint8_t>(64 + 2 * i + 1);
+  }
+  const __m512i lows = _mm512_load_si512(low_index), highs = _mm512_load_si512(high_index);
+  for (int64_t j = 0; j < kGroups; ++j) {
+    // The sub-block's scale of each column in its lane's byte 0 (even codes) or byte 1 (odd codes), and
+    // -32 * sc in both 16-bit words.
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + j * kHalf)));
+    const __m512i sc_bytes = _mm512_and_si512(sc, _mm512_set1_epi32(0xFF));
+    const __m512i even_sc = _mm512_or_si512(sc_bytes, _mm512_slli_epi32(sc_bytes, 16));
+    const __m512i odd_sc = _mm512_slli_epi16(even_sc, 8);
+    const __m512i sc_words = _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc, 16));
+    const __m512i offset = _mm512_mullo_epi16(sc_words, _mm512_set1_epi16(-kOffset));
+    __m512i steps[kSteps];
+    group_codes(codes + j * kGroupCodeBytes, steps);
+    for (int64_t i = 0; i < kSteps; ++i) {
+      // 16-bit words of sc * q (q 0..63, sc -128..127: no saturation) plus -32 * sc.
+      const __m512i even = _mm512_add_epi16(_mm512_maddubs_epi16(steps[i], even_sc), offset);
+      const __m512i odd = _mm512_add_epi16(_mm512_maddubs_epi16(steps[i], odd_sc), offset);
+      _mm512_store_si512(out.low[j][i], _mm512_permutex2var_epi8(even, lows, odd));
+      _mm512_store_si512(out.high[j][i], _mm512_permutex2var_epi8(even, highs, odd));
+    }
+  }
+  _mm512_store_ps(out.d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d))));
+}
+
+// A block of rows (the tiles' configured count) against a record unpacked in w: the tile products, stored
+// to sums[half][low, high][row][column].
+MARSPEC_AMX_TARGET void amx_products(const AmxHalf* w, const int8_t* xq, int64_t k, int32_t* sums) {
+  const auto weights = [w](int64_t i, int half, bool high) -> const void* {
+    return high ? static_cast<const void*>(w[half].high[4 * i]) : w[half].low[4 * i];
+  };
+  marspec_kernels::chunk_products<true>(xq, k, kChunks, weights, sums);
+}
+
+// The `rows` real rows of a block from amx_products' sums: acc += d * (low + 256 * high), as rows_block
+// ends.
+void amx_finish(const AmxHalf* w, int64_t rows, const int32_t* sums, float* acc) {
+  for (int c = 0; c < 2; ++c) {
+    const __m512 d = _mm512_load_ps(w[c].d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512i low = _mm512_load_si512(sums + ((2 * c) * kTileRows + r) * kHalf);
+      const __m512i high = _mm512_load_si512(sums + ((2 * c + 1) * kTileRows + r) * kHalf);
+      const __m512i scaled = _mm512_add_epi32(low, _mm512_slli_epi32(high, 8));
+      float* a = acc + r * kTile + c * kHalf;
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(scaled), _mm512_loadu_ps(a)));
+    }
+  }
+}
+#endif
+
+// What one thread adds per record on its share of a call's tiles: the VNNI path (all_rows), or, where
+// the call's rows take AMX, blocks of block_rows rows through the tiles it holds while it lives.
+class Q6KWorker {
+ public:
+  Q6KWorker(int64_t k, int64_t block_rows) : k_(k), block_rows_(block_rows) {
+#if MARSPEC_HAS_AMX
+    if (block_rows_ > 0) tiles_.emplace(marspec_kernels::chunk_tiles(block_rows_));
+#endif
+  }
+
+  void operator()(const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
+    const auto m_rows = static_cast<int64_t>(xq.scale.size());
+#if MARSPEC_HAS_AMX
+    if (block_rows_ > 0) {
+      amx_unpack(record, 0, amx_[0]);
+      amx_unpack(record, 1, amx_[1]);
+      for (int64_t m0 = 0; m0 < m_rows; m0 += block_rows_) {
+        amx_products(amx_, xq.q.data() + m0 * k_ + s * kSuper, k_, sums_);
+        amx_finish(amx_, std::min(block_rows_, m_rows - m0), sums_, acc + m0 * kTile);
+      }
+      return;
+    }
+#endif
+    all_rows(w_, record, xq, m_rows, k_, s, acc);
+  }
+
+ private:
+  int64_t k_, block_rows_;
+  UnpackedHalf w_[2];
+#if MARSPEC_HAS_AMX
+  std::optional<marspec_kernels::HeldTiles> tiles_;
+  AmxHalf amx_[2];
+  alignas(64) int32_t sums_[4 * kTileRows * kHalf];  // [half][low, high][row][column]
+#endif
+};
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                   const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(blocks.dim() == 3 && x.dim() == 2, "x must be [M, K], blocks [ceil(N/32), K/256, ", kRecord, "]");
   const int64_t supers = blocks.size(1);
   const int64_t k = supers * kSuper;
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, these weights ", k);
-  return marspec_kernels::tiled_linear<kGroup>(
-      x, k, blocks, supers, kRecord, kRecord, out_features, bias,
-      [&](const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
-        UnpackedHalf w[2];
-        all_rows(w, record, xq, static_cast<int64_t>(xq.scale.size()), k, s, acc);
-      });
+  const auto amx = marspec_kernels::amx_row_blocks(x.size(0), marspec_kernels::amx_min_rows_q6k);
+  return marspec_kernels::tiled_linear<kGroup>(x, k, blocks, supers, kRecord, kRecord, out_features, bias,
+                                               amx.stored_rows, [&] { return Q6KWorker(k, amx.block_rows); });
 }
 
 }  // namespace

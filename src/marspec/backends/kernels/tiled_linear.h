@@ -31,13 +31,14 @@ struct QuantisedRows {
 };
 
 // Each row (k_in values, a multiple of kGroup) quantised, in rows of k >= k_in values whose tail is
-// zeros (the weights' padding meets zeros), with the sum of each kGroup values (16 or 32).
+// zeros (the weights' padding meets zeros), with the sum of each kGroup values (16 or 32); then zero
+// rows up to stored_rows (>= m_rows), which a tile load of whole row blocks may read.
 template <int64_t kGroup>
-QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k_in, int64_t k) {
+QuantisedRows quantise_rows(const float* x, int64_t m_rows, int64_t k_in, int64_t k, int64_t stored_rows) {
   static_assert(kGroup % 16 == 0 && kGroup * 127 <= INT16_MAX, "a group is whole zmms and its sum an int16");
   QuantisedRows out;
-  out.q.resize(m_rows * k);  // zeros
-  out.sums.resize(m_rows * (k / kGroup));
+  out.q.resize(stored_rows * k);  // zeros
+  out.sums.resize(stored_rows * (k / kGroup));
   out.scale.resize(m_rows);
   for (int64_t m = 0; m < m_rows; ++m) {
     const float* row = x + m * k_in;
@@ -100,14 +101,16 @@ inline __m512i broadcast4(const void* p) {
 // output columns, each a sequential stream of S records: S - 1 of record_bytes, then the last of
 // last_record_bytes, which is shorter where the layer's width leaves the last super-block part empty),
 // N = out_features. x's rows are quantised in rows of k values (k_in <= k; the caller checks k_in), with
-// the sums of each kGroup; then each tile, on a thread of its own (never split over K), gets its sums
-// acc [M, 32] (zeros first) from add_record(record, s, quantised rows, acc) for its records s = 0..S-1
-// in turn, and its output from them. The next record is requested from memory while one is added: the
-// hardware prefetcher alone left a thread reading well below the memory's bandwidth.
-template <int64_t kGroup, class AddRecord>
+// the sums of each kGroup, and zero rows after them up to stored_rows; then each tile, on a thread of its
+// own (never split over K), gets its sums acc [M, 32] (zeros first) from add_record(record, s, quantised
+// rows, acc) for its records s = 0..S-1 in turn, and its output from them, add_record = make_worker()
+// made once per thread's share of the tiles (what it holds, such as tile registers, lives as long). The
+// next record is requested from memory while one is added: the hardware prefetcher alone left a thread
+// reading well below the memory's bandwidth.
+template <int64_t kGroup, class MakeWorker>
 at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t supers,
                         int64_t record_bytes, int64_t last_record_bytes, int64_t out_features,
-                        const std::optional<at::Tensor>& bias, AddRecord add_record) {
+                        const std::optional<at::Tensor>& bias, int64_t stored_rows, MakeWorker make_worker) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
   const int64_t tile_bytes = (supers - 1) * record_bytes + last_record_bytes;
   TORCH_CHECK(blocks.dim() >= 2 && blocks.scalar_type() == at::kByte && blocks.numel() == blocks.size(0) * tile_bytes,
@@ -127,12 +130,14 @@ at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks
   at::Tensor y = at::empty({m_rows, out_features}, xc.options());
   if (m_rows == 0) return y;
 
-  const QuantisedRows xq = quantise_rows<kGroup>(xc.data_ptr<float>(), m_rows, xc.size(1), k);
+  TORCH_CHECK(stored_rows >= m_rows, "stored_rows below the rows");
+  const QuantisedRows xq = quantise_rows<kGroup>(xc.data_ptr<float>(), m_rows, xc.size(1), k, stored_rows);
   const uint8_t* blocks_p = bc.data_ptr<uint8_t>();
   const float* bias_p = has_bias ? bias->data_ptr<float>() : nullptr;
   float* y_p = y.data_ptr<float>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(m_rows * kTileColumns);
+    auto add_record = make_worker();
     for (int64_t t = begin; t < end; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
