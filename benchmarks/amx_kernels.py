@@ -2,8 +2,7 @@ r"""The Q4_K and Q6_K kernels' AMX path against their VNNI path, interleaved in 
 default pair's real layers: first each kind of layer of the target alone at 1-32 rows; then the target's
 and the draft's forwards at 1-16 rows (the 200-token context of a decode step); then, for each of
 ``--clients``, that many clients decoding the demo's prompts through the batch scheduler (no HTTP),
-AMX off (every call on VNNI) and on (its defaults: Q4_K calls of 8 rows or more, Q6_K of 12) in
-alternating rounds.
+AMX off (every call on VNNI) and on (its default: calls of 8 rows or more) in alternating rounds.
 Both paths give the same bits (tests/test_q4k.py, tests/test_q6k.py); only time differs.
 
     python benchmarks/amx_kernels.py --clients 1 4 --rounds 4 --out amx-kernels.json
@@ -26,7 +25,7 @@ from marspec.backends.q4k import Q4KLinear, amx_available, amx_from_rows
 from marspec.backends.q6k import Q6KLinear
 
 # The rows from which the Q4_K and Q6_K kernels' calls take AMX: never, and the kernels' defaults.
-ARMS = {"vnni": (0, 0), "amx": (8, 12)}
+ARMS = {"vnni": (0, 0), "amx": (8, 8)}
 
 
 def interleaved(call: Callable[[], object], rounds: int, repeats: int) -> dict[str, float]:

@@ -176,13 +176,13 @@ def test_amx_is_available_wherever_the_cpu_has_amx_int8() -> None:
 
 @needs_kernel
 def test_amx_from_rows_restores_the_settings_before() -> None:
-    defaults = torch.ops.marspec_amx.set_min_rows(8, 12)
-    assert defaults == [8, 12]  # the kernels' own (kernels/amx.h), which amx_from_rows documents
+    defaults = torch.ops.marspec_amx.set_min_rows(8, 8)
+    assert defaults == [8, 8]  # the kernels' own (kernels/amx.h), which amx_from_rows documents
     with amx_from_rows(3):
         with amx_from_rows(0, 5):
             assert torch.ops.marspec_amx.set_min_rows(0, 5) == [0, 5]
         assert torch.ops.marspec_amx.set_min_rows(3, 3) == [3, 3]
-    assert torch.ops.marspec_amx.set_min_rows(8, 12) == [8, 12]
+    assert torch.ops.marspec_amx.set_min_rows(8, 8) == [8, 8]
 
 
 @needs_amx

@@ -138,7 +138,7 @@ def amx_from_rows(q4k: int, q6k: int | None = None) -> Iterator[None]:
     """Inside, the Q4_K kernel takes its AMX path (where :func:`amx_available`) for calls of at least
     ``q4k`` rows and the Q6_K kernel for calls of at least ``q6k`` (default: ``q4k``) rows, 0 never, in
     every thread; after, the settings before. Outside, the kernels take it from the row counts where it
-    was measured faster (8 and 12, ``kernels/amx.h``). Only speed depends on it: a row's output is the
+    was measured faster (8 rows for both, ``kernels/amx.h``). Only speed depends on it: a row's output is the
     same bits on both paths. For tests and benchmarks; it needs the kernels' library."""
     if not q4k_kernel_available():
         raise RuntimeError(Q4K_UNAVAILABLE)

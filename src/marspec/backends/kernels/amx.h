@@ -32,11 +32,10 @@
 namespace marspec_kernels {
 
 // Each kernel's calls with at least this many rows take the AMX path where it runs (0: never); only
-// speed depends on it. Measured on the default pair's layers (docs/results.md): Q4_K gains from 8 rows,
-// Q6_K from 12 (its codes cost more to scale, and its largest layer, the LM head, streams from memory
-// at a rate that hides the VNNI path's work up to ~12 rows).
+// speed depends on it. Measured on the default pair's layers (docs/results.md): both gain from 8 rows
+// (at 6 some layers gain and some lose, and the forwards lose).
 inline std::atomic<int64_t> amx_min_rows_q4k{8};
-inline std::atomic<int64_t> amx_min_rows_q6k{12};
+inline std::atomic<int64_t> amx_min_rows_q6k{8};
 
 constexpr int64_t kTileRows = 16;  // rows a tile holds
 

@@ -90,6 +90,16 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
+// Part `part` of `parts` of the cache lines of `bytes` from p on, requested into the cache (a long
+// record's work spreads the next record's requests over itself: all at its start, they fill the
+// core's line-fill buffers and the work behind them waits for memory).
+inline void prefetch_part(const uint8_t* p, int64_t bytes, int64_t part, int64_t parts) {
+  const int64_t lines = (bytes + 63) / 64;
+  for (int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + 64 * i), _MM_HINT_T0);
+  }
+}
+
 // The 4 bytes at p in every 32-bit lane.
 inline __m512i broadcast4(const void* p) {
   int32_t v;
@@ -105,8 +115,9 @@ inline __m512i broadcast4(const void* p) {
 // own (never split over K), gets its sums acc [M, 32] (zeros first) from add_record(record, s, quantised
 // rows, acc) for its records s = 0..S-1 in turn, and its output from them, add_record = make_worker()
 // made once per thread's share of the tiles (what it holds, such as tile registers, lives as long). The
-// next record is requested from memory while one is added: the hardware prefetcher alone left a thread
-// reading well below the memory's bandwidth.
+// next record is requested from memory while one is added (the hardware prefetcher alone left a thread
+// reading well below the memory's bandwidth): here, at the record's start, unless the worker's
+// requests_next_record() says it spreads them over its own work.
 template <int64_t kGroup, class MakeWorker>
 at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t supers,
                         int64_t record_bytes, int64_t last_record_bytes, int64_t out_features,
@@ -142,7 +153,8 @@ at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* record = blocks_p + t * tile_bytes + s * record_bytes;
-        prefetch(record + record_bytes, record_bytes);  // past the tensor's end a prefetch does not fault
+        // Past the tensor's end a prefetch does not fault.
+        if (!add_record.requests_next_record()) prefetch(record + record_bytes, record_bytes);
         add_record(record, s, xq, acc.data());
       }
       write_tile(acc.data(), xq, m_rows, t, out_features, bias_p, y_p);
