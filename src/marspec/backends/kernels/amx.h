@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
                             (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11))
@@ -135,6 +136,19 @@ class HeldTiles {
   MARSPEC_AMX_TARGET ~HeldTiles() { _tile_release(); }
   HeldTiles(const HeldTiles&) = delete;
   HeldTiles& operator=(const HeldTiles&) = delete;
+};
+
+// What a thread holds on the AMX path while it works on its share of a call: its tiles, configured for
+// blocks of block_rows rows (none where block_rows is 0: the call takes the VNNI path), a record's two
+// halves unpacked for the tiles (a kernel's Half), and a block's sums from chunk_products.
+template <class Half>
+struct AmxThreadState {
+  explicit AmxThreadState(int64_t block_rows) {
+    if (block_rows > 0) tiles.emplace(chunk_tiles(block_rows));
+  }
+  std::optional<HeldTiles> tiles;
+  Half halves[2];
+  alignas(64) int32_t sums[4 * kTileRows * 16];  // [half][low, high][row][column]
 };
 
 #else

@@ -297,10 +297,11 @@ void amx_finish(const AmxHalf* w, const int16_t* xsums, int64_t groups, int64_t 
 class Q4KWorker {
  public:
   Q4KWorker(int64_t k, int64_t supers, int64_t last_used, int64_t block_rows)
-      : k_(k), supers_(supers), last_used_(last_used), block_rows_(block_rows) {
+      : k_(k), supers_(supers), last_used_(last_used), block_rows_(block_rows)
 #if MARSPEC_HAS_AMX
-    if (block_rows_ > 0) tiles_.emplace(marspec_kernels::chunk_tiles(block_rows_));
+        , amx_(block_rows)
 #endif
+  {
   }
 
   void operator()(const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
@@ -309,12 +310,12 @@ class Q4KWorker {
 #if MARSPEC_HAS_AMX
     if (block_rows_ > 0) {
       const uint8_t* next = record + (s + 1 < supers_ ? kRecord : record_bytes(last_used_));
-      amx_unpack(record, 0, used, amx_[0], next);
-      amx_unpack(record, 1, used, amx_[1], next);
+      amx_unpack(record, 0, used, amx_.halves[0], next);
+      amx_unpack(record, 1, used, amx_.halves[1], next);
       const int64_t groups = k_ / kGroup;
       for (int64_t m0 = 0; m0 < m_rows; m0 += block_rows_) {
-        amx_products(amx_, xq.q.data() + m0 * k_ + s * kSuper, k_, used, sums_);
-        amx_finish(amx_, xq.sums.data() + m0 * groups + s * kGroups, groups, std::min(block_rows_, m_rows - m0), sums_,
+        amx_products(amx_.halves, xq.q.data() + m0 * k_ + s * kSuper, k_, used, amx_.sums);
+        amx_finish(amx_.halves, xq.sums.data() + m0 * groups + s * kGroups, groups, std::min(block_rows_, m_rows - m0), amx_.sums,
                    acc + m0 * kTile);
       }
       return;
@@ -332,9 +333,7 @@ class Q4KWorker {
   int64_t k_, supers_, last_used_, block_rows_;
   UnpackedHalf w_[2];
 #if MARSPEC_HAS_AMX
-  std::optional<marspec_kernels::HeldTiles> tiles_;
-  AmxHalf amx_[2];
-  alignas(64) int32_t sums_[4 * kTileRows * kHalf];  // [half][lo, hi][row][column]
+  marspec_kernels::AmxThreadState<AmxHalf> amx_;
 #endif
 };
 

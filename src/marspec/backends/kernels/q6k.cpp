@@ -213,21 +213,27 @@ struct AmxHalf {
   alignas(64) float d[kHalf];
 };
 
+// A byte permute's indices: bytes 2i and 2i + 1 of the result are the low (kHigh: high) bytes of 16-bit
+// word i of its first and of its second operand.
+template <bool kHigh>
+constexpr std::array<uint8_t, 64> word_bytes() {
+  std::array<uint8_t, 64> index{};
+  for (int i = 0; i < 32; ++i) {
+    index[2 * i] = static_cast<uint8_t>(2 * i + kHigh);
+    index[2 * i + 1] = static_cast<uint8_t>(64 + 2 * i + kHigh);
+  }
+  return index;
+}
+constexpr auto kLowBytes = word_bytes<false>();
+constexpr auto kHighBytes = word_bytes<true>();
+
 // Byte permutes (VBMI): every CPU with AMX has them.
 // With its share of the next record's cache lines requested (see Q6KWorker::requests_next_record).
 __attribute__((target("avx512vbmi"))) void amx_unpack(const uint8_t* record, int64_t half, AmxHalf& out) {
   const uint8_t* codes = record + half * kCodeBytes;
   const uint8_t* scales = record + 2 * kCodeBytes + half * kScaleBytes;
   const uint8_t* d = record + 2 * (kCodeBytes + kScaleBytes) + half * kDBytes;
-  // Bytes 2i and 2i + 1 of the result: the low (high) bytes of 16-bit word i of a and of b.
-  alignas(64) uint8_t low_index[64], high_index[64];
-  for (int i = 0; i < 32; ++i) {
-    low_index[2 * i] = static_cast<uint8_t>(2 * i);
-    low_index[2 * i + 1] = static_cast<uint8_t>(64 + 2 * i);
-    high_index[2 * i] = static_cast<uint8_t>(2 * i + 1);
-    high_index[2 * i + 1] = static_cast<uint8_t>(64 + 2 * i + 1);
-  }
-  const __m512i lows = _mm512_load_si512(low_index), highs = _mm512_load_si512(high_index);
+  const __m512i lows = _mm512_loadu_si512(kLowBytes.data()), highs = _mm512_loadu_si512(kHighBytes.data());
   for (int64_t j = 0; j < kGroups; ++j) {
     // The sub-block's scale of each column in its lane's byte 0 (even codes) or byte 1 (odd codes), and
     // -32 * sc in both 16-bit words.
@@ -280,21 +286,23 @@ void amx_finish(const AmxHalf* w, int64_t rows, const int32_t* sums, float* acc)
 // the call's rows take AMX, blocks of block_rows rows through the tiles it holds while it lives.
 class Q6KWorker {
  public:
-  Q6KWorker(int64_t k, int64_t block_rows) : k_(k), block_rows_(block_rows) {
+  Q6KWorker(int64_t k, int64_t block_rows)
+      : k_(k), block_rows_(block_rows)
 #if MARSPEC_HAS_AMX
-    if (block_rows_ > 0) tiles_.emplace(marspec_kernels::chunk_tiles(block_rows_));
+        , amx_(block_rows)
 #endif
+  {
   }
 
   void operator()(const uint8_t* record, int64_t s, const QuantisedRows& xq, float* acc) {
     const auto m_rows = static_cast<int64_t>(xq.scale.size());
 #if MARSPEC_HAS_AMX
     if (block_rows_ > 0) {
-      amx_unpack(record, 0, amx_[0]);
-      amx_unpack(record, 1, amx_[1]);
+      amx_unpack(record, 0, amx_.halves[0]);
+      amx_unpack(record, 1, amx_.halves[1]);
       for (int64_t m0 = 0; m0 < m_rows; m0 += block_rows_) {
-        amx_products(amx_, xq.q.data() + m0 * k_ + s * kSuper, k_, sums_);
-        amx_finish(amx_, std::min(block_rows_, m_rows - m0), sums_, acc + m0 * kTile);
+        amx_products(amx_.halves, xq.q.data() + m0 * k_ + s * kSuper, k_, amx_.sums);
+        amx_finish(amx_.halves, std::min(block_rows_, m_rows - m0), amx_.sums, acc + m0 * kTile);
       }
       return;
     }
@@ -311,9 +319,7 @@ class Q6KWorker {
   int64_t k_, block_rows_;
   UnpackedHalf w_[2];
 #if MARSPEC_HAS_AMX
-  std::optional<marspec_kernels::HeldTiles> tiles_;
-  AmxHalf amx_[2];
-  alignas(64) int32_t sums_[4 * kTileRows * kHalf];  // [half][low, high][row][column]
+  marspec_kernels::AmxThreadState<AmxHalf> amx_;
 #endif
 };
 
