@@ -22,7 +22,6 @@ from marspec.batch.scheduler import (
     default_max_batch,
     shares_forwards,
 )
-from marspec.batch.slots import FIXED_SHAPE_REFUSAL, check_batchable
 from marspec.defaults import MAX_K
 from marspec.errors import MarspecError
 from marspec.selftest.tiny import tiny_decoder
@@ -185,11 +184,8 @@ def test_bad_batch_input_gets_one_line_before_any_decoding(fp32_decoder) -> None
         assert needle in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_the_fixed_shape_path_is_refused_by_name(tmp_path: Path) -> None:
+def test_one_at_a_time_the_fixed_shape_pair_decodes_through_the_scheduler_as_itself(tmp_path: Path) -> None:
     decoder = tiny_decoder(tmp_path, torch.device("cpu"), graphs="on")
-    with pytest.raises(MarspecError, match="graphs='off'") as caught:
-        check_batchable(decoder.target, decoder.drafter)
-    assert str(caught.value) == FIXED_SHAPE_REFUSAL
     # One at a time needs no slots of its own: the fixed-shape pair decodes through the scheduler as itself.
     scheduler = Scheduler(decoder.target, decoder.drafter, max_batch=1)
     assert scheduler.max_batch == 1

@@ -4,12 +4,12 @@ stays lossless, and the forwards a GPU captures never read the host."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from captured_reads import captured_regions_counted
 from conftest import tiny_lm
 from eagle3_heads import bigram_proposals, last_layer_ids, write_head
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -28,8 +28,7 @@ from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
 from marspec.interfaces import Draft
 from marspec.rules import Rule
-from marspec.selftest import HostReads, reads_per_step
-from marspec.selftest.reads import _StandIn
+from marspec.selftest import reads_per_step
 from marspec.selftest.sampling import CHI2_999_15, chi_square, sampled_counts, small_model, target_joint
 from marspec.selftest.tiny import noisy_copy, save_tiny_model, tiny_model
 from marspec.stats import GenerationStats
@@ -214,39 +213,6 @@ def test_speculative_sampling_stays_lossless_on_the_fixed_path():
     assert stat < CHI2_999_15
 
 
-# Moves to the host: on this CPU every tensor is on the host already, so a move is told from a no-op only
-# for what is computed from the stand-in inputs (a tensor on the device on a GPU).
-_MOVES = ("cpu", "to", "copy_")
-
-
-@contextlib.contextmanager
-def _captured_regions_counted(*lms: FixedShapeLM | FixedHeadCache):
-    """Run every forward a GPU captures (a head's: every chain step) with stand-ins for device inputs,
-    counting host reads (a CUDA graph cannot hold one): reads of any tensor's values (weights, caches
-    and buffers included) and copies to the host of anything computed from the inputs."""
-    counts: list[int] = []
-    names = ["_chain" if isinstance(lm, FixedHeadCache) else "_forward_on_device" for lm in lms]
-    originals = [getattr(lm, name) for lm, name in zip(lms, names, strict=True)]
-
-    def counted(original):
-        def run(**inputs):
-            stand_ins = {name: value.as_subclass(_StandIn) for name, value in inputs.items()}
-            with HostReads(lambda t: isinstance(t, _StandIn)) as moves, HostReads(lambda t: True) as values:
-                out = original(**stand_ins)
-            counts.append(len(moves.reads) + sum(name not in _MOVES for name in values.reads))
-            return out.as_subclass(torch.Tensor)
-
-        return run
-
-    for lm, name, original in zip(lms, names, originals, strict=True):
-        setattr(lm, name, counted(original))
-    try:
-        yield counts
-    finally:
-        for lm, name in zip(lms, names, strict=True):
-            delattr(lm, name)
-
-
 def test_captured_regions_read_nothing_and_a_step_reads_once_per_draft_chunk(folders):
     """Zero host reads inside the forwards a GPU replays; outside them one read per step for the
     verdict, plus one per draft chunk while the confidence stop is on."""
@@ -256,7 +222,7 @@ def test_captured_regions_read_nothing_and_a_step_reads_once_per_draft_chunk(fol
     target, draft = decoder.target, decoder.drafter.draft_model
     prompt = decoder.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"][0]
     for config in ({"rule": Rule(name="strict")}, {"rule": Rule(name="strict"), "tree": (3, 2)}):
-        with _captured_regions_counted(target, draft) as inside:
+        with captured_regions_counted(target, draft) as inside:
             stats = GenerationStats()
             per_step = reads_per_step(
                 decoder, prompt, stats, k=8, max_new_tokens=40, reuse_prefix=False, **config
@@ -284,7 +250,7 @@ def test_transformers_sdpa_path_reads_nothing_inside_the_captured_forwards():
     assert lm.model.config._attn_implementation == "sdpa"
     fixed = FixedShapeLM(lm.model, None, "fixed")
     draft = Draft(tokens=torch.tensor([3, 4, 5]), alternatives=torch.tensor([[7, 8], [9, 10], [11, 12]]))
-    with _captured_regions_counted(fixed) as inside:
+    with captured_regions_counted(fixed) as inside:
         fixed.forward(torch.arange(10, 20), last_only=True)
         fixed.forward(torch.tensor([1]))
         fixed.forward(torch.arange(1, 14))
@@ -365,7 +331,7 @@ def test_kept_hidden_states_and_the_heads_steps_add_no_host_read_inside_the_capt
     decoder = Decoder(str(target_dir), str(head_dir), device="cpu", graphs="on", draft_confidence=0.0)
     cache = decoder.drafter.draft_model.cache
     assert isinstance(cache, FixedHeadCache)
-    with _captured_regions_counted(decoder.target, cache) as inside:
+    with captured_regions_counted(decoder.target, cache) as inside:
         decoder.generate(PROMPTS[0], rule="strict", k=4, max_new_tokens=12, chat=False)
         decoder.generate(PROMPTS[1], rule="strict", tree="3,2", k=4, max_new_tokens=12, chat=False)
     assert len(inside) > 12 and set(inside) == {0}

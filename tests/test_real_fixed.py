@@ -14,6 +14,7 @@ from marspec import Decoder
 from marspec.backends.fixed import FixedShapeLM
 from marspec.backends.int4 import int4_available
 from marspec.backends.quantize import rowwise_int8_available
+from marspec.batch.slots import batched_form
 from marspec.models import DEFAULT_TARGET, resolve_model_dir
 
 pytestmark = pytest.mark.real
@@ -88,3 +89,21 @@ def test_an_eagle3_head_on_the_fixed_path_keeps_strict_equal_to_plain(decoder, r
     assert strict.token_ids == plain and strict.stats.accepted_exact > 0
     mars1 = with_head.generate(PROMPT, rule="mars", theta=1.0, k=4, max_new_tokens=32)
     assert mars1.token_ids == plain and not mars1.relaxed_positions
+
+
+def test_sequences_decoded_together_on_the_fixed_path_decode_as_each_does_alone(decoder, runs):
+    """The fixed-shape path with a batch dimension (issue 69's GPU half, run here uncaptured): the
+    runs' settings decoded three at a time in batched forwards, a chain, a token tree and MARS at theta 1
+    beside each other and beside another prompt; each equals its solo decode token for token, so strict
+    equals plain and MARS at theta 1 equals strict inside the batch too. The int8 draft scales each
+    forward's activations as a whole, so its forwards run one sequence at a time."""
+    assert batched_form(decoder.target) == "fixed"
+    other = "Explain what a Python generator is, in two sentences."
+    names = ["strict", "strict_tree", "mars1", "mars1_tree"]
+    prompts = [PROMPT] * len(names) + [other]
+    settings = [{**SETTINGS[name], "k": 5, "max_new_tokens": 32} for name in names]
+    settings.append({"rule": "plain", "max_new_tokens": 24})
+    together = decoder.generate_many(prompts, max_batch=3, per_prompt=settings)
+    assert [r.token_ids for r in together[:-1]] == [runs["plain"]] * len(names)
+    assert all(r.stats.accepted_exact > 0 for r in together[:-1])
+    assert together[-1].token_ids == decoder.generate(other, **settings[-1]).token_ids

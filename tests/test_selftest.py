@@ -64,6 +64,7 @@ def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
         *(["int8 engine: strict == plain, no-relax rules == strict"] if rowwise_int8_available() else []),
         *(["q4k engine: strict == plain, no-relax rules == strict"] if q4k_kernel_available() else []),
         "batch: each sequence decodes as it does alone",
+        "fixed-shape batch: each sequence decodes as it does alone",
     ]
     for key in ("python", "torch", "transformers", "device", "attention (SDPA)", "CPU kernels"):
         assert report.environment[key] and not report.environment[key].startswith("unknown"), key

@@ -15,17 +15,21 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from eagle3_heads import last_layer_ids, write_head
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from marspec.api import Decoder, GenerationOptions
+from marspec.backends.fixed_batch import HIDDEN_STATES_REFUSAL
 from marspec.cli import app
 from marspec.defaults import DEFAULT_K, MAX_K
+from marspec.selftest.tiny import save_tiny_model, tiny_model
 from marspec.serve.engine import Delta, Engine, Event, Failed, Finished, Job
 from marspec.serve.errors import ApiError
 from marspec.serve.process import ServerProcess, launch
@@ -132,7 +136,6 @@ runner = CliRunner()
         (["--max-tokens", "0"], "max_new_tokens"),
         (["--max-queue", "-1"], "--max-queue"),
         (["--max-batch", "0"], "--max-batch"),
-        (["--max-batch", "2", "--graphs", "on"], "--graphs off"),
         (["--request-timeout", "-1"], "--request-timeout"),
         (["--shutdown-grace", "-1"], "--shutdown-grace"),
         (["--max-request-mb", "0"], "--max-request-mb"),
@@ -147,6 +150,18 @@ def test_startup_errors_are_one_line_and_exit_2(args: list[str], needle: str) ->
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output
+
+
+def test_a_batch_drafted_by_an_eagle3_head_on_the_fixed_path_is_refused_before_loading(
+    tmp_path: Path,
+) -> None:
+    target_dir = save_tiny_model(tmp_path / "target", tiny_model(seed=0, layers=4))
+    config = json.loads((target_dir / "config.json").read_text())
+    head = write_head(tmp_path / "head", config, target_dir, {1: 2}, layers=last_layer_ids(4))
+    flags = ["--target", str(target_dir), "--draft", str(head), "--graphs", "on", "--port", "0"]
+    result = runner.invoke(app, ["serve", *flags, "--max-batch", "2"])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: --max-batch 2: {HIDDEN_STATES_REFUSAL}\n"
 
 
 def test_startup_on_a_taken_port_is_one_line_and_exit_2() -> None:

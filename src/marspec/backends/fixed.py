@@ -58,8 +58,8 @@ def capacity_for(capacity: int, needed: int) -> int:
     return capacity
 
 
-class _Slots:
-    """The cache slots the running forward writes (long[m], on the device), shared by every layer."""
+class SlotIndex:
+    """The cache slots the running forward writes (long tensor on the device), shared by every layer."""
 
     index: torch.Tensor | None = None
 
@@ -72,7 +72,7 @@ class SlotLayer(CacheLayerMixin):
     is_sliding = False
     is_compileable = True
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: _Slots) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: SlotIndex) -> None:
         super().__init__()
         self.keys, self.values = keys, values
         self.dtype, self.device = keys.dtype, keys.device
@@ -101,7 +101,24 @@ class SlotLayer(CacheLayerMixin):
         return self.keys.shape[-2]
 
 
-class FixedShapeLM(HFCausalLM):
+class LengthOnlyCache:
+    """A cache in fixed buffers whose length only the host keeps: a reset or a rollback copies nothing
+    (positions past the length are written over by the next forward)."""
+
+    _cached: int
+
+    def reset(self) -> None:
+        """Drop the cache (a new sequence); the buffers and graphs are kept for the next one."""
+        self._cached = 0
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions (a length: nothing is copied)."""
+        if length > self._cached:
+            raise ValueError(f"cannot roll back to {length}: only {self._cached} positions are cached")
+        self._cached = length
+
+
+class FixedShapeLM(LengthOnlyCache, HFCausalLM):
     """An :class:`HFCausalLM` whose forwards run at fixed shapes (see the module's docstring); with
     ``graphs`` (CUDA only) each shape is captured once as a CUDA graph and replayed.
 
@@ -130,7 +147,7 @@ class FixedShapeLM(HFCausalLM):
         self._head_dim = int(
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
-        self._slots = _Slots()
+        self._slots = SlotIndex()
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)  # the cache length, on the device
         self._steps = torch.arange(QUERY_SIZES[-1], device=self.device)
         self._capacity = 0
@@ -141,16 +158,6 @@ class FixedShapeLM(HFCausalLM):
         self._mask_min = torch.finfo(self.dtype).min
 
     # -- the cache ---------------------------------------------------------------------------------
-
-    def reset(self) -> None:
-        """Drop the cache (a new sequence); the buffers and graphs are kept for the next one."""
-        self._cached = 0
-
-    def rollback(self, length: int) -> None:
-        """Keep only the first ``length`` cached positions (a length: nothing is copied)."""
-        if length > self._cached:
-            raise ValueError(f"cannot roll back to {length}: only {self._cached} positions are cached")
-        self._cached = length
 
     @torch.inference_mode()
     def keep_path(self, base: int, path: tuple[int, ...]) -> None:

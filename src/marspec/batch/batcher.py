@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from marspec.backends.fixed import QUERY_SIZES, FixedShapeLM, LengthOnlyCache
+from marspec.backends.fixed_batch import HIDDEN_STATES_REFUSAL, SlotRows, shared_batch
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.packed import forward_packed, rows_alone
 from marspec.errors import MarspecError
@@ -127,12 +129,10 @@ class Batcher:
             group = self._pick()
             self._calls = [call for call in self._calls if call not in group]
             self._running += len(group)
-        packable = [c for c in group if c.tree is None and rows_alone(c.lm)] if len(group) > 1 else []
-        if len(packable) > 1:
-            self._run_packed(packable)
-        for call in group:
-            if call not in packable:
-                self._run_alone(call)
+        if isinstance(group[0].lm, FixedSlotLM):  # every sequence of a model on the fixed path: one forward
+            self._run_fixed(group)
+        else:
+            self._run_eager(group)
         if group[0].lm.model is self._target:
             self.peak = max(self.peak, len(group))
         for call in group:
@@ -156,11 +156,31 @@ class Batcher:
         model = next((m for m in models if m is not self._target), models[0])
         return [call for call in self._calls if call.lm.model is model]
 
+    def _run_eager(self, group: list[_Call]) -> None:
+        """The calls packed into one forward where their model computes rows alone, else one by one."""
+        packable = [c for c in group if c.tree is None and rows_alone(c.lm)] if len(group) > 1 else []
+        if len(packable) > 1:
+            self._run_packed(packable)
+        for call in group:
+            if call not in packable:
+                self._run_alone(call)
+
     @staticmethod
     def _run_packed(calls: list[_Call]) -> None:
         try:
             results = forward_packed([(c.lm, c.tokens, c.last_only) for c in calls])  # type: ignore[misc]
         except BaseException as exc:  # every sequence of the forward sees its failure
+            for call in calls:
+                call.error = exc
+            return
+        for call, logits in zip(calls, results, strict=True):
+            call.result = logits
+
+    @staticmethod
+    def _run_fixed(calls: list[_Call]) -> None:
+        try:
+            results = calls[0].lm.batch_forward(calls)  # type: ignore[attr-defined]
+        except BaseException as exc:
             for call in calls:
                 call.error = exc
             return
@@ -191,7 +211,7 @@ class SlotLM(HFCausalLM):
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         n, chunk = int(tokens.shape[0]), self._prefill_chunk
-        if n <= chunk or not rows_alone(self):
+        if n <= chunk or not self._chunks_exactly():
             return self._batcher.submit(_Call(self, tokens, last_only))
         pieces = [tokens[start : start + chunk] for start in range(0, n, chunk)]
         parts = [self._batcher.submit(_Call(self, piece, last_only)) for piece in pieces]
@@ -199,3 +219,58 @@ class SlotLM(HFCausalLM):
 
     def forward_tree(self, tree: DraftTree, root: torch.Tensor) -> torch.Tensor:
         return self._batcher.submit(_Call(self, tree=tree, root=root))
+
+    def _chunks_exactly(self) -> bool:
+        """Whether a prompt scored in chunks is cached and scored as in one forward."""
+        return rows_alone(self)
+
+
+class FixedSlotLM(LengthOnlyCache, SlotLM):
+    """One sequence's view of a model on the fixed-shape path with a batch dimension: a slot of the
+    shared :class:`~marspec.backends.fixed_batch.FixedBatch` (its rows of every layer's buffers), its
+    forwards run by a :class:`Batcher` together with the other slots' as one [B, m] forward. The host keeps
+    the slot's cache length and token ids, so a rollback or a kept prefix copies nothing. A prompt is
+    scored in chunks of at most the largest captured query size, one per step, so every forward is a
+    captured shape and a new prompt shares the running sequences' steps.
+    """
+
+    def __init__(self, base: FixedShapeLM, batcher: Batcher) -> None:
+        super().__init__(base, batcher, QUERY_SIZES[-1])
+        self._shared = shared_batch(base)
+        self.slot = self._shared.claim()
+
+    def release(self) -> None:
+        """Give the slot back to the shared batch (the view is not used again)."""
+        self._shared.release(self.slot)
+
+    @property
+    def direct(self) -> None:
+        return None  # the shared batched forward runs transformers' model
+
+    def capture_hidden_states(self, layers: tuple[int, ...]) -> None:
+        raise MarspecError(HIDDEN_STATES_REFUSAL)
+
+    def keep_path(self, base: int, path: tuple[int, ...]) -> None:
+        for i, node in enumerate(path, start=1):
+            if node != i:
+                self._shared.move(self.slot, base + node, base + i)
+                self._ids[base + i] = self._ids[base + node]
+        self.rollback(base + 1 + len(path))
+
+    def _chunks_exactly(self) -> bool:
+        return True  # every slot's rows meet only its own: chunks of captured sizes, the same cache
+
+    def batch_forward(self, calls: list[_Call]) -> list[torch.Tensor]:
+        """Run ``calls`` (forwards of slots of this view's batch, one each) as one batched forward;
+        each slot's length and ids advance as its own forward's would."""
+        lms: list[FixedSlotLM] = [call.lm for call in calls]  # type: ignore[misc]
+        rows = []
+        for lm, call in zip(lms, calls, strict=True):
+            tokens = call.tokens if call.tree is None else torch.cat((call.root, call.tree.tokens))  # type: ignore[arg-type]
+            rows.append(SlotRows(lm.slot, lm.cached_len, tokens, call.tree, call.last_only))
+        started = [lm._timer.start() for lm in lms]
+        results = self._shared.run(rows)
+        for lm, row, start in zip(lms, rows, started, strict=True):
+            lm.note_appended(row.tokens)
+            lm._timer.stop(start)  # each sequence waited for the whole forward
+        return results

@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 
-from marspec.batch.scheduler import Scheduler, check_max_batch, default_max_batch
+from marspec.batch.scheduler import Scheduler, batching_note, check_max_batch, default_max_batch
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Drafter
 from marspec.prompting import Prompt
 from marspec.settings import GenerationOptions
+
+log = logging.getLogger("marspec.batch")
 
 # What a generation returns (marspec.api.GenerationResult); this module sits below marspec.api.
 GenerationResult = Any
@@ -82,6 +85,9 @@ def decode_many(
     for prompt, opts in zip(prompts, options, strict=True):
         decoder.prompt_ids(prompt, opts)  # a prompt that does not fit fails here, before any decoding
     scheduler = Scheduler(decoder.target, decoder.drafter, min(batch, max(1, len(prompts))))
+    note = batching_note(decoder.target, scheduler.max_batch)
+    if note is not None:
+        log.warning("marspec: %s", note)
     events: queue.SimpleQueue[tuple[int, object]] = queue.SimpleQueue()
 
     def work(index: int, prompt: Prompt, opts: GenerationOptions) -> None:

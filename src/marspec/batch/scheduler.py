@@ -17,12 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from marspec.backends.fixed import FixedShapeLM
 from marspec.backends.hf import HFCausalLM
-from marspec.backends.packed import rows_alone
 from marspec.backends.threads import hold_thread_count
 from marspec.batch.batcher import BatchClosed, Batcher
-from marspec.batch.slots import Slot, check_batchable, make_slot
+from marspec.batch.slots import Slot, batched_form, check_batchable, make_slot
 from marspec.defaults import MAX_K
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Drafter
@@ -56,18 +54,41 @@ def batched_draft_len(sequences: int) -> int:
 
 def default_max_batch(target: CausalLM) -> int:
     """How many sequences to decode together when the caller does not say. Where forwards are shared
-    (:func:`shares_forwards`: the CPU int8 and int4 engines) two per CPU core, 4 to 8: a step costs about
-    a read of the weights until the rows' products take over (docs/results.md, "Several users at once").
-    Elsewhere 1: sequences would take turns at each forward, gaining nothing."""
+    exactly (:func:`shares_forwards`: the CPU int8 and int4 engines) two per CPU core, 4 to 8: a
+    step costs about a read of the weights until the rows' products take over (docs/results.md, "Several
+    users at once"). Elsewhere 1: sequences would take turns at each forward, gaining nothing, or (the
+    fixed-shape path) share forwards that may round by the batch, which a caller chooses knowingly
+    (:func:`batching_note`)."""
     if not shares_forwards(target):
         return 1
     return max(4, min(8, 2 * (os.cpu_count() or 2)))
 
 
 def shares_forwards(target: CausalLM) -> bool:
-    """Whether sequences decoded together share the target's forwards (else each runs its own, in turn:
-    still exact, without a gain)."""
-    return isinstance(target, HFCausalLM) and not isinstance(target, FixedShapeLM) and rows_alone(target)
+    """Whether sequences decoded together share the target's forwards with each row computed alone, so
+    each decodes what it decodes alone, bit for bit (:mod:`marspec.backends.packed`). Elsewhere each
+    sequence runs its own forward in turn (exact, without a gain), or, on the fixed-shape path, the
+    sequences share batched forwards that may round by the batch (:func:`batching_note`)."""
+    return isinstance(target, HFCausalLM) and batched_form(target) == "packed"
+
+
+def batching_note(target: CausalLM, max_batch: int, option: str = "max_batch") -> str | None:
+    """The one line a caller decoding ``max_batch`` > 1 sequences together on ``target`` should read, or
+    None where batching is exact and shares forwards; ``option`` names the setting as the caller knows it
+    (``--max-batch`` for the server)."""
+    if max_batch <= 1 or shares_forwards(target):
+        return None
+    if isinstance(target, HFCausalLM) and batched_form(target) == "fixed":
+        return (
+            f"{option} {max_batch}: the fixed-shape path decodes sequences together in batched forwards "
+            "whose products may round by the batch, so an answer can differ from its solo one where the "
+            f"target's top two nearly tie; with {option} 1 every answer is its solo one"
+        )
+    return (
+        f"{option} {max_batch}: this target computes rows together, so sequences decoded together take "
+        "turns at each forward: exact, but no faster than one at a time (the CPU int8 and int4 engines, "
+        "and the fixed-shape path on a GPU, share them)"
+    )
 
 
 def check_max_batch(max_batch: object) -> int:
@@ -102,7 +123,7 @@ class Scheduler:
         self._target, self._drafter, self._chunk = target, drafter, prefill_chunk
         self._batcher = Batcher(target.model)
         self._free: list[Slot] = []
-        self._made = 0
+        self._made: list[Slot] = []
         self._queue: deque[Work] = deque()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -147,16 +168,20 @@ class Scheduler:
 
     def close(self, timeout: float = 30.0) -> list[Work]:
         """Stop: sequences waiting for a forward fail with :class:`BatchClosed` (works end at their next
-        forward), threads are joined; returns the works that never started."""
+        forward), threads are joined, the slots given back; returns the works that never started."""
         with self._lock:
             never, self._queue = list(self._queue), deque()
         self._batcher.close(BatchClosed("the batch was closed before this sequence finished"))
         for thread in self._threads:
             thread.join(timeout)
+        with self._lock:  # a slot whose thread outlived the wait stays held: its sequence may still write
+            done, self._free = self._free, []
+        for slot in done:
+            slot.release()
         return never
 
     def _admissible(self) -> bool:
-        return bool(self._queue) and (bool(self._free) or self._made < self.max_batch)
+        return bool(self._queue) and (bool(self._free) or len(self._made) < self.max_batch)
 
     def _admit(self) -> None:
         while self._admissible():
@@ -165,7 +190,7 @@ class Scheduler:
                 slot = self._free.pop() if self._free else None
             if slot is None:
                 slot = self._new_slot()
-                self._made += 1
+                self._made.append(slot)
             self._batcher.join()
             if self._direct:  # one at a time: the sequence runs here, in the thread that runs forwards
                 self._run(work, slot)
@@ -197,7 +222,7 @@ class Scheduler:
     def _new_slot(self) -> Slot:
         if self._direct:
             return Slot(self._target, self._drafter)
-        # Shortened drafts leave an answer as it is only where rows are scored alone (shared forwards).
+        # Shortened drafts leave an answer as it is only where rows are scored alone.
         cap = self._draft_cap if shares_forwards(self._target) else None
         return make_slot(self._target, self._drafter, self._batcher, self._chunk, cap)
 

@@ -10,19 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from marspec.backends.fixed import FixedShapeLM
+from marspec.backends.fixed_batch import HIDDEN_STATES_REFUSAL
 from marspec.backends.hf import HFCausalLM
-from marspec.batch.batcher import Batcher, SlotLM
+from marspec.backends.packed import rows_alone
+from marspec.backends.row_attention import ROW_ATTENTION
+from marspec.batch.batcher import Batcher, FixedSlotLM, SlotLM
 from marspec.drafters.eagle3 import Eagle3Drafter
 from marspec.drafters.hybrid import HybridDrafter
 from marspec.drafters.model import ModelDrafter
 from marspec.drafters.ngram import NgramDrafter
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Drafter
-
-FIXED_SHAPE_REFUSAL = (
-    "decoding several sequences together runs the eager engine, and this pair was loaded on the fixed-shape "
-    "path (graphs): load the Decoder with graphs='off' (--graphs off)"
-)
 
 
 @dataclass(frozen=True)
@@ -35,14 +33,20 @@ class Slot:
     # (marspec.decode.DecodeConfig.drafts_leave_output); None: no bound beyond its own k.
     draft_cap: Callable[[], int] | None = None
 
+    def release(self) -> None:
+        """Give back what the slot holds in shared buffers (the batched fixed-shape path's slots); the
+        slot is not used again."""
+        for lm in (self.target, getattr(self.drafter, "draft_model", None)):
+            if isinstance(lm, FixedSlotLM):
+                lm.release()
+
 
 def check_batchable(target: HFCausalLM, drafter: Drafter | None) -> None:
     """Raise a one-line error unless sequences of this pair can be decoded together (before any work)."""
-    models = [target] + ([drafter.draft_model] if drafter is not None else [])
-    if any(isinstance(lm, FixedShapeLM) for lm in models):
-        raise MarspecError(FIXED_SHAPE_REFUSAL)
     if not isinstance(target, HFCausalLM):
         raise MarspecError(f"decoding several sequences together needs a transformers target, not {target!r}")
+    if batched_form(target) == "fixed" and target.captures_hidden_states:
+        raise MarspecError(HIDDEN_STATES_REFUSAL)
     _drafter_for(drafter, None, None, 0, check_only=True)
 
 
@@ -54,13 +58,35 @@ def make_slot(
     draft_cap: Callable[[], int] | None = None,
 ) -> Slot:
     """A new slot over the pair's models: caches of its own, forwards run by ``batcher``."""
-    view = SlotLM(target, batcher, prefill_chunk)
+    view = _view(target, batcher, prefill_chunk)
     return Slot(view, _drafter_for(drafter, view, batcher, prefill_chunk), draft_cap)
+
+
+def batched_form(lm: HFCausalLM) -> str:
+    """How sequences decoded together share ``lm``'s model's forwards: ``"packed"`` (one eager forward,
+    each row computed alone: exact, :mod:`marspec.backends.packed`; a model on the fixed-shape path
+    whose attention runs row by row is packed too, its fixed shapes being only padding on the CPU),
+    ``"fixed"`` (the fixed-shape path's batched forwards, :mod:`marspec.backends.fixed_batch`), or
+    ``"alone"`` (each sequence its own eager forward, in turn: a model whose rows a batch would change)."""
+    if isinstance(lm, FixedShapeLM):
+        if getattr(lm.model.config, "_attn_implementation", None) == ROW_ATTENTION:
+            return "alone" if lm.captures_hidden_states else "packed"
+        # Dynamically quantised linears scale a whole forward at once: other rows would change a row.
+        return "fixed" if lm.pads else "alone"
+    return "packed" if rows_alone(lm) else "alone"
+
+
+def _view(lm: HFCausalLM, batcher: Batcher, prefill_chunk: int) -> SlotLM | FixedSlotLM:
+    """One sequence's view of ``lm``'s model (:func:`batched_form`): a slot of its batched fixed-shape
+    forwards, or a cache of its own in the batch's eager forwards."""
+    if batched_form(lm) == "fixed":
+        return FixedSlotLM(lm, batcher)
+    return SlotLM(lm, batcher, prefill_chunk)
 
 
 def _drafter_for(
     drafter: Drafter | None,
-    target: SlotLM | None,
+    target: SlotLM | FixedSlotLM | None,
     batcher: Batcher | None,
     prefill_chunk: int,
     check_only: bool = False,
@@ -81,9 +107,11 @@ def _drafter_for(
         if check_only:
             return drafter
         assert batcher is not None
-        view = SlotLM(drafter.draft_model, batcher, prefill_chunk)
+        view = _view(drafter.draft_model, batcher, prefill_chunk)
         return ModelDrafter(view, drafter.target_vocab_size, drafter.min_confidence, drafter.stop_chunk)
     if isinstance(drafter, Eagle3Drafter):
+        if isinstance(drafter.target, FixedShapeLM):
+            raise MarspecError(HIDDEN_STATES_REFUSAL)
         if check_only:
             return drafter
         assert target is not None

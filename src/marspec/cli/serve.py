@@ -163,7 +163,7 @@ def serve(
             max_request_bytes=round(max_request_mb * 2**20) if math.isfinite(max_request_mb) else 0,
             api_key=api_key,
         )
-        _check_batching(max_batch, graphs, device)
+        _check_batching(max_batch, graphs, device, draft)
         sock = bind_socket(host, port)  # fail on a taken port before spending seconds loading models
         try:
             load_settings = LoadSettings(
@@ -177,17 +177,20 @@ def serve(
             sock.close()
 
 
-def _check_batching(max_batch: int | None, graphs: str, device: str) -> None:
-    """Refuse, before any model loads, a batch the chosen engine cannot decode: the fixed-shape path
-    (CUDA graphs) decodes one request at a time."""
+def _check_batching(max_batch: int | None, graphs: str, device: str, draft: str) -> None:
+    """Refuse, before any model loads, a batch the fixed-shape path (CUDA graphs) cannot decode: one
+    drafted by an EAGLE-3 head."""
     if max_batch is None or max_batch <= 1:
         return
     from marspec.backends.fixed import graphs_plan
-    from marspec.batch.slots import FIXED_SHAPE_REFUSAL
+    from marspec.backends.fixed_batch import HIDDEN_STATES_REFUSAL
     from marspec.devices import resolve_device
+    from marspec.models.eagle3 import find_head
 
-    if graphs_plan(graphs, resolve_device(device))[0]:
-        raise MarspecError(f"--max-batch {max_batch}: {FIXED_SHAPE_REFUSAL}")
+    if not graphs_plan(graphs, resolve_device(device))[0]:
+        return
+    if find_head(draft) is not None:
+        raise MarspecError(f"--max-batch {max_batch}: {HIDDEN_STATES_REFUSAL}")
 
 
 def _listening(model_name: str, host: str, sock: socket.socket, api_key: str | None) -> str:

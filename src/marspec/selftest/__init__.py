@@ -42,6 +42,7 @@ import torch
 from marspec.devices import resolve_device
 from marspec.selftest.engines import (
     batch_decodes_as_alone,
+    fixed_batch_decodes_as_alone,
     int8_engine_keeps_the_invariants,
     q4k_engine_keeps_the_invariants,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "compare_runs",
     "environment",
     "first_difference",
+    "fixed_batch_decodes_as_alone",
     "fixed_equals_eager",
     "int8_engine_keeps_the_invariants",
     "no_relax_equals_strict",
@@ -104,6 +106,7 @@ def run_selftest(device: str | torch.device = "auto", threads: int | None = 1) -
             int8_engine_keeps_the_invariants(Path(tmp), where),
             q4k_engine_keeps_the_invariants(Path(tmp), where),
             batch_decodes_as_alone(Path(tmp), where),
+            fixed_batch_decodes_as_alone(Path(tmp), where),
         )
         checks = tuple(check for check in checks if check is not None)
     env = environment(where)

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
 from marspec.api import Decoder
-from marspec.batch.scheduler import default_max_batch, shares_forwards
+from marspec.batch.scheduler import batching_note, default_max_batch
 from marspec.errors import MarspecError, one_line
 from marspec.serve.auth import ApiKeyAuth
 from marspec.serve.body_limit import BodySizeLimit
@@ -45,14 +45,9 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     thread and, on shutdown, cancels what is left and joins it."""
     metrics = ServerMetrics()
     max_batch = settings.max_batch or default_max_batch(decoder.target)
-    if max_batch > 1 and not shares_forwards(decoder.target):
-        log.warning(
-            "--max-batch %d: this target (%s weights) computes rows together, so requests decoded together "
-            "take turns at each forward: exact, but no faster than one at a time (the CPU int8 and int4 "
-            "engines share them)",
-            max_batch,
-            decoder.target_weights,
-        )
+    note = batching_note(decoder.target, max_batch, "--max-batch")
+    if note is not None:
+        log.warning(note)
     engine = Engine(
         decoder,
         max_queue=settings.max_queue,
