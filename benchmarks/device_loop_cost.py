@@ -133,6 +133,19 @@ PROMPT = (
 )
 
 
+def models_report(device: torch.device, dtype: str, small: bool, shapes: dict, vocab: int) -> dict:
+    """A report's first entries: where it ran and on which random models."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return {
+        "device": str(device),
+        "device_name": name,
+        "dtype": dtype,
+        "small": small,
+        "shapes": shapes,
+        "vocab": vocab,
+    }
+
+
 def load_tokenizer(folder: str | None):
     if folder is not None:
         from transformers import AutoTokenizer
@@ -381,12 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     modes = ("off", "on") if args.graphs == "both" else (args.graphs,)
     report: dict = {
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-        "dtype": args.dtype,
-        "small": args.small,
-        "shapes": shapes,
-        "vocab": vocab,
+        **models_report(device, args.dtype, args.small, shapes, vocab),
         "k": args.k,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
