@@ -91,12 +91,14 @@ def test_an_eagle3_head_on_the_fixed_path_keeps_strict_equal_to_plain(decoder, r
     assert mars1.token_ids == plain and not mars1.relaxed_positions
 
 
-def test_sequences_decoded_together_on_the_fixed_path_decode_as_each_does_alone(decoder, runs):
+def test_sequences_decoded_together_on_the_fixed_path_decode_as_each_does_alone(fp32_pair, runs):
     """The fixed-shape path with a batch dimension (issue 69's GPU half, run here uncaptured): the
     runs' settings decoded three at a time in batched forwards, a chain, a token tree and MARS at theta 1
     beside each other and beside another prompt; each equals its solo decode token for token, so strict
     equals plain and MARS at theta 1 equals strict inside the batch too. The int8 draft scales each
-    forward's activations as a whole, so its forwards run one sequence at a time."""
+    forward's activations as a whole, so its forwards run one sequence at a time. A fixed-shape view of
+    its own: the module's keeps an EAGLE-3 head's hidden states once the head's test has run."""
+    decoder = on_the_fixed_path(fp32_pair)
     assert batched_form(decoder.target) == "fixed"
     other = "Explain what a Python generator is, in two sentences."
     names = ["strict", "strict_tree", "mars1", "mars1_tree"]
