@@ -15,6 +15,7 @@ import torch
 
 from marspec.backends.int8 import rowwise_int8_available
 from marspec.backends.packed import forward_packed, rows_alone
+from marspec.batch.batcher import Batcher, SlotLM, _Call
 from marspec.batch.scheduler import (
     PREFILL_CHUNK,
     Scheduler,
@@ -193,3 +194,30 @@ def test_one_at_a_time_the_fixed_shape_pair_decodes_through_the_scheduler_as_its
     assert [r.token_ids for r in got] == [
         r.token_ids for r in solo(decoder, PROMPTS[:2], [{}, {}], max_new_tokens=8, chat=False)
     ]
+
+
+@pytest.mark.parametrize("in_turn", [True, False])
+def test_after_a_forward_members_are_woken_one_at_a_time(target, monkeypatch, in_turn: bool) -> None:
+    """Woken in turn, a member runs while the next waits for it to submit again or end: what each member
+    sees of the others' calls when it wakes (all at once, every call is done for the first to wake)."""
+    monkeypatch.setattr(Batcher, "wakes_in_turn", in_turn)
+    batcher = Batcher(target.model)
+    calls = [_Call(SlotLM(target, batcher, PREFILL_CHUNK), torch.tensor([1, 2 + i])) for i in range(3)]
+    seen: list[list[bool]] = []
+
+    def member(call: _Call) -> None:
+        batcher.submit(call)
+        seen.append([c.done.is_set() for c in calls])
+        batcher.leave()
+
+    threads = [threading.Thread(target=member, args=(call,)) for call in calls]
+    for thread in threads:
+        batcher.join()
+        thread.start()
+    assert batcher.wait_until(batcher.ready, timeout=30)
+    assert batcher.run_once() == 3
+    for thread in threads:
+        thread.join(30)
+    woken_before = [sum(done) for done in seen]  # in the order they woke: itself and those before it
+    assert woken_before == ([1, 2, 3] if in_turn else [3, 3, 3])
+    assert batcher.members == 0

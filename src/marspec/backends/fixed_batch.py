@@ -34,10 +34,9 @@ from marspec.backends.fixed import QUERY_SIZES, FixedShapeLM, SlotIndex, SlotLay
 from marspec.backends.graphs import GraphCache
 from marspec.backends.row_attention import ROW_ATTENTION
 from marspec.errors import MarspecError
-from marspec.interfaces import DraftTree, tree_layout
+from marspec.interfaces import DraftTree
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # batch buckets captured; more slots run at their own count
-HOST = torch.device("cpu")
 SPILL = QUERY_SIZES[-1]  # positions past the capacity where a slot without rows writes its padded ones
 
 HIDDEN_STATES_REFUSAL = (
@@ -111,6 +110,7 @@ class FixedBatch:
         self._columns = torch.empty(0, dtype=torch.long, device=self.device)
         self._steps = torch.arange(QUERY_SIZES[-1], device=self.device)
         self._mask_min = torch.finfo(self.dtype).min
+        self._chain_inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def claim(self) -> int:
         """A slot for a new sequence view: the lowest free one, so a forward's batch spans few slots."""
@@ -160,32 +160,47 @@ class FixedBatch:
 
     def _inputs(self, calls: Sequence[SlotRows], batch: int, m: int) -> dict[str, torch.Tensor]:
         """The forward's device inputs: tokens [B, m], cache lengths [B], which rows each row sees [B, m,
-        m], position offsets [B, m]. Built on the host (their structure is the host's) and copied once
-        each; the tokens, already on the device, are gathered there."""
-        starts = torch.full((batch,), self._capacity, dtype=torch.long)  # slots without rows: SPILL
-        sees = torch.eye(m, dtype=torch.bool).repeat(batch, 1, 1)
-        offsets = torch.arange(m).repeat(batch, 1)
-        dest = []
+        m], position offsets [B, m]. A chain's rows see the rows before them and sit at consecutive
+        positions (made once per shape, on the device); a token tree's rows take its shape's layout; a
+        padded row is as a chain's, and a slot without rows writes past the capacity (SPILL)."""
+        starts = [self._capacity] * batch
+        dest: list[int] = []
+        trees = []
         for call in calls:
-            n = int(call.tokens.shape[0])
             starts[call.slot] = call.start
-            if call.tree is None:
-                sees[call.slot, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-            else:
-                layout = tree_layout(call.tree.parents, call.tree.depths, HOST)  # the shape's, no device read
+            dest.extend(range(call.slot * m, call.slot * m + int(call.tokens.shape[0])))
+            if call.tree is not None:
+                trees.append(call)
+        sees, offsets = self._chains(batch, m)
+        if trees:
+            sees, offsets = sees.clone(), offsets.clone()
+            for call in trees:
+                assert call.tree is not None
+                layout, n = call.tree.layout, int(call.tokens.shape[0])
                 sees[call.slot, :n, :n] = ~layout.hidden
                 offsets[call.slot, :n] = layout.position_offsets
-            dest.extend(range(call.slot * m, call.slot * m + n))
         tokens = torch.zeros(batch * m, dtype=torch.long, device=self.device)
         tokens.index_copy_(
             0, torch.tensor(dest, device=self.device), torch.cat([call.tokens for call in calls])
         )
         return {
             "tokens": tokens.view(batch, m),
-            "starts": starts.to(self.device),
-            "sees": sees.to(self.device),
-            "offsets": offsets.to(self.device),
+            "starts": torch.tensor(starts, device=self.device),
+            "sees": sees,
+            "offsets": offsets,
         }
+
+    def _chains(self, batch: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every slot's rows as a chain's: which rows each sees (bool[B, m, m]) and their position
+        offsets (long[B, m]), made once per shape."""
+        made = self._chain_inputs.get((batch, m))
+        if made is None:
+            sees = torch.ones(m, m, dtype=torch.bool, device=self.device).tril().expand(batch, m, m)
+            offsets = self._arange(m).expand(batch, m)
+            made = (sees.contiguous(), offsets.contiguous())
+            if m <= QUERY_SIZES[-1]:
+                self._chain_inputs[(batch, m)] = made
+        return made
 
     def _forward_on_device(
         self, tokens: torch.Tensor, starts: torch.Tensor, sees: torch.Tensor, offsets: torch.Tensor

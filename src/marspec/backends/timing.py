@@ -11,6 +11,7 @@ them (the decode loop reads its clocks after the step's one host read).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -35,15 +36,21 @@ class ForwardTimer:
             synchronize(self.device)  # a device without timing events: time it by waiting for it
         return time.perf_counter()
 
-    def stop(self, start: float | torch.Event) -> None:
+    def stop(self, start: float | torch.Event, also: Sequence[ForwardClock] = ()) -> None:
+        """End the forward begun at ``start``; count it on the clock, and on the clocks ``also`` (other
+        sequences a batched forward served, each of which waited for all of it)."""
+        clocks = (self.clock, *also)
         if isinstance(start, float):
             if self.device.type != "cpu":
                 synchronize(self.device)
-            self.clock.tick(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            for clock in clocks:
+                clock.tick(elapsed)
             return
         end = torch.Event(device=self.device, enable_timing=True)
         end.record()
-        self.clock.record(start, end)
+        for clock in clocks:
+            clock.record(start, end)
 
 
 def _has_timing_events(device: torch.device) -> bool:

@@ -17,6 +17,7 @@ sequence's own, and what it decodes is what it would decode alone whenever its f
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,12 +62,20 @@ class Batcher:
     thread, once every member waits (:meth:`ready`). ``target`` is the model whose forwards run last in a
     step (the verification): any other model's waiting forwards (draft steps) run first."""
 
+    # Whether members whose forwards have run are woken one at a time, each when the one before it waits
+    # again (submits its next forward, or ends), rather than all at once. All at once they contend for
+    # the GIL, which each of their torch calls hands over, and every hand-over between runnable threads
+    # costs a thread switch: 64 tiny-model sequences spent ~0.9 ms of host time each per step so, against
+    # ~0.15 ms for one sequence alone (docs/results.md, "Several users at once"). False for comparisons.
+    wakes_in_turn = True
+
     def __init__(self, target: torch.nn.Module) -> None:
         self._target = target
         self._cond = threading.Condition()
         self._members = 0  # threads decoding a sequence
-        self._running = 0  # members not waiting for a forward
+        self._running = 0  # members not waiting for a forward (woken, or whose turn to wake is to come)
         self._calls: list[_Call] = []
+        self._turns: deque[_Call] = deque()  # calls that have run, their members not woken yet
         self._closed: BaseException | None = None
         self.peak = 0  # the most sequences one target forward has served
 
@@ -83,6 +92,7 @@ class Batcher:
         with self._cond:
             self._members -= 1
             self._running -= 1
+            self._wake_next()
             self._cond.notify_all()
 
     def submit(self, call: _Call) -> torch.Tensor:
@@ -92,6 +102,7 @@ class Batcher:
                 raise self._closed
             self._calls.append(call)
             self._running -= 1
+            self._wake_next()
             self._cond.notify_all()
         call.done.wait()
         if call.error is not None:
@@ -135,9 +146,22 @@ class Batcher:
             self._run_eager(group)
         if group[0].lm.model is self._target:
             self.peak = max(self.peak, len(group))
-        for call in group:
-            call.done.set()
+        with self._cond:
+            self._turns.extend(group)
+            if self.wakes_in_turn and self._closed is None:
+                self._wake_next()
+            else:
+                self._wake_all()
         return len(group)
+
+    def _wake_next(self) -> None:
+        """Wake the next member whose forward has run (under the lock)."""
+        if self._turns:
+            self._turns.popleft().done.set()
+
+    def _wake_all(self) -> None:
+        while self._turns:
+            self._turns.popleft().done.set()
 
     def close(self, error: BaseException) -> None:
         """Fail every waiting forward and every later one with ``error`` (the batch stops)."""
@@ -145,6 +169,7 @@ class Batcher:
             self._closed = error
             waiting, self._calls = self._calls, []
             self._running += len(waiting)
+            self._wake_all()
             self._cond.notify_all()
         for call in waiting:
             call.error = error
@@ -268,9 +293,9 @@ class FixedSlotLM(LengthOnlyCache, SlotLM):
         for lm, call in zip(lms, calls, strict=True):
             tokens = call.tokens if call.tree is None else torch.cat((call.root, call.tree.tokens))  # type: ignore[arg-type]
             rows.append(SlotRows(lm.slot, lm.cached_len, tokens, call.tree, call.last_only))
-        started = [lm._timer.start() for lm in lms]
+        start = self._timer.start()
         results = self._shared.run(rows)
-        for lm, row, start in zip(lms, rows, started, strict=True):
+        self._timer.stop(start, also=[lm.clock for lm in lms if lm is not self])  # all waited for all of it
+        for lm, row in zip(lms, rows, strict=True):
             lm.note_appended(row.tokens)
-            lm._timer.stop(start)  # each sequence waited for the whole forward
         return results
