@@ -223,7 +223,7 @@ $(COMPAT_VENV)/.installed: pyproject.toml $(COMPAT_LOCK) Makefile
 
 install-compat: $(COMPAT_VENV)/.installed
 
-COMPAT_TESTS = $(NEWEST_TESTS) tests/test_fixed.py tests/test_eagle3.py tests/test_int4.py tests/test_block.py \
+COMPAT_TESTS = $(NEWEST_TESTS) tests/test_fixed.py tests/test_fixed_batch.py tests/test_eagle3.py tests/test_int4.py tests/test_block.py \
 	tests/test_ensemble.py tests/test_thinking.py tests/test_rules.py tests/test_fly.py tests/test_api.py \
 	tests/test_server.py tests/test_cli.py tests/test_progress.py tests/test_intervals.py tests/test_tokenizer_check.py
 
