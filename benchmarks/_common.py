@@ -118,6 +118,12 @@ def write_json(path: Path | str, result: object) -> None:
     Path(path).write_text(json.dumps(result, indent=2) + "\n")
 
 
+def add_scheduler_ab_args(parser: argparse.ArgumentParser, rounds: int = 4, tokens: int = 128) -> None:
+    """``--rounds`` and ``--max-new-tokens`` of :func:`scheduler_ab` (runs per arm, tokens per answer)."""
+    for flag, default in (("--rounds", rounds), ("--max-new-tokens", tokens)):
+        parser.add_argument(flag, type=int, default=default, help=f"default {default}")
+
+
 def scheduler_ab(
     arms: dict[str, Callable[[], None]], clients: int, rounds: int, max_new_tokens: int
 ) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import git_commit, machine, scheduler_ab, script_parser, write_json
+from _common import add_scheduler_ab_args, git_commit, machine, scheduler_ab, script_parser, write_json
 
 from marspec.backends.q4k import Q4KLinear, amx_available, amx_from_rows
 from marspec.backends.q6k import Q6KLinear
@@ -80,8 +80,7 @@ def forwards(models: dict[str, Any], rows_list: list[int]) -> list[dict[str, Any
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--clients", type=int, nargs="*", default=[1, 4], help="scheduler A/B client counts")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_scheduler_ab_args(parser)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not amx_available():

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import machine, scheduler_ab, script_parser, write_json
+from _common import add_scheduler_ab_args, machine, scheduler_ab, script_parser, write_json
 
 from marspec.api import Decoder
 from marspec.batch.batcher import Batcher
@@ -64,9 +64,8 @@ def host_cost(batches: list[int], rounds: int, new_tokens: int) -> list[dict]:
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--batches", default="1,4,16,64", help="sequences together, part 1")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per arm (default 3)")
     parser.add_argument("--clients", type=int, default=4, help="clients of part 2 (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="part 2's tokens per answer")
+    add_scheduler_ab_args(parser, rounds=3, tokens=64)
     parser.add_argument("--json", type=Path, default=Path("batch_wakes.json"))
     args = parser.parse_args()
     torch.set_num_threads(2)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import git_commit, machine, scheduler_ab, script_parser, write_json
+from _common import add_scheduler_ab_args, git_commit, machine, scheduler_ab, script_parser, write_json
 
 from marspec.backends.q4k import q4k_kernel_available
 from marspec.verify import top_tokens
@@ -74,8 +74,7 @@ def batch(clients: int, rounds: int, max_new_tokens: int) -> dict[str, Any]:
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--clients", type=int, default=0, help="also the batch A/B with this many clients")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_scheduler_ab_args(parser)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not q4k_kernel_available():

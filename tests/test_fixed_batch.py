@@ -15,14 +15,13 @@ from captured_reads import captured_regions_counted
 from conftest import tiny_lm
 from test_batch import MIXED, PROMPTS, solo
 
-from marspec.backends.fixed import INITIAL_CAPACITY, QUERY_SIZES, FixedShapeLM
+from marspec.backends.fixed import INITIAL_CAPACITY, QUERY_SIZES, FixedShapeLM, bucket
 from marspec.backends.fixed_batch import (
     BATCH_SIZES,
     HIDDEN_STATES_REFUSAL,
     SPILL,
     FixedBatch,
     SlotRows,
-    bucket,
 )
 from marspec.backends.quantize import rowwise_int8_available
 from marspec.batch.scheduler import Scheduler, batching_note, default_max_batch, shares_forwards

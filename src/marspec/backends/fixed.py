@@ -35,9 +35,11 @@ On a CPU (``graphs="on"``) the same path runs uncaptured, which is how these mac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
-from transformers import Cache, CacheLayerMixin, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import Cache, CacheLayerMixin, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from marspec.backends.graphs import GraphCache
 from marspec.backends.hf import HFCausalLM
@@ -56,6 +58,18 @@ def capacity_for(capacity: int, needed: int) -> int:
     while capacity < needed:
         capacity *= 2
     return capacity
+
+
+def bucket(sizes: Sequence[int], n: int) -> int:
+    """The smallest of ``sizes`` that holds ``n``, or ``n`` itself past the largest."""
+    return next((size for size in sizes if size >= n), n)
+
+
+def kv_layout(config: PreTrainedConfig) -> tuple[int, int]:
+    """A model's key/value heads and head width, as its attention layers cache them."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(kv_heads), int(head_dim)
 
 
 class SlotIndex:
@@ -143,10 +157,7 @@ class FixedShapeLM(LengthOnlyCache, HFCausalLM):
         # real rows, so such a model runs every forward at its own size.
         self.pads = not any(isinstance(m, DynamicQuantLinear) for m in model.modules())
         config = model.config
-        self._kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        self._head_dim = int(
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
+        self._kv_heads, self._head_dim = kv_layout(config)
         self._slots = SlotIndex()
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)  # the cache length, on the device
         self._steps = torch.arange(QUERY_SIZES[-1], device=self.device)
@@ -220,9 +231,7 @@ class FixedShapeLM(LengthOnlyCache, HFCausalLM):
         return self._score(torch.cat((root, tree.tokens)), sees, offsets, n, last_only=False)
 
     def _padded(self, n: int) -> int:
-        if not self.pads:
-            return n
-        return next((size for size in QUERY_SIZES if size >= n), n)
+        return bucket(QUERY_SIZES, n) if self.pads else n
 
     def _score(
         self,

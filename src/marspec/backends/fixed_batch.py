@@ -30,10 +30,16 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache
 
-from marspec.backends.fixed import QUERY_SIZES, FixedShapeLM, SlotIndex, SlotLayer, capacity_for
+from marspec.backends.fixed import (
+    QUERY_SIZES,
+    FixedShapeLM,
+    SlotIndex,
+    SlotLayer,
+    bucket,
+    capacity_for,
+    kv_layout,
+)
 from marspec.backends.graphs import GraphCache
-from marspec.backends.row_attention import ROW_ATTENTION
-from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # batch buckets captured; more slots run at their own count
@@ -43,11 +49,6 @@ HIDDEN_STATES_REFUSAL = (
     "an EAGLE-3 head on the fixed-shape path drafts for one sequence at a time: decode with max_batch=1 "
     "(--max-batch 1), or draft with a draft model or n-gram lookup"
 )
-
-
-def bucket(sizes: Sequence[int], n: int) -> int:
-    """The smallest of ``sizes`` that holds ``n``, or ``n`` itself past the largest."""
-    return next((size for size in sizes if size >= n), n)
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,13 @@ class FixedBatch:
     """
 
     def __init__(self, base: FixedShapeLM) -> None:
-        check_batchable_fixed(base)
         self.model = base.model
         self.name = base.name
         self.device, self.dtype = base.device, base.dtype
         self.graphs: GraphCache | None = GraphCache() if base.graphs is not None else None
         config = base.model.config
         self._layers = int(config.num_hidden_layers)
-        self._kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        self._head_dim = int(
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
+        self._kv_heads, self._head_dim = kv_layout(config)
         self._cache_keyword = base._cache_keyword
         self._positions = SlotIndex()
         self._cache: Cache | None = None
@@ -265,13 +262,3 @@ def shared_batch(lm: FixedShapeLM) -> FixedBatch:
     if batch is None:
         batch = _SHARED[lm] = FixedBatch(lm)
     return batch
-
-
-def check_batchable_fixed(lm: FixedShapeLM) -> None:
-    """Refuse, in one line, a model this path cannot batch: row-by-row attention (it takes one
-    sequence's mask; :mod:`marspec.batch` packs such models on the eager path instead) or kept hidden
-    states (an EAGLE-3 head's features)."""
-    if getattr(lm.model.config, "_attn_implementation", None) == ROW_ATTENTION:
-        raise MarspecError(f"{lm.name!r} attends row by row: its sequences are packed, not batched here")
-    if lm.captures_hidden_states:
-        raise MarspecError(HIDDEN_STATES_REFUSAL)

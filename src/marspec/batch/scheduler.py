@@ -123,7 +123,7 @@ class Scheduler:
         self._target, self._drafter, self._chunk = target, drafter, prefill_chunk
         self._batcher = Batcher(target.model)
         self._free: list[Slot] = []
-        self._made: list[Slot] = []
+        self._made = 0
         self._queue: deque[Work] = deque()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -181,7 +181,7 @@ class Scheduler:
         return never
 
     def _admissible(self) -> bool:
-        return bool(self._queue) and (bool(self._free) or len(self._made) < self.max_batch)
+        return bool(self._queue) and (bool(self._free) or self._made < self.max_batch)
 
     def _admit(self) -> None:
         while self._admissible():
@@ -190,7 +190,7 @@ class Scheduler:
                 slot = self._free.pop() if self._free else None
             if slot is None:
                 slot = self._new_slot()
-                self._made.append(slot)
+                self._made += 1
             self._batcher.join()
             if self._direct:  # one at a time: the sequence runs here, in the thread that runs forwards
                 self._run(work, slot)
