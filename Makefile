@@ -10,7 +10,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev install-eval install-vllm install-vllm-old install-browser lint loadtest \
+.PHONY: demo test install install-dev install-eval install-vllm install-vllm-old install-browser install-cross lint loadtest \
 	test-vllm test-vllm-old compat install-compat compat-models newest install-newest lock
 
 $(BIN)/python:
@@ -136,6 +136,12 @@ install-browser:
 	@command -v chromium >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
+# Debian's aarch64 cross-compiler and qemu-user, which build and run the kernels' ARM NEON path's standalone
+# harness in tests/test_cpu_paths.py, compared bit for bit with the x86 paths (apt, so root or sudo).
+install-cross:
+	@{ command -v aarch64-linux-gnu-g++ && command -v qemu-aarch64; } >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq g++-aarch64-linux-gnu qemu-user; }
+
 # The fast tests run in TEST_WORKERS processes, each test file in one of them (--dist loadfile, so a
 # module's fixtures are built once): on a quiet 2-core machine 6.9 min against 10.5 in one process. The real-weights tests
 # run after them in one process (each loads a pair of models several GB large); -v names each as it starts
@@ -150,11 +156,11 @@ FAST_TESTS = -m "not real" -n $(TEST_WORKERS) --dist loadfile
 TEST_INSTALLS_LOG := runs/test-installs.log
 # Each stage's start, so that a CI log shows where its time went.
 stage = @echo "== $$(date -u +%T) UTC: $(1)"
-test: lint install-browser
+test: lint install-browser install-cross
 	$(call stage,the suite)
 	@mkdir -p runs; echo "installing $(VLLM_VENV), $(COMPAT_VENV) and $(NEWEST_VENV) in the background (log: $(TEST_INSTALLS_LOG))"; \
 	{ $(MAKE) --no-print-directory install-vllm install-compat install-newest && echo "== $$(date -u +%T) UTC: installed"; } > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
-	MARSPEC_REQUIRE_BROWSER=1 $(BIN)/pytest -q $(FAST_TESTS) --durations=15; fast=$$?; \
+	MARSPEC_REQUIRE_BROWSER=1 MARSPEC_REQUIRE_QEMU=1 $(BIN)/pytest -q $(FAST_TESTS) --durations=15; fast=$$?; \
 	echo "== $$(date -u +%T) UTC: the real-weights tests"; $(BIN)/pytest -v -m real --durations=15; real=$$?; suite=$$(( fast || real )); \
 	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM, compatibility or newest environment failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
 	tail -n 1 $(TEST_INSTALLS_LOG); exit $$suite

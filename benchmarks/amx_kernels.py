@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from _common import add_scheduler_ab_args, git_commit, machine, scheduler_ab, script_parser, write_json
 
-from marspec.backends.q4k import Q4KLinear, amx_available, amx_from_rows
+from marspec.backends import kernels
+from marspec.backends.kernels import amx_available, amx_from_rows
+from marspec.backends.q4k import Q4KLinear
 from marspec.backends.q6k import Q6KLinear
 
 # The rows from which the Q4_K and Q6_K kernels' calls take AMX: never, and the kernels' defaults.
@@ -102,11 +104,11 @@ def main() -> None:
     for clients in args.clients:
 
         def arm(rows: tuple[int, int]) -> Callable[[], None]:
-            return lambda: torch.ops.marspec_amx.set_min_rows(*rows)
+            return lambda: kernels.ops().amx_set_min_rows(*rows)
 
         arms = {name: arm(rows) for name, rows in ARMS.items()}
         ab = scheduler_ab(arms, clients, args.rounds, args.max_new_tokens)
-        torch.ops.marspec_amx.set_min_rows(*ARMS["amx"])
+        kernels.ops().amx_set_min_rows(*ARMS["amx"])
         medians = ab["medians"]
         ab["amx/vnni tok/s"] = medians["amx"]["tok_s"] / medians["vnni"]["tok_s"]
         print(clients, "clients:", {a: {k: round(v, 2) for k, v in m.items()} for a, m in medians.items()})

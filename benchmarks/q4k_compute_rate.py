@@ -21,7 +21,8 @@ import time
 import torch
 from _common import add_threads, machine, script_parser
 
-from marspec.backends.q4k import Q4KLinear, q4k_kernel_available
+from marspec.backends.kernels import kernels_available
+from marspec.backends.q4k import Q4KLinear
 
 # Twelve independent dot-product chains per thread, on every thread at once; returns G vpdpbusd a second
 # (all threads together).
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--shape", default="8960x1536", help="N x K of the layer (default 8960x1536)")
     parser.add_argument("--rows", default="1,4,8,12,16,24", help="M,... rows per call")
     args = parser.parse_args()
-    if not q4k_kernel_available():
+    if not kernels_available():
         raise SystemExit("the Q4_K kernel does not build or run here")
     torch.set_num_threads(args.threads)
     n, k = (int(v) for v in args.shape.split("x"))

@@ -27,7 +27,8 @@ import torch
 from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 
 from marspec.backends.int8 import RowwiseInt8Linear, int8_rows
-from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks, q4k_kernel_available
+from marspec.backends.kernels import kernels_available
+from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks
 from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear, dequantize_q6k
 
 ROWS = (1, 13, 52, 128)
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if not q4k_kernel_available():
+    if not kernels_available():
         raise SystemExit("the Q4_K kernel is unavailable here (see the log)")
 
     form = FORMATS[args.format]

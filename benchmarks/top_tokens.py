@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from _common import add_scheduler_ab_args, git_commit, machine, scheduler_ab, script_parser, write_json
 
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends import kernels
+from marspec.backends.kernels import kernels_available
 from marspec.verify import top_tokens
 from marspec.verify.top_tokens import torch_top2
 
@@ -38,9 +39,9 @@ def operators() -> list[dict[str, Any]]:
             logits = torch.randn(rows, VOCAB)
             calls = {
                 "top2 torch": lambda x=logits: torch_top2(x),
-                "top2 kernel": lambda x=logits: torch.ops.marspec_vocab.top2(x),
+                "top2 kernel": lambda x=logits: kernels.ops().vocab_top2(x),
                 "argmax torch": lambda x=logits: x.argmax(-1),
-                "argmax kernel": lambda x=logits: torch.ops.marspec_vocab.argmax(x),
+                "argmax kernel": lambda x=logits: kernels.ops().vocab_argmax(x),
             }
             micros: dict[str, list[float]] = defaultdict(list)
             for _ in range(15):
@@ -77,7 +78,7 @@ def main() -> None:
     add_scheduler_ab_args(parser)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if not q4k_kernel_available():
+    if not kernels_available():
         raise SystemExit("the kernels' library does not build or run here")
     result: dict[str, Any] = {"commit": git_commit(), "machine": machine(), "operators_us": operators()}
     if args.clients:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marspec.backends import row_attention
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends import kernels, row_attention
+from marspec.backends.kernels import kernels_available
 from marspec.backends.row_attention import row_by_row_attention
 
 needs_kernel = pytest.mark.skipif(
-    not q4k_kernel_available(),
+    not kernels_available(),
     reason="no marspec kernels here (needs x86-64 Linux, AVX-512 VNNI, a compiler)",
 )
 
@@ -44,14 +44,14 @@ def test_each_row_attends_its_prefix(heads: int, kv_heads: int, d: int) -> None:
     keys, values = buffer[0, :, :length], buffer[1, :, :length]
     query = torch.randn(heads, 13, d) * 2
     visible = [1, 2, 5, 16, 17, 31, 32, 33, 50, 64, 65, 69, 70]
-    out = torch.ops.marspec_attention.rows(query, keys, values, torch.tensor(visible), d**-0.5)
+    out = kernels.ops().attention_rows(query, keys, values, torch.tensor(visible), d**-0.5)
     assert out.shape == (13, heads, d) and out.dtype == torch.float32
     torch.testing.assert_close(
         out.double(), reference(query, keys, values, visible, d**-0.5), rtol=1e-5, atol=1e-5
     )
     # A row's bits do not depend on the other rows of its call.
     for i in range(13):
-        alone = torch.ops.marspec_attention.rows(
+        alone = kernels.ops().attention_rows(
             query[:, i : i + 1].contiguous(), keys, values, torch.tensor(visible[i : i + 1]), d**-0.5
         )
         assert torch.equal(alone[0], out[i]), i
@@ -62,7 +62,7 @@ def test_extreme_scores_stay_finite_and_a_one_position_row_is_its_value() -> Non
     query = torch.full((2, 2, 16), 40.0)
     keys = torch.cat([torch.full((1, 3, 16), 40.0), torch.full((1, 3, 16), -40.0)], dim=1)  # [1, 6, 16]
     values = torch.randn(1, 6, 16)
-    out = torch.ops.marspec_attention.rows(query, keys, values, torch.tensor([1, 6]), 1.0)
+    out = kernels.ops().attention_rows(query, keys, values, torch.tensor([1, 6]), 1.0)
     assert torch.isfinite(out).all()
     assert torch.equal(out[0, 0], values[0, 0])
     torch.testing.assert_close(out[1, 0], values[0, :3].mean(0))  # the -40 keys get ~no weight
@@ -106,7 +106,7 @@ def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_ther
 
     def attend(seen: list[int]) -> torch.Tensor:
         caches_k, caches_v = [c[0] for c in caches], [c[1] for c in caches]
-        return torch.ops.marspec_attention.segments(
+        return kernels.ops().attention_segments(
             query, new[0], new[1], caches_k, caches_v, torch.tensor(starts), torch.tensor(seen), d**-0.5
         )
 
@@ -117,7 +117,7 @@ def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_ther
         end = cached[s] + rows[s]
         expected[s][:, 0, :, cached[s] : end] = new[:, :, a:b]
         assert torch.equal(caches[s], expected[s]), s  # written where its rows are, nothing else touched
-        alone = torch.ops.marspec_attention.rows(
+        alone = kernels.ops().attention_rows(
             query[:, a:b],
             expected[s][0, 0, :, :end],
             expected[s][1, 0, :, :end],

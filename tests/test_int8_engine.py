@@ -20,7 +20,7 @@ from marspec import precision
 from marspec.api import Decoder, load_lm
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_groups, rowwise_int8_available
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends.kernels import kernels_available
 from marspec.errors import MarspecError
 from marspec.models import int8_store
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
@@ -153,15 +153,38 @@ def test_write_safetensors_writes_int8_and_float32_arrays_with_metadata(tmp_path
 def test_the_precision_when_none_is_named(target, target_quant, dtype, device, expected, monkeypatch) -> None:
     """Where the Q4_K kernel does not run (tests/test_q4k_store.py: where it does, "q4k")."""
     monkeypatch.setattr(precision, "rowwise_int8_available", lambda: True)
-    monkeypatch.setattr(precision, "q4k_kernel_available", lambda: False)
+    monkeypatch.setattr(precision, "kernels_available", lambda: False)
+    monkeypatch.setattr(precision, "unavailable_reason", lambda: "a test's reason")
     chosen = choose_precision(target, target_quant, dtype, device)
     assert (chosen.target_quant, chosen.dtype) == expected
     assert (chosen.hint is not None) == (target == "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 
 
-def test_without_an_int8_dot_product_the_default_stays_the_float_model(monkeypatch) -> None:
+@pytest.mark.parametrize("int8_runs", [True, False])
+def test_a_cpu_without_the_kernels_is_told_in_one_line_which_engine_runs_and_why(
+    int8_runs, monkeypatch, capsys
+) -> None:
+    # The fallback is the int8 engine where oneDNN's int8 rows run, else float32; never silent.
+    monkeypatch.setattr(precision, "rowwise_int8_available", lambda: int8_runs)
+    monkeypatch.setattr(precision, "kernels_available", lambda: False)
+    monkeypatch.setattr(
+        precision, "unavailable_reason", lambda: "no C++ compiler (c++) to build marspec's kernels"
+    )
+    precision._say.cache_clear()
+    engine = "int8" if int8_runs else "none"
+    assert choose_precision("qwen2.5-coder-1.5b-instruct", "auto", "auto", CPU) == Precision(engine, "fp32")
+    assert choose_precision("qwen2.5-coder-1.5b-instruct", "auto", "auto", CPU).target_quant == engine
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1  # once per process, however often the choice is made
+    assert "the q4k engine does not run here (no C++ compiler" in lines[0]
+    assert ("the int8 engine" if int8_runs else "float32 weights") in lines[0] and "GB" in lines[0]
+
+
+def test_without_an_int8_dot_product_the_kernels_still_run_the_q4k_engine(monkeypatch, capsys) -> None:
     monkeypatch.setattr(precision, "rowwise_int8_available", lambda: False)
-    assert choose_precision("qwen2.5-coder-1.5b-instruct", "auto", "auto", CPU) == Precision("none", "fp32")
+    monkeypatch.setattr(precision, "kernels_available", lambda: True)
+    chosen = choose_precision("qwen2.5-coder-1.5b-instruct", "auto", "auto", CPU)
+    assert chosen == Precision("q4k", "fp32") and capsys.readouterr().err == ""
 
 
 def test_a_float_checkpoint_keeps_its_precision_with_a_hint_naming_the_int8_engine(tmp_path, caplog) -> None:
@@ -187,9 +210,9 @@ def test_a_known_model_with_no_precision_named_decodes_on_the_int8_engine_exactl
     engine; the draft is the same model in 4 bits (the default draft weights: the Q4_K kernel's where
     it runs, else torch's)."""
     decoder = Decoder(known, known, device="cpu")
-    engine = "q4k" if q4k_kernel_available() else "int8"  # the tiny llama has no Q4_K layers: int8 either way
+    engine = "q4k" if kernels_available() else "int8"  # the tiny llama has no Q4_K layers: int8 either way
     assert decoder.target_quant == engine and decoder.target_weights == engine
-    assert decoder.draft_weights == ("q4k" if q4k_kernel_available() else "int4")
+    assert decoder.draft_weights == ("q4k" if kernels_available() else "int4")
     assert not (resolve_model_dir(known) / WEIGHTS_FILE).exists()
     prompt = "hello world, hello"
     plain = decoder.generate(prompt, rule="plain", max_new_tokens=24, chat=False)

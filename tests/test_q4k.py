@@ -4,7 +4,6 @@ the call and on either of its paths (VNNI, AMX), and the packed form survives a 
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +13,13 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 
-from marspec.backends import q4k
+from marspec.backends import kernels, q4k
+from marspec.backends.kernels import amx_available, amx_from_rows, kernels_available
 from marspec.backends.q4k import (
     BLOCK_BYTES,
     Q4KLinear,
-    amx_available,
-    amx_from_rows,
     dequantize_q4k,
     q4k_blocks,
-    q4k_kernel_available,
     q4k_reference,
 )
 from marspec.errors import MarspecError
@@ -31,7 +28,7 @@ from marspec.models.cache import held_gguf, models_root
 from marspec.models.registry import MODELS, missing_requirements
 
 needs_kernel = pytest.mark.skipif(
-    not q4k_kernel_available(), reason="no Q4_K kernel here (needs x86-64 Linux, AVX-512 VNNI, a compiler)"
+    not kernels_available(), reason=f"no CPU kernels here: {kernels.unavailable_reason()}"
 )
 
 ROWS = (1, 2, 5, 13, 16, 17, 52, 128)
@@ -137,7 +134,7 @@ def cpu_has_amx_int8() -> bool:
 
 
 needs_amx = pytest.mark.skipif(
-    not (q4k_kernel_available() and amx_available()), reason="no AMX int8 tiles here (or no kernels' library)"
+    not (kernels_available() and amx_available()), reason="no AMX int8 tiles here (or no kernels' library)"
 )
 
 
@@ -176,13 +173,13 @@ def test_amx_is_available_wherever_the_cpu_has_amx_int8() -> None:
 
 @needs_kernel
 def test_amx_from_rows_restores_the_settings_before() -> None:
-    defaults = torch.ops.marspec_amx.set_min_rows(8, 8)
+    defaults = kernels.ops().amx_set_min_rows(8, 8)
     assert defaults == [8, 8]  # the kernels' own (kernels/amx.h), which amx_from_rows documents
     with amx_from_rows(3):
         with amx_from_rows(0, 5):
-            assert torch.ops.marspec_amx.set_min_rows(0, 5) == [0, 5]
-        assert torch.ops.marspec_amx.set_min_rows(3, 3) == [3, 3]
-    assert torch.ops.marspec_amx.set_min_rows(8, 8) == [8, 8]
+            assert kernels.ops().amx_set_min_rows(0, 5) == [0, 5]
+        assert kernels.ops().amx_set_min_rows(3, 3) == [3, 3]
+    assert kernels.ops().amx_set_min_rows(8, 8) == [8, 8]
 
 
 @needs_amx
@@ -224,29 +221,20 @@ def test_the_packed_tensors_rebuild_the_layer_from_a_safetensors_file(
     assert_rebuilt_from_safetensors(layer, tmp_path)
 
 
-def test_a_cpu_without_the_instructions_is_named_once_in_the_log(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_a_kernel_that_does_not_compile_says_why_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(q4k, "_CPU_FLAGS", ("avx512f", "no_such_flag"))
-    with caplog.at_level(logging.INFO, logger="marspec"):
-        assert q4k._load_kernel() is False
-    assert "no_such_flag" in caplog.text
+    from marspec.backends.kernels.build import BuildError, load_library
 
-
-@needs_kernel
-def test_a_kernel_that_does_not_compile_is_logged_and_reported_unavailable(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
-) -> None:
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(q4k, "_SOURCES", (broken,))
     monkeypatch.setenv("MARSPEC_CACHE_DIR", str(tmp_path / "cache"))
-    with caplog.at_level(logging.WARNING, logger="marspec"):
-        assert q4k._load_kernel() is False
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "\n" not in warnings[0]  # one line, whatever the compiler printed
-    assert "could not be built" in warnings[0] and "int8 instead" in warnings[0]
-    assert "error" in warnings[0].split("could not be built")[1]  # the compiler's error, not its command line
+    with pytest.raises(BuildError) as raised:
+        load_library("marspec_broken", (broken,), ("-O0",), label="test kernels")
+    message = str(raised.value)
+    assert "\n" not in message and "broken.cpp" in message  # one line, whatever the compiler printed
+    assert "error" in message.split("failed")[1]  # the compiler's error, not its command line
+    assert "building the CPU test kernels" in capsys.readouterr().err  # the build said so, and how it ended
     assert not list((tmp_path / "cache" / "kernels").glob("*.so"))
 
 

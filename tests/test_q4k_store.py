@@ -17,14 +17,15 @@ from test_q6k import random_blocks as random_q6k_blocks
 from marspec import precision
 from marspec.api import Decoder
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear
-from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks, q4k_kernel_available
+from marspec.backends.kernels import kernels_available
+from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks
 from marspec.backends.q6k import Q6KLinear, dequantize_q6k
 from marspec.models.cache import WEIGHTS_FILE
 from marspec.models.convert import resolve_model_dir
 from marspec.models.int8_store import int8_model_file
 from marspec.precision import choose_precision
 
-needs_kernel = pytest.mark.skipif(not q4k_kernel_available(), reason="the Q4_K kernel does not run here")
+needs_kernel = pytest.mark.skipif(not kernels_available(), reason="the Q4_K kernel does not run here")
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2
 HEAD_DIM = HIDDEN // HEADS
 # Written as Q4_K or Q6_K (rows of 256-weight super-blocks), as in a real Q4_K_M file; the rest stay
@@ -162,7 +163,7 @@ def test_the_default_for_a_gguf_is_q4k_where_the_kernel_runs_else_int8(monkeypat
     monkeypatch.setattr(precision, "rowwise_int8_available", lambda: True)
     cpu = torch.device("cpu")
     for runs, expected in ((True, "q4k"), (False, "int8")):
-        monkeypatch.setattr(precision, "q4k_kernel_available", lambda runs=runs: runs)
+        monkeypatch.setattr(precision, "kernels_available", lambda runs=runs: runs)
         assert choose_precision("qwen2.5-coder-1.5b-instruct", "auto", "auto", cpu).target_quant == expected
         assert (
             choose_precision("Qwen/Qwen2.5-Coder-1.5B-Instruct", "auto", "auto", cpu).target_quant == "none"

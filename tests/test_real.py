@@ -16,8 +16,9 @@ from marspec import Decoder, MarspecError
 from marspec.backends.hf import HFCausalLM, cache_keyword
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
+from marspec.backends.kernels import kernels_available
 from marspec.backends.kv_cache import position_cache
-from marspec.backends.q4k import Q4KLinear, q4k_kernel_available
+from marspec.backends.q4k import Q4KLinear
 from marspec.backends.q6k import Q6KLinear
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.models.cache import GGUF_FILE, WEIGHTS_FILE
@@ -343,7 +344,7 @@ def test_the_cpu_engines_keep_strict_mars_theta_one_and_block_equal_to_their_pla
     prefill, because each token row is quantised on its own. One prompt: tests/test_q4k.py,
     tests/test_target_quant.py and tests/test_int8_engine.py check the rows' independence directly."""
     decoder = request.getfixturevalue(pair)
-    engine = "int8" if pair == "int8_pair" or not q4k_kernel_available() else "q4k"
+    engine = "int8" if pair == "int8_pair" or not kernels_available() else "q4k"
     draft_engine = "q4k" if engine == "q4k" else "int4"
     weights = (decoder.target_quant, decoder.target_weights, decoder.draft_weights)
     assert weights == (engine, engine, draft_engine)

@@ -12,7 +12,7 @@ import marspec.decode
 import marspec.selftest.equality as equality
 import marspec.selftest.sampling as sampling
 from marspec.backends.int8 import rowwise_int8_available
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends.kernels import kernels_available
 from marspec.cli import app
 from marspec.drafters.model import ModelDrafter
 from marspec.errors import MarspecError
@@ -62,7 +62,7 @@ def test_selftest_passes_on_the_cpu_and_restores_the_thread_count():
         "one device read per step",
         "fixed shapes == eager",
         *(["int8 engine: strict == plain, no-relax rules == strict"] if rowwise_int8_available() else []),
-        *(["q4k engine: strict == plain, no-relax rules == strict"] if q4k_kernel_available() else []),
+        *(["q4k engine: strict == plain, no-relax rules == strict"] if kernels_available() else []),
         "batch: each sequence decodes as it does alone",
         "fixed-shape batch: each sequence decodes as it does alone",
     ]

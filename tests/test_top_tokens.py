@@ -10,11 +10,12 @@ import math
 import pytest
 import torch
 
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends import kernels
+from marspec.backends.kernels import kernels_available
 from marspec.verify import top_tokens
 
 needs_kernel = pytest.mark.skipif(
-    not q4k_kernel_available(),
+    not kernels_available(),
     reason="no marspec kernels here (needs x86-64 Linux, AVX-512 VNNI, a compiler)",
 )
 
@@ -30,12 +31,12 @@ def torch_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def assert_same_as_torch(logits: torch.Tensor) -> None:
-    values, tokens = torch.ops.marspec_vocab.top2(logits)
+    values, tokens = kernels.ops().vocab_top2(logits)
     want_values, want_tokens = torch_top2(logits)
     assert torch.equal(tokens, want_tokens), (tokens, want_tokens)
     # NaN == NaN for the comparison; the values are the logits themselves, bit for bit
     assert torch.equal(values.nan_to_num(1234.5), want_values.nan_to_num(1234.5))
-    assert torch.equal(torch.ops.marspec_vocab.argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(kernels.ops().vocab_argmax(logits), logits.argmax(dim=-1))
 
 
 @needs_kernel

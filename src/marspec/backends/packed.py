@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from marspec.backends import kernels
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.kv_cache import PositionLayer
 from marspec.backends.row_attention import PACKING_KEYWORD, ROW_ATTENTION, kernel_takes, row_by_row_attention
@@ -76,7 +77,7 @@ class Packing:
                 for layer, seg in zip(layers, self.segments, strict=True)
             ]
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            rows = torch.ops.marspec_attention.segments(
+            rows = kernels.ops().attention_segments(
                 query[0],
                 key[0],
                 value[0],

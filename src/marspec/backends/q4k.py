@@ -1,16 +1,15 @@
-"""Linear layers on a GGUF's Q4_K weights, multiplied by int8 activations (an AVX-512 VNNI kernel).
+"""Linear layers on a GGUF's Q4_K weights, multiplied by int8 activations (marspec's CPU kernels).
 
 A Q4_K super-block holds 256 weights of one output row: fp16 ``d`` and ``dmin``, eight 32-weight
 sub-blocks with 6-bit scales ``sc`` and mins ``m`` (12 bytes), and 4-bit codes ``q``; a weight is
 ``d * sc * q - dmin * m`` (ggml). :class:`Q4KLinear` keeps the codes at 4 bits and the scales beside
 them (4.75 bits a weight: float32 ``d``, ``dmin`` and uint8 ``sc``, ``m``), repacked once so that the
-kernel (``kernels/q4k.cpp``) reads each weight once per call whatever the number of rows, in one
-sequential stream per 32 output columns. Its input is
+kernel (``kernels/q4k.cpp``, on the CPU's path: :mod:`marspec.backends.kernels`) reads each weight once
+per call whatever the number of rows, in one sequential stream per 32 output columns. Its input is
 quantised to int8 per token row, as :class:`~marspec.backends.int8.RowwiseInt8Linear`'s is, and each
 row's sums run in the same order whatever else is in the call: a row's output is the same bits in a
-13-token verification as in a one-token step. On a CPU with AMX int8 tiles, calls of many rows (a batch's
-forward, a prompt) take the kernel's AMX path (:func:`amx_available`, :func:`amx_from_rows`), whose
-exact integer sums and float operations are the VNNI path's: the same bits, faster.
+13-token verification as in a one-token step, and on every CPU path (AVX2, AVX-512, AMX, NEON): the same
+bits, at the path's speed.
 
 The packed weights are one plain uint8 tensor (its float32 fields little-endian) whose layout does not
 depend on the CPU that made it (:attr:`Q4KLinear.tensors`); weights that come in float are first
@@ -19,22 +18,15 @@ quantised to Q4_K blocks by :func:`q4k_blocks`, so both sources share one path.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
-import platform
-import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from marspec.backends import kernels
 from marspec.backends.int8 import _PEAK_FLOOR
-from marspec.errors import MarspecError, one_line
-
-log = logging.getLogger("marspec")
+from marspec.errors import MarspecError
 
 SUPER_BLOCK = 256  # weights per super-block
 SUB_BLOCK = 32  # weights per sub-block (one scale and min)
@@ -46,107 +38,6 @@ _SUB_CODE_BYTES = TILE * SUB_BLOCK // 2  # a record's codes of one sub-block (bo
 _RECORD_TAIL = TILE * (2 * _SUBS + 2 * 4)  # a record's scales, mins, d and dmin (both halves)
 RECORD_BYTES = _SUBS * _SUB_CODE_BYTES + _RECORD_TAIL  # a tile's super-block: 4.75 bits a weight
 _ROWS_PER_CHUNK = 4096  # rows repacked at a time (a multiple of TILE): bounds the repacking's memory
-
-# One library holds the operators (marspec_q4k, marspec_q6k, marspec_attention, marspec_vocab): "the
-# kernel is available" means all are.
-_SOURCES = tuple(
-    Path(__file__).with_name("kernels") / name
-    for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp")
-)
-_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
-# -fopenmp: at::parallel_for is a header template that runs on one thread without it; the library then
-# uses the OpenMP runtime torch has loaded (the same soname). -ffp-contract=off: the compiler fuses no
-# multiply-add the source does not spell, so every row runs the same float operations.
-_COMPILE_FLAGS = (
-    "-O3",
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512vnni",
-    "-mfma",
-    "-ffp-contract=off",
-    "-fopenmp",
-)
-
-Q4K_UNAVAILABLE = (
-    "the Q4_K kernel needs x86-64 Linux with AVX-512 (F, BW, VNNI) and a C++ compiler with ninja to build it"
-)
-
-
-_LOADING = threading.Lock()  # one build and load per process, whichever threads ask at once
-
-
-def q4k_kernel_available() -> bool:
-    """Whether ``torch.ops.marspec_q4k.linear`` and ``torch.ops.marspec_q6k.linear`` (:mod:`.q6k`) can run
-    here: an x86-64 Linux CPU with AVX-512 F, BW and VNNI, and the operators built (once, into marspec's
-    cache, one library) and loaded. Decided once per process; the
-    reason it cannot is logged then."""
-    with _LOADING:
-        return _kernel_loaded()
-
-
-def kernel_library_loaded() -> bool:
-    """Whether the kernels' library is loaded in this process already (by a Q4_K or Q6_K layer, or row
-    attention), without building or loading it: for operators not worth a build of their own (the
-    vocabulary's, :mod:`marspec.verify.top_tokens`)."""
-    return _kernel_loaded.cache_info().currsize > 0 and _kernel_loaded()
-
-
-@functools.cache
-def _kernel_loaded() -> bool:
-    return _load_kernel()
-
-
-def _load_kernel() -> bool:
-    """Check the platform and CPU, then build and load the operator; False (and the reason logged) if
-    any of it fails."""
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        log.info("Q4_K kernel unavailable: not x86-64 Linux")
-        return False
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError as exc:
-        log.info("Q4_K kernel unavailable: cannot read /proc/cpuinfo (%s)", exc)
-        return False
-    missing = [flag for flag in _CPU_FLAGS if flag not in flags]
-    if missing:
-        log.info("Q4_K kernel unavailable: this CPU lacks %s", ", ".join(missing))
-        return False
-    from marspec.backends.kernels.build import load_library
-
-    try:
-        load_library("marspec_kernels", _SOURCES, _COMPILE_FLAGS)
-    except Exception as exc:  # a missing compiler or ninja, a compile or load error: run without it
-        log.warning(
-            "marspec: the Q4_K kernel could not be built (%s); the CPU engine is int8 instead (slower): "
-            "a C++ compiler (g++) builds it",
-            one_line(exc),
-        )
-        return False
-    return True
-
-
-def amx_available() -> bool:
-    """Whether the Q4_K and Q6_K kernels have their AMX path here: the kernels' library runs
-    (:func:`q4k_kernel_available`), it was compiled with AMX's intrinsics, the CPU has AMX int8 tiles and
-    Linux lets this process use them (asked once, by this call or the first kernel call that could)."""
-    return q4k_kernel_available() and bool(torch.ops.marspec_amx.available())
-
-
-@contextlib.contextmanager
-def amx_from_rows(q4k: int, q6k: int | None = None) -> Iterator[None]:
-    """Inside, the Q4_K kernel takes its AMX path (where :func:`amx_available`) for calls of at least
-    ``q4k`` rows and the Q6_K kernel for calls of at least ``q6k`` (default: ``q4k``) rows, 0 never, in
-    every thread; after, the settings before. Outside, the kernels take it from the row counts where it
-    was measured faster (8 rows for both, ``kernels/amx.h``). Only speed depends on it: a row's output is the
-    same bits on both paths. For tests and benchmarks; it needs the kernels' library."""
-    if not q4k_kernel_available():
-        raise RuntimeError(Q4K_UNAVAILABLE)
-    before = torch.ops.marspec_amx.set_min_rows(q4k, q4k if q6k is None else q6k)
-    try:
-        yield
-    finally:
-        torch.ops.marspec_amx.set_min_rows(*before)
 
 
 class Q4KFields(NamedTuple):
@@ -291,7 +182,8 @@ def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
 
 class Q4KLinear(torch.nn.Module):
     """``nn.Linear`` on Q4_K weights with int8 activations, one scale per token row (inference only;
-    needs :func:`q4k_kernel_available`). A row's output does not depend on the other rows (bit for bit).
+    needs :func:`marspec.backends.kernels.kernels_available`). A row's output does not depend on the other
+    rows (bit for bit).
     """
 
     def __init__(
@@ -305,10 +197,9 @@ class Q4KLinear(torch.nn.Module):
         [ceil(N / 32), tile bytes] (:func:`tile_bytes` of the layer's width rounded up to 32),
         ``out_features`` N (an int or an int64 tensor of one element), an optional float bias [N], and
         ``in_features`` where the layer's input is narrower than that width (zero weights pad each row,
-        and zeros the input). The kernel is checked here, once, rather than in every forward."""
-        if not q4k_kernel_available():
-            raise MarspecError(Q4K_UNAVAILABLE)
+        and zeros the input). The kernel is found here, once, rather than in every forward."""
         super().__init__()
+        self._linear = kernels.ops().q4k_linear
         self.blocks = blocks.contiguous()
         self.out_features = int(out_features)
         width = kernel_width(self.blocks)
@@ -357,7 +248,7 @@ class Q4KLinear(torch.nn.Module):
         rows = x.reshape(-1, self.in_features).float()
         if self._pad:
             rows = torch.nn.functional.pad(rows, (0, self._pad))
-        y = torch.ops.marspec_q4k.linear(rows, self.blocks, self.out_features, self.bias)
+        y = self._linear(rows, self.blocks, self.out_features, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

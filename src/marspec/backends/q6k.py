@@ -1,15 +1,14 @@
-"""A GGUF's Q6_K weights, multiplied by int8 activations (an AVX-512 VNNI kernel).
+"""A GGUF's Q6_K weights, multiplied by int8 activations (marspec's CPU kernels).
 
 A Q6_K super-block holds 256 weights of one output row in 210 bytes: 6-bit codes ``q`` (their low 4
 bits in ``ql[128]``, their top 2 in ``qh[64]``), sixteen signed int8 scales ``sc`` (one per 16
-weights) and an fp16 ``d``; a weight is ``d * sc * (q - 32)`` (ggml). :class:`Q6KLinear` keeps exactly
-those bytes (6.5625 bits a weight, no second rounding), repacked once so that the kernel
-(``kernels/q6k.cpp``, built with the Q4_K kernel into one library: :func:`~.q4k.q4k_kernel_available`)
-reads each weight once per call whatever the number of rows, in one sequential stream per 32 output
-columns. Its input is quantised to int8 per token row as :class:`~.q4k.Q4KLinear`'s is, and each row's
-sums run in the same order whatever else is in the call: a row's output is the same bits in a 13-token
-verification as in a one-token step, and on the kernel's AMX path (:func:`~.q4k.amx_from_rows`) as on
-its VNNI path.
+weights) and an fp16 ``d``; a weight is ``d * sc * (q - 32)`` (ggml). :class:`Q6KLinear` keeps exactly those
+bytes (6.5625 bits a weight, no second rounding), repacked once so that the kernel (``kernels/q6k.cpp``, built
+with the Q4_K kernel into one library per CPU path: :mod:`marspec.backends.kernels`) reads each weight once
+per call whatever the number of rows, in one sequential stream per 32 output columns. Its input is quantised
+to int8 per token row as :class:`~.q4k.Q4KLinear`'s is, and each row's sums run in the same order whatever
+else is in the call: a row's output is the same bits in a 13-token verification as in a one-token step, and on
+every CPU path.
 
 The packed weights are one plain uint8 tensor whose layout does not depend on the CPU that made it
 (:attr:`Q6KLinear.tensors`).
@@ -22,16 +21,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from marspec.backends import kernels
 from marspec.backends.q4k import (
     HALF,
-    Q4K_UNAVAILABLE,
     SUPER_BLOCK,
     TILE,
     packed_tiles,
-    q4k_kernel_available,
     quantised_rows_product,
 )
-from marspec.errors import MarspecError
 
 Q6K_BLOCK_BYTES = 210  # a super-block in the GGUF: ql[128], qh[64], scales[16] (int8), d (fp16)
 _SUB_BLOCK = 16  # weights per scale
@@ -113,18 +110,17 @@ def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
 
 class Q6KLinear(torch.nn.Module):
     """``nn.Linear`` on Q6_K weights with int8 activations, one scale per token row (inference only;
-    needs :func:`~.q4k.q4k_kernel_available`). A row's output does not depend on the other rows (bit for
-    bit)."""
+    needs :func:`marspec.backends.kernels.kernels_available`). A row's output does not depend on the other
+    rows (bit for bit)."""
 
     def __init__(
         self, blocks: torch.Tensor, out_features: int | torch.Tensor, bias: torch.Tensor | None = None
     ) -> None:
         """From the packed weights (:attr:`tensors`; kept, not copied): ``blocks`` uint8
         [ceil(N / 32), K / 256, 6720], ``out_features`` N (an int or an int64 tensor of one element) and
-        an optional float bias [N]. The kernel is checked here, once, rather than in every forward."""
-        if not q4k_kernel_available():
-            raise MarspecError(Q4K_UNAVAILABLE)
+        an optional float bias [N]. The kernel is found here, once, rather than in every forward."""
         super().__init__()
+        self._linear = kernels.ops().q6k_linear
         self.blocks = blocks.contiguous()
         self.out_features = int(out_features)
         self.in_features = blocks.shape[1] * SUPER_BLOCK
@@ -143,7 +139,7 @@ class Q6KLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
         rows = x.reshape(-1, self.in_features).float()
-        y = torch.ops.marspec_q6k.linear(rows, self.blocks, self.out_features, self.bias)
+        y = self._linear(rows, self.blocks, self.out_features, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -38,8 +38,9 @@ from marspec.backends.int8 import (
     rowwise_int8_available,
     use_int8_embedding,
 )
+from marspec.backends.kernels import kernels_available, unavailable_reason
 from marspec.backends.memory import own_remaining_tensors, release_pages, trim_heap
-from marspec.backends.q4k import Q4K_UNAVAILABLE, Q4KLinear, q4k_kernel_available
+from marspec.backends.q4k import Q4KLinear
 from marspec.backends.row_attention import check_row_attention, use_row_attention
 from marspec.defaults import DEFAULT_TARGET_QUANT
 from marspec.errors import MarspecError
@@ -81,6 +82,8 @@ def quantize_target_int8(model: PreTrainedModel) -> PreTrainedModel:
     stores for a GGUF (:mod:`marspec.models.int8_store`). The model's attention is switched to the
     row-by-row form (:func:`use_row_attention`).
     """
+    if not rowwise_int8_available():
+        raise MarspecError(INT8_UNAVAILABLE)
     return _quantize_target_rows(model, RowwiseInt8Linear.of)
 
 
@@ -100,8 +103,6 @@ def _quantize_target_rows(
     if next(model.parameters()).dtype != torch.float32:
         raise MarspecError("int8 target quantisation needs the target loaded in fp32 (use dtype='fp32')")
     check_row_attention(model)
-    if not rowwise_int8_available():
-        raise MarspecError(INT8_UNAVAILABLE)
     use_row_attention(model)
     _replace_linears(model, layer_of)
     use_int8_embedding(model)  # after the layers: a tied head reads its weight
@@ -127,13 +128,12 @@ def check_target_quant(target_quant: str, dtype: torch.dtype) -> None:
     if target_quant not in TARGET_QUANTS:
         choices = ", ".join((DEFAULT_TARGET_QUANT, *TARGET_QUANTS))
         raise MarspecError(f"unknown target_quant {target_quant!r}: choose one of {choices}")
-    if target_quant in ("int8", "q4k"):
-        if dtype != torch.float32:
-            raise MarspecError(f"target_quant={target_quant!r} quantises an fp32 target: use dtype='fp32'")
-        if not rowwise_int8_available():
-            raise MarspecError(INT8_UNAVAILABLE)
-    if target_quant == "q4k" and not q4k_kernel_available():
-        raise MarspecError(f"target_quant='q4k' is not available here: {Q4K_UNAVAILABLE}; use 'int8'")
+    if target_quant in ("int8", "q4k") and dtype != torch.float32:
+        raise MarspecError(f"target_quant={target_quant!r} quantises an fp32 target: use dtype='fp32'")
+    if target_quant == "int8" and not rowwise_int8_available():
+        raise MarspecError(INT8_UNAVAILABLE)
+    if target_quant == "q4k" and not kernels_available():
+        raise MarspecError(f"target_quant='q4k' is not available here: {unavailable_reason()}; use 'int8'")
     if target_quant == "int4":
         if dtype not in (torch.float32, torch.bfloat16):
             raise MarspecError("target_quant='int4' quantises an fp32 or bf16 target: use dtype='fp32'")
@@ -147,8 +147,8 @@ def check_draft_quant(draft_quant: str) -> None:
         raise MarspecError(f"unknown draft_quant {draft_quant!r}: choose one of {', '.join(DRAFT_QUANTS)}")
     if draft_quant == "int4" and not int4_available():
         raise MarspecError(INT4_UNAVAILABLE)
-    if draft_quant == "q4k" and not q4k_kernel_available():
-        raise MarspecError(f"draft_quant='q4k' is not available here: {Q4K_UNAVAILABLE}; use 'int4'")
+    if draft_quant == "q4k" and not kernels_available():
+        raise MarspecError(f"draft_quant='q4k' is not available here: {unavailable_reason()}; use 'int4'")
 
 
 def quantize_target(model: PreTrainedModel, target_quant: str) -> PreTrainedModel:

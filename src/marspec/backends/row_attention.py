@@ -17,8 +17,8 @@ visible positions are a prefix (the chain's nodes) is attended over that prefix 
 visible keys and values are gathered into a sequence of their own, the sequence plain decoding would
 have cached had it taken that node's path, and attended the same way.
 
-Where marspec's kernels run (:func:`~marspec.backends.q4k.q4k_kernel_available`), every row of a layer is
-attended in one call of ``marspec_attention::rows`` (``kernels/attention.cpp``), which computes each
+Where marspec's kernels run (:func:`marspec.backends.kernels.kernels_available`), every row of a layer is
+attended in one call of their ``attention_rows`` (``kernels/attention.cpp``), which computes each
 (row, head) alone in an order set by its own prefix: the same bits as that row attended alone. On the
 default target's layers (12 heads of 128, 200 cached positions) a 13-row verification's attention took
 114 us against 402 us for 13 SDPA calls, a one-token step's 18 us against 32 us
@@ -92,13 +92,13 @@ def row_by_row_attention(
 
 @functools.cache
 def _kernel_loaded() -> bool:
-    from marspec.backends.q4k import q4k_kernel_available  # the library is built with the Q4_K kernel
+    from marspec.backends.kernels import kernels_available
 
-    return q4k_kernel_available()
+    return kernels_available()
 
 
 def kernel_takes(query: torch.Tensor) -> bool:
-    """Whether ``marspec_attention::rows`` attends ``query`` [B, H, q, D]: one sequence of float32 rows on
+    """Whether the kernels' ``attention_rows`` attends ``query`` [B, H, q, D]: one sequence of float32 rows on
     the CPU, heads a multiple of 16 up to 256 wide, and the kernel built here."""
     d = query.shape[-1]
     return (
@@ -116,7 +116,9 @@ def _kernel_rows(
 ) -> torch.Tensor:
     """query [H, q, D] against keys and values [H_kv, kv, D], row i over its first ``visible[i]``
     positions: [1, q, H, D]."""
-    return torch.ops.marspec_attention.rows(query, keys, values, visible, float(scale)).unsqueeze(0)
+    from marspec.backends.kernels import ops
+
+    return ops().attention_rows(query, keys, values, visible, float(scale)).unsqueeze(0)
 
 
 def _prefix(key: torch.Tensor, value: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_groups, int8_rows
+from marspec.backends.int8 import (
+    INT8_UNAVAILABLE,
+    Int8Embedding,
+    RowwiseInt8Linear,
+    int8_groups,
+    int8_rows,
+    rowwise_int8_available,
+)
 from marspec.backends.memory import release_pages, trim_heap
 from marspec.backends.row_attention import use_row_attention
 from marspec.errors import MarspecError, one_line
@@ -136,6 +143,8 @@ def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
             continue
         bias = tensors.pop(f"{name}.bias") if module.bias is not None else None
         if f"{name}.{_INT8}" in tensors:
+            if not rowwise_int8_available():  # a GGUF layer of a type the kernels do not read (Q8_0, float)
+                raise MarspecError(f"{name} is stored as int8 rows, and {INT8_UNAVAILABLE}")
             int8, scale = tensors.pop(f"{name}.{_INT8}"), tensors.pop(f"{name}.{_SCALE}")
             model.set_submodule(name, RowwiseInt8Linear(int8, scale, bias))
             release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again

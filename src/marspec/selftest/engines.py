@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from marspec.backends.int8 import rowwise_int8_available
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends.kernels import kernels_available
 from marspec.selftest.equality import (
     NEW_TOKENS,
     PROMPTS,
@@ -47,7 +47,7 @@ def q4k_engine_keeps_the_invariants(folder: Path, device: torch.device) -> Check
     """Both equalities on the tiny pair with target and draft on the Q4_K kernel (every linear layer's
     weights quantised to Q4_K, int8 activation rows, attention row by row); None where the kernel does
     not run (another device, or a CPU or build without it)."""
-    if device.type != "cpu" or not (rowwise_int8_available() and q4k_kernel_available()):
+    if device.type != "cpu" or not kernels_available():
         return None
     return _engine_check(Q4K_CHECK, tiny_decoder(folder, device, target_quant="q4k"))
 

@@ -78,9 +78,9 @@ def _sdpa(device: torch.device) -> str:
 
 
 def _cpu_kernels() -> str:
+    from marspec.backends import kernels
     from marspec.backends.int4 import int4_available
     from marspec.backends.prepack import prepack_available
-    from marspec.backends.q4k import amx_available, q4k_kernel_available
     from marspec.backends.quantize import rowwise_int8_available
 
     engines = torch.backends.quantized.supported_engines
@@ -91,8 +91,8 @@ def _cpu_kernels() -> str:
             f"int8 draft (fbgemm) {'yes' if 'fbgemm' in engines else 'no'}",
             f"int8 target (oneDNN, VNNI/AMX) {'yes' if rowwise_int8_available() else 'no'}",
             f"int4 weights (ATen) {'yes' if int4_available() else 'no'}",
-            f"Q4_K kernel (AVX-512 VNNI, built here) {'yes' if q4k_kernel_available() else 'no'}",
-            f"its AMX path (many rows) {'yes' if q4k_kernel_available() and amx_available() else 'no'}",
+            kernels.describe(),
+            f"AMX tiles for many rows {'yes' if kernels.amx_available() else 'no'}",
         )
     )
 

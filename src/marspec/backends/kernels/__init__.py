@@ -1,2 +1,41 @@
-"""C++ torch operators marspec compiles on first use (:mod:`marspec.backends.kernels.build`); their
-sources ship in this package."""
+"""marspec's native CPU kernels: C++ torch operators built on first use for the CPU's instruction set
+(:mod:`.paths`: AVX2, AVX-VNNI, AVX-512 VNNI, AMX, ARM NEON; every path the same bits), loaded and
+called through :mod:`.library`. Their sources ship in this package."""
+
+from marspec.backends.kernels.library import (
+    amx_available,
+    amx_from_rows,
+    describe,
+    kernels_available,
+    library_loaded,
+    library_ops,
+    ops,
+    process_path,
+    unavailable_reason,
+)
+from marspec.backends.kernels.paths import (
+    PATH_VARIABLE,
+    PATHS,
+    CpuPath,
+    chosen_path,
+    path_named,
+    runnable_paths,
+)
+
+__all__ = [
+    "PATHS",
+    "PATH_VARIABLE",
+    "CpuPath",
+    "amx_available",
+    "amx_from_rows",
+    "chosen_path",
+    "describe",
+    "kernels_available",
+    "library_loaded",
+    "library_ops",
+    "ops",
+    "path_named",
+    "process_path",
+    "runnable_paths",
+    "unavailable_reason",
+]

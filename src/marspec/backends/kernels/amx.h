@@ -9,8 +9,8 @@
 // chosen by the call's row count without a row's answer depending on the rows beside it.
 //
 // Linux gives a process the tiles' 8 KB of register state only once asked (arch_prctl), once per
-// process; the first call that could use them asks. Compilers without AMX's intrinsics (g++ < 11,
-// clang < 12) build the kernels without the AMX path.
+// process; the first call that could use them asks. Only the AVX-512 path's library has it (every CPU
+// with AMX has AVX-512); compilers without AMX's intrinsics (g++ < 11, clang < 12) build it without.
 
 #pragma once
 
@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <optional>
 
-#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
-                            (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11))
+#if defined(MARSPEC_ISA_AVX512) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                                     (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11))
 #define MARSPEC_HAS_AMX 1
 #include <cpuid.h>
 #include <immintrin.h>

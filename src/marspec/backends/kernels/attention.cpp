@@ -1,98 +1,51 @@
-// marspec_attention::rows: attention of query rows of one sequence, each row against its own prefix of
-// the keys and values, with AVX-512.
+// attention_rows: attention of query rows of one sequence, each row against its own prefix of the keys
+// and values; attention_segments: the same for the rows of several sequences packed one after the other.
 //
-// Every (row, head) is computed alone, by one thread, in an order that depends only on its own prefix
-// length: a row's output is the same bits whatever other rows the call holds, so a verification forward
-// scores each token as the one-token step does (marspec/backends/row_attention.py). One call attends all
-// rows and heads of a layer; torch's SDPA called once per row costs ~30 us a call here.
+// Every (row, head) is computed alone, by one thread (attention_core.h), in an order that depends only on
+// its own prefix length: a row's output is the same bits whatever other rows the call holds, so a
+// verification forward scores each token as the one-token step does (marspec/backends/row_attention.py),
+// and on every instruction set. One call attends all rows and heads of a layer; torch's SDPA called once
+// per row costs ~30 us a call here.
 //
 // query [H, Q, D] float32, keys and values [H_kv, >= max visible, D] float32 (any strides, the last
 // dimension contiguous), visible int64 [Q] (row i attends positions 0 .. visible[i] - 1), D a multiple of
-// 16; head h reads key/value head h / (H / H_kv). Output [Q, H, D]. Per (row, head):
-//   s_j = (q . k_j) * scale   (the dot in 16 float lanes, then one fixed reduction)
-//   p_j = exp(s_j - max_j s_j) (a polynomial exp, the same operations on every lane)
-//   out = (sum_j p_j v_j) / sum_j p_j   (the sums in position order; the normaliser lane-wise, then reduced)
+// 16 up to 256; head h reads key/value head h / (H / H_kv). Output [Q, H, D].
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <immintrin.h>
-#include <torch/library.h>
 
-#include <cmath>
-#include <cstring>
+#include "attention_core.h"
+#include "ops.h"
+
 #include <cstdint>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 16;
-constexpr int64_t kMaxHeadDim = 256;
+using marspec_kernels::attend_one;
+using marspec_kernels::check_cpu;
+using marspec_kernels::kMaxHeadDim;
+using marspec_simd::kLanes;
 
-// exp(x) for x <= 0 (scores minus their maximum), Cephes' single-precision polynomial: x = n ln2 + r,
-// |r| <= ln2 / 2, exp(r) from a degree-7 polynomial, times 2^n. Inputs below -87 give ~0.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-// One (row, head): q [D], keys and values of `length` positions (position stride `stride`), out [D].
-void attend_one(const float* q, const float* keys, const float* values, int64_t stride, int64_t length,
-                int64_t d, float scale, float* scores, float* out) {
-  const int64_t chunks = d / kLanes;
-  __m512 qv[kMaxHeadDim / kLanes];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + c * kLanes);
-  float peak = -INFINITY;
-  for (int64_t j = 0; j < length; ++j) {
-    const float* k = keys + j * stride;
-    __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-    for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), acc);
-    const float s = _mm512_reduce_add_ps(acc) * scale;
-    scores[j] = s;
-    peak = s > peak ? s : peak;
-  }
-  // The weights, 16 at a time (the tail masked), and their sum lane by lane.
-  const __m512 top = _mm512_set1_ps(peak);
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t j = 0; j < length; j += kLanes) {
-    const int64_t width = length - j < kLanes ? length - j : kLanes;
-    const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-    const __m512 s = _mm512_maskz_loadu_ps(mask, scores + j);
-    const __m512 p = _mm512_maskz_mov_ps(mask, exp_nonpositive(_mm512_sub_ps(s, top)));
-    _mm512_mask_storeu_ps(scores + j, mask, p);
-    total = _mm512_add_ps(total, p);
-  }
-  __m512 acc[kMaxHeadDim / kLanes];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < length; ++j) {
-    const __m512 p = _mm512_set1_ps(scores[j]);
-    const float* v = values + j * stride;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + c * kLanes), acc[c]);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-  for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + c * kLanes, _mm512_mul_ps(acc[c], inv));
+void check_head_size(int64_t d) {
+  TORCH_CHECK(d > 0 && d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 from 16 to 256");
 }
 
 at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
                 double scale) {
+  for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&visible, "visible"}}) {
+    check_cpu(*t, name);
+  }
   TORCH_CHECK(query.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "query [H, Q, D], keys and values [H_kv, L, D]");
   TORCH_CHECK(query.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
                   values.scalar_type() == at::kFloat,
               "float32 query, keys and values");
   const int64_t heads = query.size(0), q_rows = query.size(1), d = query.size(2);
   const int64_t kv_heads = keys.size(0);
-  TORCH_CHECK(d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 up to 256");
+  check_head_size(d);
   TORCH_CHECK(keys.size(2) == d && values.size(2) == d && values.size(0) == kv_heads && values.size(1) == keys.size(1),
               "keys and values must match each other and the query's head size");
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads do not share ", kv_heads, " key heads");
@@ -139,10 +92,14 @@ at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tenso
 at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const at::Tensor& new_values,
                     at::TensorList caches_k, at::TensorList caches_v, const at::Tensor& starts,
                     const at::Tensor& visible, double scale) {
+  for (const auto& [t, name] : {std::pair{&query, "query"}, {&new_keys, "new_keys"}, {&new_values, "new_values"},
+                                {&starts, "starts"}, {&visible, "visible"}}) {
+    check_cpu(*t, name);
+  }
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
               "query must be float32 [H, Q, D], the head dimension contiguous");
   const int64_t heads = query.size(0), q_rows = query.size(1), d = query.size(2);
-  TORCH_CHECK(d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 up to 256");
+  check_head_size(d);
   TORCH_CHECK(new_keys.dim() == 3 && new_values.sizes() == new_keys.sizes() && new_keys.size(1) == q_rows &&
                   new_keys.size(2) == d && new_keys.scalar_type() == at::kFloat &&
                   new_values.scalar_type() == at::kFloat && new_keys.stride(2) == 1 && new_values.stride(2) == 1,
@@ -159,6 +116,9 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
   const int64_t* start_p = starts_c.data_ptr<int64_t>();
   const int64_t* length_p = lengths.data_ptr<int64_t>();
   TORCH_CHECK(start_p[0] == 0 && start_p[sequences] == q_rows, "starts must run from 0 to the query's rows");
+  for (int64_t s = 0; s < sequences; ++s) {  // all of them before any row is read
+    TORCH_CHECK(start_p[s] <= start_p[s + 1], "starts must not decrease");
+  }
   std::vector<int64_t> sequence_of(q_rows);
   // Each cache's buffers and strides, read once here rather than per row and head below.
   std::vector<float*> k_ptrs(sequences), v_ptrs(sequences);
@@ -167,12 +127,13 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
   for (int64_t s = 0; s < sequences; ++s) {
     const at::Tensor& k = caches_k[s];
     const at::Tensor& v = caches_v[s];
+    check_cpu(k, "caches_k");
+    check_cpu(v, "caches_v");
     TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == kv_heads && k.size(3) == d && v.sizes() == k.sizes() &&
                     k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
                 "each cache must be float32 [1, H_kv, capacity, D] like the new keys");
     TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == v.stride(2) && k.stride(1) == v.stride(1),
                 "caches laid out alike, the head dimension contiguous");
-    TORCH_CHECK(start_p[s] <= start_p[s + 1], "starts must not decrease");
     for (int64_t i = start_p[s]; i < start_p[s + 1]; ++i) {
       TORCH_CHECK(length_p[i] >= 1 && length_p[i] <= k.size(2), "row ", i, " sees ", length_p[i], " positions of ",
                   k.size(2));
@@ -215,10 +176,11 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
 
 }  // namespace
 
-TORCH_LIBRARY(marspec_attention, m) {
-  m.def("rows(Tensor query, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor", &rows);
+// segments writes each row's key and value into its sequence's cache: the schema says so (a!, b!).
+MARSPEC_LIBRARY(m) {
+  m.def("attention_rows(Tensor query, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor", &rows);
   m.def(
-      "segments(Tensor query, Tensor new_keys, Tensor new_values, Tensor[] caches_k, Tensor[] caches_v, "
-      "Tensor starts, Tensor visible, float scale) -> Tensor",
+      "attention_segments(Tensor query, Tensor new_keys, Tensor new_values, Tensor(a!)[] caches_k, "
+      "Tensor(b!)[] caches_v, Tensor starts, Tensor visible, float scale) -> Tensor",
       &segments);
 }

@@ -1,10 +1,10 @@
-// marspec_vocab::argmax and marspec_vocab::top2: the largest (and second-largest) float32 logit of each
+// vocab_argmax and vocab_top2: the largest (and second-largest) float32 logit of each
 // row and its token, in one vectorised pass over the row, found exactly as torch finds them.
 //
 // torch's CPU argmax over a vocabulary row (150k logits) runs at ~2 G values/s; the verification of each
 // decode step takes the top two of every row (verify.margins.top2: an argmax, a copy with the winner
 // masked, a second argmax) and a draft model's step an argmax, so on 2 cores these cost ~1 ms of a
-// step. Here each of the 16 lanes keeps the best and second-best value it has seen and their indices,
+// step. Here each of 16 lanes keeps the best and second-best value it has seen and their indices,
 // replaced only by a strictly larger value (so the earliest of equal values stays), then the lanes'
 // 32 candidates are ranked by (value, lower index first): the row's first maximum, and the first
 // maximum of the rest, which is what torch's argmax returns and what top2 computes. Rows where torch's
@@ -20,8 +20,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <immintrin.h>
-#include <torch/library.h>
+
+#include "ops.h"
 
 #include <cstdint>
 #include <limits>
@@ -50,52 +50,48 @@ inline bool ranks_before(float va, int64_t ia, float vb, int64_t ib) {
 }
 
 // Each lane's best (and, with kSecond, second-best) values and indices over x[0, n), then the row's.
+// Plain C++ over 16 lanes (the compiler vectorises it for the path's instruction set): comparisons only,
+// so every path finds the same answer.
 template <bool kSecond>
 RowTop row_top(const float* x, int64_t n) {
-  __m512 v1 = _mm512_set1_ps(kNegInf);
-  __m512 v2 = _mm512_set1_ps(kNegInf);
-  __m512i i1 = _mm512_set1_epi32(-1);
-  __m512i i2 = _mm512_set1_epi32(-1);
-  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(kLanes);
-  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  __mmask16 nan = 0;
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const int64_t left = n - j;
-    const __mmask16 live = left >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-    const __m512 v = _mm512_mask_loadu_ps(neg_inf, live, x + j);  // past the end: -inf, never larger
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    const __mmask16 above1 = _mm512_cmp_ps_mask(v, v1, _CMP_GT_OQ);
-    if constexpr (kSecond) {
-      const __mmask16 above2 = _mm512_cmp_ps_mask(v, v2, _CMP_GT_OQ);
-      // A new best moves the old best to second place; else a value above the second takes it.
-      v2 = _mm512_mask_blend_ps(above1, _mm512_mask_blend_ps(above2, v2, v), v1);
-      i2 = _mm512_mask_blend_epi32(above1, _mm512_mask_blend_epi32(above2, i2, idx), i1);
-    }
-    v1 = _mm512_mask_blend_ps(above1, v1, v);
-    i1 = _mm512_mask_blend_epi32(above1, i1, idx);
-    idx = _mm512_add_epi32(idx, step);
+  float v1[kLanes], v2[kLanes];
+  int32_t i1[kLanes], i2[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    v1[l] = v2[l] = kNegInf;
+    i1[l] = i2[l] = -1;
   }
-  alignas(64) float lv1[kLanes], lv2[kLanes];
-  alignas(64) int32_t li1[kLanes], li2[kLanes];
-  _mm512_store_ps(lv1, v1);
-  _mm512_store_ps(lv2, v2);
-  _mm512_store_si512(li1, i1);
-  _mm512_store_si512(li2, i2);
+  bool nan = false;
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t live = n - j < kLanes ? n - j : kLanes;
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = l < live ? x[j + l] : kNegInf;  // past the end: -inf, never larger
+      const auto idx = static_cast<int32_t>(j + l);
+      nan |= v != v;
+      const bool above1 = v > v1[l];
+      if constexpr (kSecond) {
+        // A new best moves the old best to second place; else a value above the second takes it.
+        const bool above2 = v > v2[l];
+        v2[l] = above1 ? v1[l] : (above2 ? v : v2[l]);
+        i2[l] = above1 ? i1[l] : (above2 ? idx : i2[l]);
+      }
+      v1[l] = above1 ? v : v1[l];
+      i1[l] = above1 ? idx : i1[l];
+    }
+  }
   RowTop top;
-  top.nan = nan != 0;
+  top.nan = nan;
   // The row's best is the best lane's; its second is another lane's best or the best lane's second.
   for (int l = 0; l < kLanes; ++l) {
-    if (ranks_before(lv1[l], li1[l], top.v1, top.i1)) {
-      top.v1 = lv1[l];
-      top.i1 = li1[l];
+    if (ranks_before(v1[l], i1[l], top.v1, top.i1)) {
+      top.v1 = v1[l];
+      top.i1 = i1[l];
     }
   }
   if constexpr (kSecond) {
     for (int l = 0; l < kLanes; ++l) {
-      const bool best_lane = li1[l] == top.i1;
-      const float v = best_lane ? lv2[l] : lv1[l];
-      const int64_t i = best_lane ? li2[l] : li1[l];
+      const bool best_lane = i1[l] == top.i1;
+      const float v = best_lane ? v2[l] : v1[l];
+      const int64_t i = best_lane ? i2[l] : i1[l];
       if (ranks_before(v, i, top.v2, top.i2)) {
         top.v2 = v;
         top.i2 = i;
@@ -167,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> top2(const at::Tensor& x) {
 
 }  // namespace
 
-TORCH_LIBRARY(marspec_vocab, m) {
-  m.def("argmax(Tensor logits) -> Tensor", &argmax);
-  m.def("top2(Tensor logits) -> (Tensor, Tensor)", &top2);
+MARSPEC_LIBRARY(m) {
+  m.def("vocab_argmax(Tensor logits) -> Tensor", &argmax);
+  m.def("vocab_top2(Tensor logits) -> (Tensor, Tensor)", &top2);
 }

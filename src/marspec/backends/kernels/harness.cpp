@@ -1,0 +1,161 @@
+// A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
+// (rows.h, tile_rows.h, the formats, attention_core.h), on inputs made by a fixed generator, so that
+// paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine) are compared bit
+// for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
+// if a row's output differs between a call of many rows and a call of its own.
+//
+// Build: c++ -std=c++17 -O2 -ffp-contract=off <path's flags> -D<path's ISA macro> harness.cpp
+// (tests/test_cpu_paths.py builds it for every path and compares the hashes).
+
+#include "attention_core.h"
+#include "q4k_format.h"
+#include "q6k_format.h"
+#include "tile_rows.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using namespace marspec_kernels;
+
+struct Generator {  // a 64-bit LCG: the same numbers on every machine
+  uint64_t state;
+  uint32_t next() {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<uint32_t>(state >> 32);
+  }
+  float uniform() { return static_cast<float>(next() >> 8) / 16777216.0f * 2.0f - 1.0f; }  // [-1, 1)
+};
+
+struct Hash {
+  uint64_t h = 1469598103934665603ULL;
+  void add(const void* p, size_t bytes) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  }
+};
+
+bool failed = false;
+
+// Activation rows [m, k]: uniform values, a row of large ones, a zero row, a row with a NaN.
+std::vector<float> activations(Generator& g, int64_t m, int64_t k) {
+  std::vector<float> x(m * k);
+  for (auto& v : x) v = g.uniform();
+  for (int64_t i = 0; i < k; ++i) x[1 * k + i] *= 300.0f;
+  std::fill(x.begin() + 2 * k, x.begin() + 3 * k, 0.0f);
+  x[4 * k + 7] = std::numeric_limits<float>::quiet_NaN();
+  return x;
+}
+
+// A Q4_K tile's records of `supers` super-blocks, the last holding `last_used` sub-blocks.
+std::vector<uint8_t> q4k_tile(Generator& g, int64_t supers, int64_t last_used) {
+  std::vector<uint8_t> tile;
+  for (int64_t s = 0; s < supers; ++s) {
+    const int64_t used = s + 1 < supers ? Q4K::kGroups : last_used;
+    const int64_t start = static_cast<int64_t>(tile.size());
+    tile.resize(start + Q4K::record_bytes(used));
+    uint8_t* r = tile.data() + start;
+    const int64_t code_bytes = 2 * used * Q4K::kGroupCodeBytes;
+    for (int64_t i = 0; i < code_bytes; ++i) r[i] = static_cast<uint8_t>(g.next());
+    for (int64_t i = 0; i < 2 * Q4K::kScaleBytes; ++i) r[code_bytes + i] = static_cast<uint8_t>(g.next() & 0x3F);
+    auto* d = reinterpret_cast<float*>(r + code_bytes + 2 * Q4K::kScaleBytes);
+    for (int64_t i = 0; i < 2 * 2 * Q4K::kHalf; ++i) d[i] = g.uniform() * 0.01f;
+  }
+  return tile;
+}
+
+std::vector<uint8_t> q6k_tile(Generator& g, int64_t supers) {
+  std::vector<uint8_t> tile(supers * Q6K::kRecord);
+  for (int64_t s = 0; s < supers; ++s) {
+    uint8_t* r = tile.data() + s * Q6K::kRecord;
+    for (int64_t i = 0; i < 2 * (Q6K::kCodeBytes + Q6K::kScaleBytes); ++i) r[i] = static_cast<uint8_t>(g.next());
+    auto* d = reinterpret_cast<uint16_t*>(r + 2 * (Q6K::kCodeBytes + Q6K::kScaleBytes));
+    for (int64_t i = 0; i < 2 * Q6K::kHalf; ++i) {  // normal fp16 values of either sign, 2^-8 .. 2^-1
+      d[i] = static_cast<uint16_t>(((g.next() & 1u) << 15) | ((7u + g.next() % 7u) << 10) | (g.next() & 0x3FFu));
+    }
+  }
+  return tile;
+}
+
+// y [m, 32] of one tile for rows x [m, k_in], the operator's steps on one thread.
+template <class F>
+std::vector<float> tile_output(const std::vector<uint8_t>& tile, const float* x, int64_t m, int64_t k_in,
+                               int64_t supers, int64_t last_used, int64_t record_bytes, const float* bias) {
+  const int64_t k = supers * F::kSuper;
+  const QuantisedRows xq = quantise_rows<F::kGroup>(x, m, k_in, k, m);
+  std::vector<float> acc(m * kTileColumns, 0.0f), y(m * kTileColumns);
+  static typename F::Half w[2];
+  for (int64_t s = 0; s < supers; ++s) {
+    const int64_t used = s + 1 < supers ? F::kGroups : last_used;
+    all_rows<F>(w, tile.data() + s * record_bytes, xq, m, k, s, used, acc.data());
+  }
+  write_tile(acc.data(), xq.scale.data(), m, 0, kTileColumns, bias, y.data());
+  return y;
+}
+
+// The tile's output for all rows at once, and each row alone (which must be the same bits), hashed.
+template <class F>
+void check_linear(const char* name, Generator& g, const std::vector<uint8_t>& tile, int64_t k_in, int64_t supers,
+                  int64_t last_used, int64_t record_bytes) {
+  constexpr int64_t kRows = 13;
+  const std::vector<float> x = activations(g, kRows, k_in);
+  std::vector<float> bias(kTileColumns);
+  for (auto& b : bias) b = g.uniform();
+  Hash hash;
+  const float* biases[] = {nullptr, bias.data()};
+  for (const float* b : biases) {
+    const auto all = tile_output<F>(tile, x.data(), kRows, k_in, supers, last_used, record_bytes, b);
+    hash.add(all.data(), all.size() * sizeof(float));
+    for (int64_t r = 0; r < kRows; ++r) {
+      const auto alone = tile_output<F>(tile, x.data() + r * k_in, 1, k_in, supers, last_used, record_bytes, b);
+      if (std::memcmp(alone.data(), all.data() + r * kTileColumns, kTileColumns * sizeof(float)) != 0) {
+        std::printf("%s: row %lld alone differs from the row in a call of %lld\n", name, static_cast<long long>(r),
+                    static_cast<long long>(kRows));
+        failed = true;
+      }
+    }
+    bool nan_row = true;
+    for (int64_t c = 0; c < kTileColumns; ++c) nan_row = nan_row && std::isnan(all[4 * kTileColumns + c]);
+    if (!nan_row) {
+      std::printf("%s: a row holding a NaN gave numbers\n", name);
+      failed = true;
+    }
+  }
+  std::printf("%s %016llx\n", name, static_cast<unsigned long long>(hash.h));
+}
+
+void check_attention(Generator& g) {
+  Hash hash;
+  for (const int64_t d : {16, 64, 128}) {
+    for (const int64_t length : {1, 5, 16, 17, 40}) {
+      std::vector<float> q(d), keys(length * d), values(length * d), scores(length + kLanes), out(d);
+      for (auto& v : q) v = g.uniform() * 4.0f;
+      for (auto& v : keys) v = g.uniform() * 4.0f;
+      for (auto& v : values) v = g.uniform();
+      attend_one(q.data(), keys.data(), values.data(), d, length, d, 1.0f / std::sqrt(static_cast<float>(d)),
+                 scores.data(), out.data());
+      hash.add(out.data(), out.size() * sizeof(float));
+    }
+  }
+  std::printf("attention %016llx\n", static_cast<unsigned long long>(hash.h));
+}
+
+}  // namespace
+
+int main() {
+  Generator g{20261206};
+  std::printf("path %s\n", marspec_simd::kPathName);
+  const auto q4k_full = q4k_tile(g, 4, Q4K::kGroups);
+  check_linear<Q4K>("q4k", g, q4k_full, 1024, 4, Q4K::kGroups, Q4K::kRecord);
+  const auto q4k_part = q4k_tile(g, 4, 4);  // 896 wide: the last super-block holds 4 sub-blocks
+  check_linear<Q4K>("q4k_896", g, q4k_part, 896, 4, 4, Q4K::kRecord);
+  const auto q6k = q6k_tile(g, 3);
+  check_linear<Q6K>("q6k", g, q6k, 768, 3, Q6K::kGroups, Q6K::kRecord);
+  check_attention(g);
+  return failed ? 1 : 0;
+}

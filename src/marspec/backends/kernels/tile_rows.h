@@ -1,0 +1,98 @@
+// The linear kernels' inner loop, written once for every weight format (q4k_format.h, q6k_format.h) and
+// every instruction set (simd.h): a block of activation rows against one record (one super-block of a
+// tile of 32 output columns), exact integer sums, then the format's float finish. Torch-free, so the
+// standalone harness runs it too.
+//
+// A format F gives: kGroup (weights a sub-block: one scale), kGroups (sub-blocks a super-block), kChunks
+// and kChunkSteps (a sub-block's codes come in kChunks chunks of kChunkSteps steps of 4 weights), Half
+// (a record's half unpacked: codes[g][step][64 bytes], sc[g][16] and its own fields), and
+//   unpack(record, half, used, out, with_codes): a half's scales (and codes) into a Half;
+//   chunk_codes(record, half, used, g, chunk, out[kChunkSteps]): a chunk's codes read from the record;
+//   group_start(xsum): a sub-block's dot product's start from its activations' sum;
+//   finish(half, scaled, xsums, acc): the 16 columns' floats after the record, from the exact int32
+//     scaled = sum_g sc_g * (group_start + codes . x) and the row's sub-block sums xsums.
+// Every output column gets the same operations, the integer ones exact, in the same order, whatever the
+// number of rows, the row block, the codes' source or the instruction set: a row's output is the same
+// bits in any call on any path.
+
+#pragma once
+
+#include "rows.h"
+
+#include <array>
+#include <cstdint>
+#include <utility>
+
+namespace marspec_kernels {
+
+template <class F, int R, bool kFromRecord>
+void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* xq, int64_t k, const int16_t* xsums,
+                int64_t groups, int64_t used, float* acc) {
+  I32 scaled[R][2];
+  for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = zero();
+  for (int64_t g = 0; g < used; ++g) {
+    I32 s[R][2];
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = F::group_start(xsums[r * groups + g]);
+    for (int ch = 0; ch < F::kChunks; ++ch) {
+      I32 codes[2][F::kChunkSteps];  // [half][step]
+      for (int c = 0; c < 2; ++c) {
+        if constexpr (kFromRecord) {
+          F::chunk_codes(record, c, used, g, ch, codes[c]);
+        } else {
+          for (int i = 0; i < F::kChunkSteps; ++i) codes[c][i] = load(w[c].codes[g][ch * F::kChunkSteps + i]);
+        }
+      }
+      for (int i = 0; i < F::kChunkSteps; ++i) {
+        for (int r = 0; r < R; ++r) {
+          const I32 x = broadcast4(xq + r * k + g * F::kGroup + (ch * F::kChunkSteps + i) * 4);
+          s[r][0] = dot_u8s8(s[r][0], codes[0][i], x);
+          s[r][1] = dot_u8s8(s[r][1], codes[1][i], x);
+        }
+      }
+    }
+    for (int c = 0; c < 2; ++c) {
+      const I32 sc = load(w[c].sc[g]);
+      for (int r = 0; r < R; ++r) scaled[r][c] = add(scaled[r][c], mullo(s[r][c], sc));
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    for (int r = 0; r < R; ++r) F::finish(w[c], scaled[r][c], xsums + r * groups, acc + r * kTileColumns + c * kLanes);
+  }
+}
+
+template <class F>
+using RowsBlockFn = void (*)(const typename F::Half*, const uint8_t*, const int8_t*, int64_t, const int16_t*, int64_t,
+                             int64_t, float*);
+
+template <class F, bool kFromRecord, int... R>
+constexpr std::array<RowsBlockFn<F>, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
+  return {nullptr, rows_block<F, R + 1, kFromRecord>...};
+}
+
+// Up to this many blocks of rows each read the codes from the record (unpacking them in registers); more
+// share them unpacked once into a buffer (measured on AVX-512: the first is faster up to ~16 rows).
+constexpr int64_t kBlocksFromRecord = 3;
+
+// Every row (m_rows of them, quantised in xq, rows k apart) against one record (super-block s, its first
+// `used` sub-blocks holding weights), in as few blocks as fit the registers, of sizes that differ by one
+// at most (13 rows in blocks of 6: 5, 4, 4); the sums added to acc [m_rows, 32]. w: a thread's two Halves.
+template <class F>
+void all_rows(typename F::Half* w, const uint8_t* record, const QuantisedRows& xq, int64_t m_rows, int64_t k,
+              int64_t s, int64_t used, float* acc) {
+  static constexpr auto kFromRecordRows = rows_blocks<F, true>(std::make_integer_sequence<int, kRowBlock>{});
+  static constexpr auto kUnpackedRows = rows_blocks<F, false>(std::make_integer_sequence<int, kRowBlock>{});
+  const int64_t groups = k / F::kGroup;
+  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  const bool from_record = blocks <= kBlocksFromRecord;
+  F::unpack(record, 0, used, w[0], !from_record);
+  F::unpack(record, 1, used, w[1], !from_record);
+  const RowsBlockFn<F>* fns = from_record ? kFromRecordRows.data() : kUnpackedRows.data();
+  for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
+    const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
+    fns[rows](w, record, xq.q.data() + m0 * k + s * F::kSuper, k,
+              xq.sums.data() + m0 * groups + s * F::kGroups, groups, used, acc + m0 * kTileColumns);
+    m0 += rows;
+  }
+}
+
+}  // namespace marspec_kernels
