@@ -246,3 +246,25 @@ def test_a_build_cleans_what_a_killed_build_left_and_an_unwritable_cache_is_name
     monkeypatch.setenv("MARSPEC_CACHE_DIR", str(not_a_folder / "cache"))
     with pytest.raises(BuildError, match="set MARSPEC_CACHE_DIR to a writable folder"):
         load_library("marspec_ok", (source,), ("-O0",))
+
+
+@needs_kernels
+@pytest.mark.skipif(shutil.which("nm") is None, reason="no nm (binutils) to read a library's symbols")
+@pytest.mark.parametrize("path", [p.name for p in RUNNABLE])
+def test_a_paths_library_exports_none_of_its_kernels(path: str) -> None:
+    # Exported, a second path's library loaded in the same process would have its calls bound to the
+    # first's functions (another instruction set's code), and every comparison above would be void.
+    from marspec.backends.kernels.build import library_path
+
+    chosen = kernels.path_named(path)
+    path_ops(path)  # built and loaded
+    so = library_path(f"marspec_kernels_{chosen.library}", library.SOURCES, library.build_flags(chosen))
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", "-C", str(so)], capture_output=True, text=True, check=True
+    )
+    leaked = [
+        line
+        for line in symbols.stdout.splitlines()
+        if "marspec_kernels::" in line or "marspec_simd::" in line
+    ]
+    assert not leaked, leaked[:5]

@@ -8,11 +8,17 @@ plain decoding.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from test_gguf_int4 import assert_same_4bit_weights
 
 from marspec import Decoder, MarspecError
+from marspec.backends import kernels
 from marspec.backends.hf import HFCausalLM, cache_keyword
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
@@ -377,6 +383,35 @@ def test_the_cpu_engines_keep_strict_mars_theta_one_and_block_equal_to_their_pla
     kept = decoder.generate(turn2, rule="strict", k=5, max_new_tokens=32)
     fresh = decoder.generate(turn2, rule="strict", k=5, max_new_tokens=32, reuse_prefix=False)
     assert kept.stats.reused_tokens > 0 and kept.token_ids == fresh.token_ids
+
+
+_FORCED_PATH_RUN = """
+import json, sys
+from marspec import Decoder
+from marspec.backends import kernels
+decoder = Decoder(sys.argv[1], sys.argv[2])
+runs = {r: decoder.generate(sys.argv[3], rule=r, max_new_tokens=32).token_ids for r in ("plain", "strict")}
+print(json.dumps({"path": kernels.process_path().name, **runs}))
+"""
+
+
+@pytest.mark.skipif(not kernels_available(), reason="the CPU kernels do not run here")
+def test_the_default_engine_decodes_the_same_tokens_on_every_cpu_path_this_machine_runs(
+    default_pair, gguf_only_cache
+):
+    """Each other kernel path this CPU runs (MARSPEC_CPU_PATH, in a process of its own: a process decides
+    its path once), on the stored forms the default pair wrote: plain and strict give the default path's
+    plain tokens (tests/test_cpu_paths.py checks every operator bit for bit; this checks a whole model)."""
+    expected = default_pair.generate(PROMPTS[0], rule="plain", max_new_tokens=32).token_ids
+    others = [p.name for p in kernels.runnable_paths() if p != kernels.process_path() and not p.amx]
+    for path in others:
+        env = {**os.environ, "MARSPEC_CPU_PATH": path, "MARSPEC_CACHE_DIR": str(gguf_only_cache)}
+        command = [sys.executable, "-c", _FORCED_PATH_RUN, DEFAULT_TARGET, DEFAULT_DRAFT, PROMPTS[0]]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=True)
+        runs = json.loads(out.stdout.splitlines()[-1])
+        assert runs["path"] == path
+        assert runs["plain"] == expected, path
+        assert runs["strict"] == expected, path
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")

@@ -33,9 +33,18 @@ SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp", "amx.cpp")
 )
 # -ffp-contract=off: the compiler fuses no multiply-add the source does not spell, so every row runs the
-# same float operations on every path. -fopenmp (Linux): at::parallel_for is a header template that runs
-# on one thread without it; the library then uses the OpenMP runtime torch has loaded.
-_COMMON_FLAGS = ("-O3", "-ffp-contract=off", *(("-fopenmp",) if sys.platform.startswith("linux") else ()))
+# same float operations on every path. -fvisibility=hidden: each library keeps its own functions (the
+# kernels' templates and torch's inline ones, compiled for its instruction set); exported, the dynamic
+# linker would bind a second library's calls to the first one loaded (another path's code). -fopenmp
+# (Linux): at::parallel_for is a header template that runs on one thread without it; the library then
+# uses the OpenMP runtime torch has loaded.
+_COMMON_FLAGS = (
+    "-O3",
+    "-ffp-contract=off",
+    "-fvisibility=hidden",
+    "-fvisibility-inlines-hidden",
+    *(("-fopenmp",) if sys.platform.startswith("linux") else ()),
+)
 
 _LOADING = threading.Lock()  # one build and load per library and process, whichever threads ask at once
 

@@ -71,7 +71,11 @@ constexpr std::array<RowsBlockFn<F>, sizeof...(R) + 1> rows_blocks(std::integer_
 
 // Up to this many blocks of rows each read the codes from the record (unpacking them in registers); more
 // share them unpacked once into a buffer (measured on AVX-512: the first is faster up to ~16 rows).
+#ifdef MARSPEC_BLOCKS_FROM_RECORD  // a build that tries another (benchmarks/kernel_variants.py)
+constexpr int64_t kBlocksFromRecord = MARSPEC_BLOCKS_FROM_RECORD;
+#else
 constexpr int64_t kBlocksFromRecord = 3;
+#endif
 
 // Every row (m_rows of them, quantised in xq, rows k apart) against one record (super-block s, its first
 // `used` sub-blocks holding weights), in as few blocks as fit the registers, of sizes that differ by one

@@ -11,7 +11,11 @@ namespace marspec_simd {
 
 constexpr const char* kPathName = "avx512_vnni";
 // Rows whose int32 sums stay in the 32 vector registers (4 a row, and the codes beside them).
+#ifdef MARSPEC_ROW_BLOCK  // a build that tries another (benchmarks/kernel_variants.py)
+constexpr int kRowBlock = MARSPEC_ROW_BLOCK;
+#else
 constexpr int kRowBlock = 6;
+#endif
 
 struct I32 {
   __m512i v;

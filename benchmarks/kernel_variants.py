@@ -1,0 +1,90 @@
+r"""Tuning the AVX-512 path's linear kernels: builds of the same sources with other register blocking
+(rows kept in registers at once, ``MARSPEC_ROW_BLOCK``) and another choice between reading a record's codes
+in each block of rows or unpacking them once (``MARSPEC_BLOCKS_FROM_RECORD``), each loaded beside the
+others in one process (a namespace of its own), checked bit for bit against the shipped build, and timed
+in interleaved rounds on the 1.5B target's largest layer shapes at 1 and 13 rows.
+
+    python benchmarks/kernel_variants.py --variants 6:3,7:3,6:1,4:1 --rows 1,13
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
+from kernel_paths import copies, packed
+
+from marspec.backends import kernels
+from marspec.backends.kernels.build import load_library
+from marspec.backends.kernels.library import SOURCES, build_flags
+
+SHAPES = (("q4k", 8960, 1536), ("q4k", 1536, 8960), ("q6k", 1536, 8960), ("q6k", 151936, 1536))
+
+
+def variant_ops(row_block: int, from_record: int) -> Any:
+    """The AVX-512 path's operators built with ``row_block`` rows in registers and codes read from the
+    record by up to ``from_record`` blocks of rows."""
+    name = f"marspec_v{row_block}_{from_record}"
+    flags = [f for f in build_flags(kernels.path_named("avx512_vnni")) if not f.startswith("-DMARSPEC_OPS=")]
+    flags += [
+        f"-DMARSPEC_OPS={name}",
+        f"-DMARSPEC_ROW_BLOCK={row_block}",
+        f"-DMARSPEC_BLOCKS_FROM_RECORD={from_record}",
+    ]
+    load_library(name, SOURCES, flags, label=f"variant {row_block}:{from_record} kernels")
+    return getattr(torch.ops, name)
+
+
+def main() -> None:
+    parser = script_parser(__doc__)
+    add_threads(parser)
+    parser.add_argument("--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD,... (6:3 ships)")
+    parser.add_argument("--rows", default="1,13")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    variants = {v: variant_ops(*map(int, v.split(":"))) for v in args.variants.split(",")}
+    shipped = kernels.library_ops(kernels.path_named("avx512_vnni"))
+    all_rows = [int(m) for m in args.rows.split(",")]
+    torch.manual_seed(0)
+    layers = {shape: packed(*shape) for shape in SHAPES}
+    blocks = {shape: copies(layer, 256) for shape, layer in layers.items()}
+    cases = [(v, shape, m) for shape in SHAPES for m in all_rows for v in variants]
+    times: dict[Any, list[float]] = {case: [] for case in cases}
+    inputs = {(m, k): torch.randn(m, k) for m in all_rows for _, _, k in SHAPES}
+    with torch.inference_mode():
+        for v, (form, n, k), m in cases:  # every variant gives the shipped build's bits
+            op, ref = (getattr(o, f"{form}_linear") for o in (variants[v], shipped))
+            x = inputs[m, k]
+            assert torch.equal(
+                op(x, blocks[form, n, k][0], n, None), ref(x, blocks[form, n, k][0], n, None)
+            ), v
+        for _ in range(args.rounds):
+            for case in cases:
+                v, (form, n, k), m = case
+                op, held, x = getattr(variants[v], f"{form}_linear"), blocks[form, n, k], inputs[m, k]
+                start, calls = time.perf_counter(), 0
+                while calls < len(held) or time.perf_counter() - start < 0.03:
+                    op(x, held[calls % len(held)], n, None)
+                    calls += 1
+                times[case].append((time.perf_counter() - start) * 1000 / calls)
+    results = []
+    for shape in SHAPES:
+        for m in all_rows:
+            base = statistics.median(times[next(iter(variants)), shape, m])
+            cells = []
+            for v in variants:
+                ms = statistics.median(times[v, shape, m])
+                results.append({"variant": v, "shape": shape, "m": m, "ms": ms})
+                cells.append(f"{v} {ms:8.3f} ({ms / base:4.2f})")
+            print(f"{shape[0]} {shape[1]}x{shape[2]} {m:>3} rows: " + "  ".join(cells), flush=True)
+    if args.out:
+        write_json(args.out, {"machine": machine(), "results": results})
+
+
+if __name__ == "__main__":
+    main()
