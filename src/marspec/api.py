@@ -49,6 +49,7 @@ from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, 
 from marspec.models.tokenizers import check_draft_tokenizer
 from marspec.precision import choose_draft_quant, choose_precision
 from marspec.prompting import Prompt, encode_prompt
+from marspec.rules import uses_drafter
 from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
 
@@ -559,7 +560,7 @@ class Decoder:
         are appended to ``logprobs`` as they are decoded."""
         config = self.settle(opts)
         target = self.target if slot is None else slot.target
-        drafter = None if opts.rule == "plain" else self.drafter if slot is None else slot.drafter
+        drafter = None if not uses_drafter(opts.rule) else self.drafter if slot is None else slot.drafter
         stops = stop_strings(opts.stop)
         prompt_ids = self.prompt_ids(prompt, opts)
         # Without a seed, draw one from the OS: torch.seed() would also reseed torch's global generator.
