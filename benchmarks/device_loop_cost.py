@@ -58,6 +58,7 @@ unless ``--tokenizer`` is given), to check the script end to end without a GPU.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import platform
@@ -359,7 +360,7 @@ def summarise(runs, costs: ForwardCosts) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = script_parser(__doc__)
     parser.add_argument("--device", default="cuda", help="cuda, cpu, cuda:N or mps (default cuda)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -385,41 +386,34 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"the drafter's confidence stop (default marspec's {DEFAULT_DRAFT_CONFIDENCE})",
     )
     parser.add_argument("--json", type=Path, default=Path("device_loop_cost.json"), help="where to write")
-    args = parser.parse_args(argv)
-    begun = time.perf_counter()
-    shapes = SMALL if args.small else FULL
-    tokenizer = load_tokenizer(args.tokenizer)
-    vocab = len(tokenizer) if args.small else FULL_VOCAB
+    return parser.parse_args(argv)
+
+
+# The pair of decoders each case decodes with, by path ("off": eager, "on": fixed shapes): a small random
+# draft, an exact copy of the target as draft, and an EAGLE-3 head (a target of its own).
+Decoders = dict[str, tuple[Decoder, Decoder, Decoder]]
+
+
+class Report:
+    """The run's JSON, written again after each part, so that a run cut short keeps what finished."""
+
+    def __init__(self, path: Path, fields: dict) -> None:
+        self.path, self.fields, self.begun = path, fields, time.perf_counter()
+
+    def write(self, part: str) -> None:
+        self.fields["parts_done"] = [*self.fields.get("parts_done", []), part]
+        self.fields["total_s"] = time.perf_counter() - self.begun
+        write_json(self.path, self.fields)
+        print(f"[{self.fields['total_s']:.0f}s] {part} written to {self.path}", file=sys.stderr)
+
+
+def load_decoders(args: argparse.Namespace, shapes: dict, vocab: int, tokenizer, modes) -> Decoders:
+    """Random models of ``shapes`` built on the device (random init of 1.5B weights is seconds there,
+    minutes on a CPU), saved in the run's dtype and loaded back by path through Decoder, per path."""
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     device = torch.device(args.device)
-    modes = ("off", "on") if args.graphs == "both" else (args.graphs,)
-    report: dict = {
-        **models_report(device, args.dtype, args.small, shapes, vocab),
-        "k": args.k,
-        "new_tokens": args.new_tokens,
-        "repeats": args.repeats,
-        "draft_confidence": args.draft_confidence,
-        "graphs": list(modes),
-        "versions": {
-            "marspec": marspec.__version__,
-            "commit": git_commit(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
-        "threads": torch.get_num_threads(),
-    }
-
-    def write(part: str) -> None:
-        report["parts_done"] = [*report.get("parts_done", []), part]
-        report["total_s"] = time.perf_counter() - begun
-        write_json(args.json, report)
-        print(f"[{report['total_s']:.0f}s] {part} written to {args.json}", file=sys.stderr)
-
-    decoders: dict[str, tuple[Decoder, Decoder, Decoder]] = {}
+    decoders: Decoders = {}
     with tempfile.TemporaryDirectory(prefix="marspec-loop-cost-") as tmp:
-        # Built on the device (random init of 1.5B weights is seconds there, minutes on a CPU), saved in
-        # the run's dtype, loaded back by path through Decoder.
         target = build_model(shapes["target"], vocab, 0, True, tokenizer, device)
         target_dir = save(target, tokenizer, Path(tmp) / "target", dtype)
         del target
@@ -443,62 +437,65 @@ def main(argv: list[str] | None = None) -> dict:
             # A target of its own: a head makes its target keep hidden states, which the others must not pay.
             head = Decoder(str(target_dir), str(head_dir), **common)
             decoders[mode] = (small, copy, head)
-    report["build_load_s"] = time.perf_counter() - begun
+    return decoders
 
-    ids = tokenizer(PROMPT)["input_ids"]
-    if args.tokenizer is None and not args.small:
-        ids = ids[:QWEN_PROMPT_TOKENS]  # the byte-level tokenizer's ids, as many as Qwen's: the same context
-    prompt_ids = torch.tensor(ids, dtype=torch.long, device=device)
-    context = len(ids) + args.new_tokens // 2
-    report["prompt_tokens"] = len(ids)
-    report["cost_context"] = context
-    chunk = CHUNK
+
+def measure_forwards(
+    args: argparse.Namespace, report: Report, decoders: Decoders, context: int
+) -> dict[str, tuple[ForwardCosts, ForwardCosts, ForwardCosts]]:
+    """Part 1: what one forward costs on each path, and the speed-ups predicted from it. Returns, per
+    path and by decoder (small draft, copy, head), what a draft forward costs ("draft" is a head step)."""
+    device = torch.device(args.device)
+    fields, chunk = report.fields, CHUNK
     target_sizes = sorted({1, 2, 4, 8, args.k + 1})
-    costs: dict[str, ForwardCosts] = {}
-    # By decoder (small draft, copy, head): what a draft forward costs in each ("draft" is a head step).
-    step_costs: dict[str, tuple[ForwardCosts, ForwardCosts, ForwardCosts]] = {}
-    report["forward_ms"] = {}
-    for mode in modes:  # part 1: what one forward costs on each path
-        small, _, head = decoders[mode]
+    step_costs = {}
+    fields["forward_ms"] = {}
+    for mode, (small, _, head) in decoders.items():
         draft_lm = small.drafter.draft_model
-        cost = costs[mode] = ForwardCosts(context)
+        cost = ForwardCosts(context)
         cost.target = forward_costs(small.target, target_sizes, context, args.cost_repeats, device)
         cost.draft = forward_costs(draft_lm, DRAFT_SIZES, context, args.cost_repeats, device)
-        report["forward_ms"][mode] = {
+        fields["forward_ms"][mode] = {
             "target": {n: 1000 * t for n, t in cost.target.items()},
             "draft": {n: 1000 * t for n, t in cost.draft.items()},
             f"draft_chunk_{chunk}": 1000 * chunk_cost(draft_lm, chunk, context, args.cost_repeats, device),
             "captures": _captures(small),
             "head": head_costs(head, chunk, context, args.cost_repeats, device),
         }
-        head_step = {1: report["forward_ms"][mode]["head"]["step"] / 1000}
+        head_step = {1: fields["forward_ms"][mode]["head"]["step"] / 1000}
         step_costs[mode] = (
             cost,
             ForwardCosts(context, cost.target, cost.target),
             ForwardCosts(context, cost.target, head_step),
         )
-        report["prediction"] = {
-            m: predict(
-                report["forward_ms"][m]["target"], report["forward_ms"][m]["draft"][1], args.k, args.tau
-            )
-            for m in report["forward_ms"]
-        }
-        # The head's speed-up is over plain decoding with graphs where that path ran: the goal's baseline.
-        baseline = report["forward_ms"]["on" if "on" in report["forward_ms"] else mode]["target"]
-        report["head_prediction"] = {
-            m: predict_head(
-                {1: baseline[1], args.k + 1: report["forward_ms"][m]["target"][args.k + 1]},
-                report["forward_ms"][m]["head"]["step"],
-                args.k,
-                HEAD_TAUS,
-            )
-            for m in report["forward_ms"]
-        }
-        write(f"forwards ({mode})")
+        predictions(args, fields, mode)
+        report.write(f"forwards ({mode})")
+    return step_costs
 
-    # (name, decoder pair index, rule, the drafter's confidence stop, tokens per decode). A step of the
-    # small draft yields about one token, so half the tokens give it as many steps as plain's and keep
-    # the GPU run short; the copy's steps yield up to k + 1 tokens, so it gets the full count.
+
+def predictions(args: argparse.Namespace, fields: dict, mode: str) -> None:
+    """The speed-ups predicted from the forward costs measured so far (``mode`` the path just done)."""
+    measured = fields["forward_ms"]
+    fields["prediction"] = {
+        m: predict(measured[m]["target"], measured[m]["draft"][1], args.k, args.tau) for m in measured
+    }
+    # The head's speed-up is over plain decoding with graphs where that path ran: the goal's baseline.
+    baseline = measured["on" if "on" in measured else mode]["target"]
+    fields["head_prediction"] = {
+        m: predict_head(
+            {1: baseline[1], args.k + 1: measured[m]["target"][args.k + 1]},
+            measured[m]["head"]["step"],
+            args.k,
+            HEAD_TAUS,
+        )
+        for m in measured
+    }
+
+
+def decode_kinds(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
+    """(name, decoder index, rule, the drafter's confidence stop, tokens per decode). A step of the small
+    draft yields about one token, so half the tokens give it as many steps as plain's and keep the GPU run
+    short; the copy's steps yield up to k + 1 tokens, so it gets the full count."""
     whole, half = args.new_tokens, max(2, args.new_tokens // 2)
     conf = args.draft_confidence
     kinds = [
@@ -514,6 +511,18 @@ def main(argv: list[str] | None = None) -> dict:
             ("strict/copy/conf0", 1, "strict", 0.0, whole),
             ("strict/small/conf0", 0, "strict", 0.0, half),
         ]
+    return kinds
+
+
+def measure_decodes(
+    args: argparse.Namespace,
+    report: Report,
+    decoders: Decoders,
+    step_costs: dict[str, tuple[ForwardCosts, ForwardCosts, ForwardCosts]],
+    prompt_ids: torch.Tensor,
+) -> None:
+    """Part 2: every case decoded ``args.repeats`` times, interleaved, the summary rewritten each round."""
+    modes, kinds, fields = tuple(decoders), decode_kinds(args), report.fields
     cases = [
         (f"{name}@{mode}", decoders[mode][which], rule, c, n, mode, which)
         for mode in modes
@@ -528,12 +537,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     for case in cases:  # warm-up: kernels, captures, allocator, caches grown to the decode's length
         run(case, min(16, case[4]))
-    report["cases"] = {}
+    fields["cases"] = {}
     runs: dict[str, list] = {case[0]: [] for case in cases}
     for repeat in range(args.repeats):  # interleaved, so drift on a shared machine hits every case alike
         for case in cases:
             runs[case[0]].append(run(case, case[4]))
-        for name, _, _, _, _, mode, which in cases:  # part 2, after each round: the decodes so far
+        for name, _, _, _, _, mode, which in cases:  # after each round: the decodes so far
             result = summarise(runs[name], step_costs[mode][which])
             result["new_tokens"] = runs[name][-1][2].new_tokens
             tokens, plain_tokens = runs[name][-1][3], runs[f"plain@{mode}"][-1][3]
@@ -541,20 +550,57 @@ def main(argv: list[str] | None = None) -> dict:
                 result["same_tokens_as_plain"] = tokens == plain_tokens[: len(tokens)]
             if mode == "on" and "off" in modes:
                 result["same_tokens_as_eager"] = tokens == runs[name.replace("@on", "@off")][-1][3]
-            report["cases"][name] = result
+            fields["cases"][name] = result
         if len(modes) == 2:
-            report["graphs_speedup"] = {
-                name: report["cases"][f"{name}@off"]["ms_per_token"]
-                / report["cases"][f"{name}@on"]["ms_per_token"]
+            fields["graphs_speedup"] = {
+                name: fields["cases"][f"{name}@off"]["ms_per_token"]
+                / fields["cases"][f"{name}@on"]["ms_per_token"]
                 for name, *_ in kinds
             }
-        write(f"decodes (round {repeat + 1} of {args.repeats})")
+        report.write(f"decodes (round {repeat + 1} of {args.repeats})")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    shapes = SMALL if args.small else FULL
+    tokenizer = load_tokenizer(args.tokenizer)
+    vocab = len(tokenizer) if args.small else FULL_VOCAB
+    modes = ("off", "on") if args.graphs == "both" else (args.graphs,)
+    report = Report(
+        args.json,
+        {
+            **models_report(torch.device(args.device), args.dtype, args.small, shapes, vocab),
+            "k": args.k,
+            "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "draft_confidence": args.draft_confidence,
+            "graphs": list(modes),
+            "versions": {
+                "marspec": marspec.__version__,
+                "commit": git_commit(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "python": platform.python_version(),
+            },
+            "threads": torch.get_num_threads(),
+        },
+    )
+    decoders = load_decoders(args, shapes, vocab, tokenizer, modes)
+    report.fields["build_load_s"] = time.perf_counter() - report.begun
+    ids = tokenizer(PROMPT)["input_ids"]
+    if args.tokenizer is None and not args.small:
+        ids = ids[:QWEN_PROMPT_TOKENS]  # the byte-level tokenizer's ids, as many as Qwen's: the same context
+    context = len(ids) + args.new_tokens // 2
+    report.fields["prompt_tokens"], report.fields["cost_context"] = len(ids), context
+    step_costs = measure_forwards(args, report, decoders, context)
+    prompt_ids = torch.tensor(ids, dtype=torch.long, device=torch.device(args.device))
+    measure_decodes(args, report, decoders, step_costs, prompt_ids)
     for mode in modes:
-        report["forward_ms"][mode]["captures"] = _captures(decoders[mode][0])
-        report["forward_ms"][mode]["head_captures"] = _captures(decoders[mode][2])
-    write("done")
-    print(render(report))
-    return report
+        report.fields["forward_ms"][mode]["captures"] = _captures(decoders[mode][0])
+        report.fields["forward_ms"][mode]["head_captures"] = _captures(decoders[mode][2])
+    report.write("done")
+    print(render(report.fields))
+    return report.fields
 
 
 def _captures(decoder: Decoder) -> list[dict]:

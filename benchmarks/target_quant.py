@@ -45,40 +45,14 @@ VARIANTS: dict[str, Callable[[HFCausalLM], Decoder]] = {
 }
 
 
-def main() -> None:
-    parser = script_parser(__doc__)
-    parser.add_argument("--questions", default="humaneval:4,gsm8k:4", help="TASK:N,... (the first N of each)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    add_threads(parser)
-    parser.add_argument(
-        "--variants",
-        default="fp32,int8",
-        help=f"comma-separated, from fp32, {', '.join(VARIANTS)} (fp32 always runs)",
-    )
-    parser.add_argument("--out", type=Path, help="write the per-decode measurements here as JSON")
-    args = parser.parse_args()
-    names = ["fp32", *(v for v in args.variants.split(",") if v != "fp32")]
-    unknown = [v for v in names[1:] if v not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variant(s) {', '.join(unknown)}: choose from fp32, {', '.join(VARIANTS)}")
-    torch.set_num_threads(args.threads)
-
-    decoders = {"fp32": Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", threads=args.threads)}
-    assert decoders["fp32"].drafter is not None
-    shared_draft = decoders["fp32"].drafter.draft_model  # already int8: a loaded model is used as it is
-    for name in names[1:]:
-        decoders[name] = VARIANTS[name](shared_draft)
-    questions = [
-        q
-        for spec in args.questions.split(",")
-        for q in load_task(spec.split(":")[0], int(spec.split(":")[1]))
-    ]
+def decode_all(decoders: dict[str, Decoder], questions: list, max_new_tokens: int) -> list[dict[str, Any]]:
+    """Each question decoded by each variant under each rule, one row of measurements per decode."""
     rows: list[dict[str, Any]] = []
     for question in questions:
         messages = [{"role": "user", "content": question.turns[0]}]
         for target, decoder in decoders.items():
             for rule in RULES:
-                result = decoder.generate(messages, rule=rule, max_new_tokens=args.max_new_tokens)
+                result = decoder.generate(messages, rule=rule, max_new_tokens=max_new_tokens)
                 stats = result.stats
                 rows.append(
                     {
@@ -94,10 +68,15 @@ def main() -> None:
                 )
                 print(f"{question.qid} {target} {rule}: {rows[-1]['ms_per_token']:.0f} ms/token", flush=True)
 
+    return rows
+
+
+def print_tables(rows: list[dict[str, Any]], decoders: dict[str, Decoder], qids: list[str]) -> None:
+    """The per-variant medians against fp32, and where each variant's plain output parts from fp32's."""
+
     def cell(qid: str, target: str, rule: str) -> dict[str, Any]:
         return next(r for r in rows if (r["qid"], r["target"], r["rule"]) == (qid, target, rule))
 
-    qids = [q.qid for q in questions]
     print(
         "\n| target | plain ms/token | MARS ms/token | MARS vs own plain | MARS tau "
         "| plain vs fp32 | MARS vs fp32 |"
@@ -130,6 +109,38 @@ def main() -> None:
             f"{target} plain vs fp32 plain: {same}/{len(qids)} outputs identical; "
             f"first differing token of the others: {sorted(p for p in parted if p is not None)}"
         )
+
+
+def main() -> None:
+    parser = script_parser(__doc__)
+    parser.add_argument("--questions", default="humaneval:4,gsm8k:4", help="TASK:N,... (the first N of each)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_threads(parser)
+    parser.add_argument(
+        "--variants",
+        default="fp32,int8",
+        help=f"comma-separated, from fp32, {', '.join(VARIANTS)} (fp32 always runs)",
+    )
+    parser.add_argument("--out", type=Path, help="write the per-decode measurements here as JSON")
+    args = parser.parse_args()
+    names = ["fp32", *(v for v in args.variants.split(",") if v != "fp32")]
+    unknown = [v for v in names[1:] if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}: choose from fp32, {', '.join(VARIANTS)}")
+    torch.set_num_threads(args.threads)
+
+    decoders = {"fp32": Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", threads=args.threads)}
+    assert decoders["fp32"].drafter is not None
+    shared_draft = decoders["fp32"].drafter.draft_model  # already int8: a loaded model is used as it is
+    for name in names[1:]:
+        decoders[name] = VARIANTS[name](shared_draft)
+    questions = [
+        q
+        for spec in args.questions.split(",")
+        for q in load_task(spec.split(":")[0], int(spec.split(":")[1]))
+    ]
+    rows = decode_all(decoders, questions, args.max_new_tokens)
+    print_tables(rows, decoders, [q.qid for q in questions])
     if args.out:
         meta = {
             **machine(),

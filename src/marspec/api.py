@@ -2,13 +2,13 @@
 
 The surface users import (``Decoder``, ``GenerationOptions``, ``GenerationResult``, ``GenerationStream``,
 ``generate``), kept in one place to be read as one. The work is elsewhere: the loop in ``decode.py``,
-settling a generation's options in ``settings.py`` (where ``GenerationOptions`` lives), models in
+settling a generation's options in ``settings.py`` (where ``GenerationOptions`` lives), loading a pair
+(the checks before any weight loads, then the assembly from its parts) in ``loading.py``, models in
 ``models/`` and ``backends/``, the precision chosen in ``precision.py``.
 
-Why it is over 450 lines: a third of it is ``Decoder``'s documentation of every argument, which users
-read here (``help(marspec.Decoder)``); the rest is the checks made before any weight loads, the assembly
-of a pair from its parts, each a short function, kept beside the one class that uses them, and the
-generation entry points users call on it (one sequence here; several delegate to ``marspec.batch``).
+A third of it is ``Decoder``'s documentation of every argument, which users read here
+(``help(marspec.Decoder)``); the rest is the generation entry points users call on a loaded pair (one
+sequence here; several delegate to ``marspec.batch``).
 """
 
 from __future__ import annotations
@@ -22,42 +22,28 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from marspec.backends.fixed import FixedShapeLM, fixed_shape_lm, graphs_plan
-from marspec.backends.hf import HFCausalLM, use_grouped_attention
-from marspec.backends.prepack import prepack_linears
-from marspec.backends.quantize import (
-    check_draft_quant,
-    check_target_quant,
-    quantize_draft,
-    quantize_target,
-)
-from marspec.backends.threads import in_passing_thread
+from marspec.backends.hf import HFCausalLM
 from marspec.batch.many import BatchStream, decode_many
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DTYPE
 from marspec.detok import IncrementalDetokenizer
-from marspec.devices import resolve_device
-from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
-from marspec.drafters.eagle3 import Eagle3Drafter
-from marspec.drafters.eagle3_fixed import FixedHeadCache
-from marspec.drafters.eagle3_head import load_head
 from marspec.errors import MarspecError
 from marspec.load_settings import LoadSettings
-from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, is_instruct, load_model, parse_dtype
-from marspec.models.eagle3 import HeadSpec, TargetShape, check_fits, find_head, target_shape
-from marspec.models.tokenizers import check_draft_tokenizer
-from marspec.precision import choose_draft_quant, choose_precision
+from marspec.loading import check_same_tokenizer as check_same_tokenizer  # the CLI's, before a load
+from marspec.loading import load_lm as load_lm  # what Decoder loads one model with
+from marspec.loading import load_pair
+from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.prompting import Prompt, encode_prompt
+from marspec.rules import uses_drafter
 from marspec.settings import GenerationOptions, Pair, settle, stop_strings
 from marspec.stats import GenerationStats
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    pass
 
 log = logging.getLogger("marspec")
 
-CPU = torch.device("cpu")
 FinishReason = Literal["eos", "length", "stop"]
 
 
@@ -126,118 +112,6 @@ class GenerationStream:
     def close(self) -> None:
         """Stop generating early (for example when the client went away)."""
         self._gen.close()
-
-
-def load_lm(
-    model: str | HFCausalLM,
-    dtype: torch.dtype,
-    prepack: bool = False,
-    device: torch.device = CPU,
-    int4_linears: bool = False,
-    int8_linears: bool = False,
-    int8_embedding: bool = False,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    q4k_form: str | None = None,
-) -> tuple[HFCausalLM, bool]:
-    """Load a model by name or path onto ``device`` (or take a loaded one, left as it is); return it and
-    whether prompts default to chat. ``prepack`` holds the linear weights of a model loaded here in
-    oneDNN's layout, and on the CPU its attention groups key/value heads under masks (both CPU kernel
-    choices: not applied on another device). ``int4_linears``: its linear layers come back in 4 bits
-    (:func:`~marspec.models.loading.load_model`: a known model builds them from its GGUF, or reads them
-    back once stored), with ``int8_embedding`` its token embedding in int8 too (a draft's form).
-    ``int8_linears``: a model of marspec's cache comes back as its stored int8 model
-    (:mod:`marspec.models.int8_store`); another loads in ``dtype`` for the caller to quantise.
-    ``q4k_form``: the same in the store's "q4k" or "q4k-draft" form (layers on the Q4_K kernel).
-    ``tokenizer``: one already loaded to use instead of the model's own (a draft's: its target's)."""
-    if isinstance(model, HFCausalLM):
-        return model, bool(getattr(model.tokenizer, "chat_template", None))
-    hf_model, tokenizer, spec = load_model(
-        model,
-        dtype=dtype,
-        int4_linears=int4_linears,
-        int8_linears=int8_linears,
-        q4k_form=q4k_form,
-        int8_embedding=int8_embedding,
-        keep_gguf=False,  # the cache keeps what this form's later loads read
-        tokenizer=tokenizer,
-    )
-    if device.type != "cpu":
-        hf_model.to(device)
-    else:
-        use_grouped_attention(hf_model)  # a CPU kernel choice, like prepacking (see backends.hf)
-        if prepack:
-            prepack_linears(hf_model)
-    return HFCausalLM(hf_model, tokenizer, model), is_instruct(spec, tokenizer)
-
-
-def _check_target_quant(
-    target_quant: str, target: str | HFCausalLM, dtype: torch.dtype, device: torch.device
-) -> str:
-    """``target_quant`` if the target can be quantised that way, else a one-line error saying why."""
-    check_target_quant(target_quant, dtype)
-    if target_quant == "none":
-        return target_quant
-    if device.type != "cpu":
-        raise MarspecError(
-            f"target_quant={target_quant!r} is a CPU kernel and the device is {device}: use "
-            "device='cpu', or target_quant='none' (dtype='bf16' halves the target's memory on a GPU)"
-        )
-    if isinstance(target, HFCausalLM):
-        raise MarspecError(
-            f"target_quant={target_quant!r} applies to a target loaded by name or path; a model passed in "
-            "loaded is used as it is: pass its name, or quantise it yourself "
-            "(marspec.backends.quantize.quantize_target)"
-        )
-    return target_quant
-
-
-def _target_shape(target: str | HFCausalLM) -> TargetShape:
-    if isinstance(target, HFCausalLM):
-        return TargetShape.of_config(target.name, target.model.config.to_dict())
-    return target_shape(target)
-
-
-def _eagle3_drafter(
-    head: HeadSpec, layers: tuple[int, ...], target: HFCausalLM, confidence: float
-) -> Eagle3Drafter:
-    """An EAGLE-3 head (checked to fit already) loaded to draft for ``target``, in its dtype and device
-    (the dtype its hidden states come in: a target passed in loaded keeps its own, whatever ``dtype``).
-    On the fixed-shape path the head's steps take it too, captured where the target's forwards are."""
-    embedding = target.model.get_input_embeddings()
-    module = load_head(head, len(layers), embedding, target.dtype, target.device)
-    cache = None
-    if isinstance(target, FixedShapeLM):
-        cache = FixedHeadCache(module, graphs=target.graphs is not None)
-    return Eagle3Drafter(module, target, layers, head.name, min_confidence=confidence, cache=cache)
-
-
-def _check_drafting(threads: object, draft_confidence: object, draft_quant: str, prepack: object) -> None:
-    """A one-line error for a bad thread count, confidence stop, draft precision or prepack flag."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
-    if not (isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0):
-        raise MarspecError(f"draft_confidence must be a number in [0, 1], got {draft_confidence!r}")
-    check_draft_quant(draft_quant)
-    if not isinstance(prepack, bool):
-        raise MarspecError(f"prepack must be true or false, got {prepack!r}")
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-
-
-def check_same_tokenizer(target: str | HFCausalLM, draft: str | HFCausalLM) -> None:
-    """A draft model is only usable if its token ids mean what the target's mean; checked on the
-    tokenizers alone, before any weights load (a model passed in loaded brings its own). An EAGLE-3
-    head has no tokenizer: it drafts in the target's ids, and :func:`check_fits` checks its maps."""
-    if isinstance(draft, str) and find_head(draft) is not None:
-        return
-
-    def source(model: str | HFCausalLM) -> tuple[Any, str]:
-        return (model.tokenizer, model.name) if isinstance(model, HFCausalLM) else (model, str(model))
-
-    (target_tokenizer, target_name), (draft_tokenizer, draft_name) = source(target), source(draft)
-    check_draft_tokenizer(target_tokenizer, draft_tokenizer, target_name, draft_name)
 
 
 class Decoder:
@@ -316,40 +190,14 @@ class Decoder:
         target_quant: str = LoadSettings.target_quant,
         graphs: str = LoadSettings.graphs,
     ) -> None:
-        self.device = resolve_device(device)
-        # (the fixed-shape path, captured as CUDA graphs), checked before any weight is loaded.
-        self.fixed_shape, self.captured = graphs_plan(graphs, self.device)
-        draft_quant = choose_draft_quant(draft_quant, self.device)
-        _check_drafting(threads, draft_confidence, draft_quant, prepack)
-        if threads is not None:
-            torch.set_num_threads(threads)
-        precision = choose_precision(target, target_quant, dtype, self.device)
-        torch_dtype = parse_dtype(precision.dtype)
-        self.target_quant = _check_target_quant(precision.target_quant, target, torch_dtype, self.device)
-        quantized_target = self.target_quant != "none"
-        # An EAGLE-3 head is checked against the target's config, and a draft model's tokenizer against
-        # the target's, before any weights load.
-        head = find_head(draft) if isinstance(draft, str) else None
-        head_layers = check_fits(head, _target_shape(target)) if head is not None else ()
-        if head is None and draft is not None and draft not in ("none", "ngram"):
-            check_same_tokenizer(target, draft)
-        # Loading runs in a thread that ends with it, so that decoding, in this thread or another (a
-        # server's), holds the process's only OpenMP team (marspec.backends.threads says why).
-        in_passing_thread(
-            lambda: self._load(
-                target,
-                draft,
-                torch_dtype,
-                head,
-                head_layers,
-                draft_quant=draft_quant,
-                draft_confidence=draft_confidence,
-                lookup=lookup,
-                prepack=prepack,
-            )
-        )
-        # The weights each model runs with, in words (the demo's and the bench's tables name them).
-        self.target_weights = self.target_quant if quantized_target else _dtype_name(self.target.dtype)
+        settings = LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs)  # type: ignore[arg-type]
+        # load_lm as this module names it, so that a test may stand in for the loading of one model.
+        loaded = load_pair(target, draft, dtype, threads, settings, load=load_lm)
+        self.device, self.fixed_shape, self.captured = loaded.device, loaded.fixed_shape, loaded.captured
+        self.target_quant, self.target = loaded.target_quant, loaded.target
+        self.chat_default, self.drafter = loaded.chat_default, loaded.drafter
+        self.draft_name, self.draft_weights = loaded.draft_name, loaded.draft_weights
+        self.target_weights = loaded.target_weights
         self.eos_token_ids = self.target.eos_token_ids
         # What settling a generation needs of this pair (marspec.settings.settle).
         self.pair = Pair(
@@ -361,89 +209,8 @@ class Decoder:
             vocab_size=self.target.vocab_size,
             device=self.target.device,
         )
-        if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
-            log.warning(precision.hint)
-
-    def _load(
-        self,
-        target: str | HFCausalLM,
-        draft: str | HFCausalLM | None,
-        torch_dtype: torch.dtype,
-        head: HeadSpec | None,
-        head_layers: tuple[int, ...],
-        *,
-        draft_quant: str,
-        draft_confidence: float,
-        lookup: bool,
-        prepack: bool,
-    ) -> None:
-        """Load the target and the drafter (the weights :meth:`__init__` has checked)."""
-        quantized_target = self.target_quant != "none"
-        self.target, self.chat_default = load_lm(
-            target,
-            torch_dtype,
-            prepack and not quantized_target,
-            self.device,
-            int4_linears=self.target_quant == "int4",
-            int8_linears=self.target_quant == "int8",
-            q4k_form="q4k" if self.target_quant == "q4k" else None,
-        )
-        if quantized_target:
-            quantize_target(self.target.model, self.target_quant)
-        if self.fixed_shape:
-            self.target = fixed_shape_lm(self.target, self.captured)
-        self.drafter: Drafter | None = None
-        # The drafter's weights in words: None without one, "none" for n-gram lookup.
-        self.draft_weights: str | None = None
-        # The drafter's name as a calibration knows it (see marspec.calibration); None without one.
-        self.draft_name: str | None = None
-        if draft is None or draft == "none":
-            pass
-        elif draft == "ngram":
-            self.drafter = NgramDrafter()
-            self.draft_name, self.draft_weights = "ngram", "none"
-        elif head is not None:
-            self.draft_name, self.draft_weights = head.name, _dtype_name(self.target.dtype)
-            head_drafter = _eagle3_drafter(head, head_layers, self.target, draft_confidence)
-            self.drafter = HybridDrafter(head_drafter) if lookup else head_drafter
-        else:
-            model_drafter = self._model_drafter(draft, draft_quant, torch_dtype, prepack, draft_confidence)
-            self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
-
-    def _model_drafter(
-        self,
-        draft: str | HFCausalLM,
-        draft_quant: str,
-        dtype: torch.dtype,
-        prepack: bool,
-        confidence: float,
-    ) -> ModelDrafter:
-        """A draft model loaded (or taken as passed in) to draft for the loaded target; sets
-        :attr:`draft_name` and :attr:`draft_weights`."""
-        # int8 and int4 are CPU kernels: elsewhere the draft runs in the target's dtype.
-        quantize = self.device.type == "cpu" and draft_quant != "none" and not isinstance(draft, HFCausalLM)
-        # int8 kernels take fp32 activations; int4 ones bf16, so an int4 draft keeps the target's
-        # dtype (its embedding is int8 either way). The draft's dtype does not bear on exactness anyway.
-        draft_dtype = torch.float32 if quantize and draft_quant in ("int8", "q4k") else dtype
-        draft_lm, _ = load_lm(
-            draft,
-            draft_dtype,
-            prepack and not quantize,
-            self.device,
-            int4_linears=quantize and draft_quant == "int4",
-            int8_linears=quantize and draft_quant == "int8",
-            int8_embedding=quantize and draft_quant == "int4",  # what quantize_draft makes of it
-            q4k_form="q4k-draft" if quantize and draft_quant == "q4k" else None,
-            # Checked to be the target's (check_same_tokenizer): one tokenizer in memory, not two.
-            tokenizer=self.tokenizer,
-        )
-        if quantize:
-            quantize_draft(draft_lm.model, draft_quant)
-        self.draft_name = draft_lm.name
-        self.draft_weights = draft_quant if quantize else _dtype_name(draft_lm.dtype)
-        if self.fixed_shape:
-            draft_lm = fixed_shape_lm(draft_lm, self.captured)
-        return ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=confidence)
+        if loaded.hint is not None:  # once the pair has loaded, so that an error comes alone
+            log.warning(loaded.hint)
 
     @property
     def tokenizer(self):
@@ -559,7 +326,7 @@ class Decoder:
         are appended to ``logprobs`` as they are decoded."""
         config = self.settle(opts)
         target = self.target if slot is None else slot.target
-        drafter = None if opts.rule == "plain" else self.drafter if slot is None else slot.drafter
+        drafter = None if not uses_drafter(opts.rule) else self.drafter if slot is None else slot.drafter
         stops = stop_strings(opts.stop)
         prompt_ids = self.prompt_ids(prompt, opts)
         # Without a seed, draw one from the OS: torch.seed() would also reseed torch's global generator.

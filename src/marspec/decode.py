@@ -18,7 +18,7 @@ from marspec.defaults import MAX_K, MAX_TOP_LOGPROBS
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
 from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree, TreeDrafter
-from marspec.rules import Rule, RuleName
+from marspec.rules import Rule
 from marspec.stats import GenerationStats, StepRecord
 from marspec.thinking import ThinkingMarkers, ThinkingSpan
 from marspec.verify.chain import Verification, to_host
@@ -195,7 +195,7 @@ def _steps(
     produced, draft_len = 0, config.k
     alternatives = max(config.tree) - 1 if config.tree else 0
     # The ensemble reads the draft's distribution, which a greedy drafter otherwise does not return.
-    wants_q = {"distributions": True} if config.rule.name is RuleName.ENSEMBLE else {}
+    wants_q = {"distributions": True} if config.rule.family.needs_draft_probs else {}
     markers = config.thinking
     thinking = markers is not None and markers.open_after(seq[:length].tolist())
     while produced < budget:

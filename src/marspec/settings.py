@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from marspec import defaults
 from marspec.calibration import load_choice
 from marspec.errors import MarspecError
-from marspec.rules import AUTO, RIVALS, Guard, Rule, RuleName
+from marspec.rules import AUTO, Guard, Rule, RuleName, rule_family
 
 if TYPE_CHECKING:
     import torch
@@ -152,7 +152,7 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
     # The checks that need torch are imported past the rule's: this module stays light, so the command
     # line can refuse a bad rule or theta without loading torch (tests/test_cli_imports.py).
     name = rule_name(options.rule, options.theta, options.margin)
-    if pair is not None and name is not RuleName.PLAIN and pair.draft is None:
+    if pair is not None and rule_family(name).verifies and pair.draft is None:
         raise MarspecError(
             f"rule {name!r} needs a drafter: create the Decoder with draft=NAME or draft='ngram', "
             "or use rule='plain'"
@@ -174,7 +174,7 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
             "thinking markers are the 'thinking' guard's: set guard='thinking' or leave thinking unset",
             field="thinking",
         )
-    if pair is not None and rule.name is RuleName.ENSEMBLE and pair.draft == "ngram":
+    if pair is not None and rule.family.needs_draft_probs and pair.draft == "ngram":
         raise MarspecError(
             "the ensemble rule mixes the drafter's distribution into the target's, and prompt lookup "
             "(draft='ngram') has none: use a draft model or an EAGLE-3 head",
@@ -219,25 +219,26 @@ def settle_rule(
     FLy's, whose window has one too. ``theta="auto"`` is MARS's: ``calibrated(temperature)`` gives the
     pair's stored rule; without it (no pair yet) it is checked as unset; a lossless rule takes theta 1."""
     name = rule_name(rule, theta, margin)
+    family = rule_family(name)
     if theta == AUTO:
-        if name in RIVALS:
+        if not family.margin_theta:
             raise MarspecError(
                 f"theta='auto' is MARS's calibrated setting; give rule {name!r} its parameter as a "
                 "number (see docs/rules.md)",
                 field="theta",
             )
-        if name is RuleName.MARS and calibrated is not None:
+        if family.calibrates and calibrated is not None:
             stored = calibrated(temperature)  # type: ignore[arg-type]
             theta, margin = stored.theta, stored.margin
         else:  # plain and strict never relax: nothing to calibrate
-            theta = None if name is RuleName.MARS else 1.0
+            theta = None if family.calibrates else 1.0
     margin, regime_theta = _regime_setting(temperature, margin, theta)
-    if name is RuleName.FLY:
+    if family.takes_window:  # FLy: its theta and window have defaults of their own
         theta = defaults.FLY_THETA if theta is None else theta
         window = defaults.FLY_WINDOW if window is None else window
-    elif name not in RIVALS:
+    elif family.margin_theta:
         theta = regime_theta
-    verified = RuleName.STRICT if name is RuleName.PLAIN else name
+    verified = name if family.verifies else RuleName.STRICT  # plain never has a draft to verify
     return Rule(verified, theta, margin, guard, window)  # type: ignore[arg-type]
 
 

@@ -45,7 +45,7 @@ from marspec.defaults import (
     DEFAULT_TARGET_QUANT,
 )
 from marspec.errors import MarspecError
-from marspec.eval.method_names import METHOD_HELP
+from marspec.eval.method_names import METHOD_HELP, PLAIN, REFERENCE
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from marspec.progress import status
 
@@ -203,7 +203,7 @@ def sweep(
                 values.append(float(item))
             except ValueError:
                 raise MarspecError(f"--thetas: {item!r} is not a number (use e.g. 0.85,0.9,1.0)") from None
-        if reference not in ("plain", "strict"):
+        if reference not in (PLAIN, REFERENCE):
             raise MarspecError(f"--reference must be plain or strict, got {reference!r}")
         spec = ",".join([reference, *(f"mars@{v:g}" for v in values)])
         load_settings = LoadSettings(

@@ -43,7 +43,7 @@ from marspec.defaults import (
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
-from marspec.rules import AUTO, LOSSLESS_RULES, RIVALS, parse_theta
+from marspec.rules import AUTO, LOSSLESS_RULES, RIVALS, parse_theta, uses_drafter
 from marspec.settings import GenerationOptions, calibration_of, settle_rule
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def generate(
         _check_calibrated(options, target, draft, target_quant, dtype, device)
         decoder = load_decoder(
             target,
-            None if options.rule == "plain" else draft,
+            draft if uses_drafter(options.rule) else None,
             dtype,
             threads,
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),

@@ -36,7 +36,7 @@ from marspec.defaults import (
 )
 from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from marspec.rules import RuleName, parse_theta
+from marspec.rules import RuleName, parse_theta, uses_drafter
 from marspec.settings import GenerationOptions
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def serve(
         defaults = GenerationOptions(
             rule=rule, theta=parse_theta(theta), margin=margin, k=k, max_new_tokens=max_tokens
         )
-        if defaults.rule != "plain" and draft == "none":
+        if uses_drafter(defaults.rule) and draft == "none":
             raise MarspecError(
                 f"--rule {defaults.rule} needs a drafter: give --draft NAME|ngram, or use --rule plain"
             )

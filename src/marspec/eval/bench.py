@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from marspec.drafters.tree import parse_tree_shape
 from marspec.errors import MarspecError
+from marspec.eval.method_names import PLAIN
 
 if TYPE_CHECKING:
     from marspec.eval.datasets import Question
@@ -81,7 +82,7 @@ ADDABLE_FIELDS = ("methods", "plain_limit")
 
 def runs_on(method: str, index: int, config: BenchConfig) -> bool:
     """Whether ``method`` runs on the question at ``index`` (plain may be limited to the first few)."""
-    return not (method == "plain" and config.plain_limit is not None and index >= config.plain_limit)
+    return not (method == PLAIN and config.plain_limit is not None and index >= config.plain_limit)
 
 
 def planned_runs(questions: Sequence[Question], methods: Sequence[Method], config: BenchConfig) -> int:

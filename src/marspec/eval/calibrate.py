@@ -27,6 +27,7 @@ from marspec.calibration import (
 from marspec.defaults import DEFAULT_DTYPE, DEFAULT_K
 from marspec.errors import MarspecError
 from marspec.eval.harness import DecoderLoader, SamplingSettings, new_decoder, run_task, with_precision
+from marspec.eval.method_names import REFERENCE
 from marspec.eval.methods import Method, parse_methods
 from marspec.eval.rundir import load_records, read_run
 from marspec.load_settings import LoadSettings
@@ -136,13 +137,13 @@ def _candidate_methods(spec: str) -> list[Method]:
     and every MARS setting is one a calibration can store."""
     run = settle_rule("mars")  # the run's own MARS setting: unused, each candidate names its own
     methods = parse_methods(spec, run.theta, margin=run.margin)
-    unstorable = [m.name for m in methods if m.kind == "mars" and not storable(m)]
+    unstorable = [m.name for m in methods if m.calibrates and not storable(m)]
     if unstorable:
         raise MarspecError(
             f"--candidates {', '.join(unstorable)}: a calibration stores a margin and a theta, which "
             "do not describe +next or +tree; compare those with marspec bench"
         )
-    if not any(m.kind == "mars" for m in methods):
+    if not any(m.calibrates for m in methods):
         raise MarspecError("--candidates names no MARS setting: give e.g. mars-ratio@0.95,mars-prob@0.5")
     return methods
 
@@ -150,7 +151,7 @@ def _candidate_methods(spec: str) -> list[Method]:
 def storable(method: Method) -> bool:
     """Whether theta="auto" can stand for ``method``: a MARS setting without a guard or a tree, which a
     stored (margin, theta) does not describe."""
-    return method.kind == "mars" and method.guard == "none" and not method.tree
+    return method.calibrates and method.guard == "none" and not method.tree
 
 
 def candidates_of(summary: dict[str, Any], methods: Sequence[Method], task: str) -> list[Candidate]:
@@ -188,7 +189,7 @@ def _speedup_vs_strict(summary: dict[str, Any], method: str) -> float | None:
     metrics = summary["methods"][method]
     if "speedup_vs_strict" in metrics:
         return metrics["speedup_vs_strict"]
-    return metrics["speedup"] if summary.get("baseline", "strict") == "strict" else None
+    return metrics["speedup"] if summary.get("baseline", REFERENCE) == REFERENCE else None
 
 
 def make_choice(
@@ -258,4 +259,4 @@ def choice_from_runs(run_dirs: Sequence[Path], budget: float) -> tuple[dict[str,
 
 def _strict_qids(run: Path) -> list[str]:
     """Question ids of strict's records, for summaries written before they listed their questions."""
-    return list(dict.fromkeys(qid for qid, method, _ in load_records(run) if method == "strict"))
+    return list(dict.fromkeys(qid for qid, method, _ in load_records(run) if method == REFERENCE))

@@ -8,3 +8,10 @@ METHOD_HELP = (
     "the token-class guard), the rival rules typical@EPS, pthresh@P, topk@K, fly@ENTROPY and "
     "fly-wN@ENTROPY (FLy, window N), ensemble@WEIGHT, hf-assisted, hf-prompt-lookup"
 )
+
+# The methods a run is measured against, by the names its records and summaries carry: ``plain`` decodes
+# without a drafter, ``strict`` is the lossless reference of speed and quality; ``mars`` alone is the run's
+# own MARS setting (--theta, --margin).
+PLAIN = "plain"
+REFERENCE = "strict"
+RUN_MARS = "mars"

@@ -23,8 +23,8 @@ from transformers import GenerationConfig
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
 from marspec.errors import MarspecError
-from marspec.eval.method_names import METHOD_HELP
-from marspec.rules import GUARDED_RULES, RIVALS, Guard, Margin, Rule
+from marspec.eval.method_names import METHOD_HELP, RUN_MARS
+from marspec.rules import GUARDED_RULES, LOSSLESS_RULES, RIVALS, RULES, Guard, Margin, Rule, rule_family
 from marspec.settings import settle_rule
 from marspec.stats import GenerationStats
 
@@ -59,7 +59,12 @@ class Method:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind in ("strict", "block", "mars", *RIVALS, "hf-assisted")
+        return self.kind in (*RULES, "hf-assisted")
+
+    @property
+    def calibrates(self) -> bool:
+        """A setting of the rule whose theta="auto" a calibration stores (MARS's)."""
+        return self.kind in RULES and rule_family(self.kind).calibrates
 
 
 def parse_methods(
@@ -85,20 +90,20 @@ def parse_methods(
         window = None
         if kind.startswith("fly-w"):  # fly-wN@THETA: FLy with a window of N
             kind, window = "fly", _window_of(name, kind)
-        if tree and kind not in ("strict", "block", "mars", *MARGIN_KINDS, *RIVALS):
-            raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
         # Which rules a guard narrows is marspec.rules' to say; here it is refused by the method's name.
-        rule_kind = "mars" if kind in MARGIN_KINDS else kind
+        rule_kind = RUN_MARS if kind in MARGIN_KINDS else kind
+        if tree and rule_kind not in RULES:
+            raise MarspecError(f"method {name!r}: only marspec's rules can draft a tree")
         if guard is not Guard.NONE and rule_kind not in GUARDED_RULES[guard]:
             takers = "MARS" if guard is Guard.NEXT else "MARS and the rival rules"
             raise MarspecError(f"method {name!r}: only {takers} methods take the +{guard} guard")
-        if kind == "mars" or kind in MARGIN_KINDS:
+        if rule_kind in RULES and rule_family(rule_kind).calibrates:
             if kind in MARGIN_KINDS and not arg:
                 raise MarspecError(f"method {name!r} needs its theta: write it as {kind}@THETA")
-            if arg == "auto" and kind == "mars":
+            if arg == "auto" and kind not in MARGIN_KINDS:
                 if auto is None:
                     raise MarspecError(f"method {name!r} needs the pair's calibration (marspec calibrate)")
-                methods.append(Method(name, "mars", auto.theta, tree, auto.margin, guard))
+                methods.append(Method(name, rule_kind, auto.theta, tree, auto.margin, guard))
                 continue
             value = theta
             if arg:
@@ -109,8 +114,8 @@ def parse_methods(
             named = MARGIN_KINDS.get(kind)
             # Validated against the margin it will run with: its own, else the run's, else the library's
             # default (settle_rule fills None, the one place defaults are filled).
-            settle_rule("mars", value, named or margin, guard)
-            methods.append(Method(name, "mars", value, tree, named, guard))
+            settle_rule(rule_kind, value, named or margin, guard)
+            methods.append(Method(name, rule_kind, value, tree, named, guard))
         elif kind in RIVALS:
             if not arg:
                 raise MarspecError(f"method {name!r} needs its parameter: write it as {kind}@VALUE")
@@ -122,7 +127,7 @@ def parse_methods(
             if tree:
                 rule.check_tree()
             methods.append(Method(name, kind, value, tree, guard=guard, window=window))
-        elif arg or kind not in ("plain", "strict", "block", *PEERS):
+        elif arg or kind not in (*LOSSLESS_RULES, *PEERS):  # a lossless rule takes no parameter
             raise MarspecError(f"unknown method {name!r}: choose from {METHOD_HELP}")
         else:
             methods.append(Method(name, kind, tree=tree))

@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 from marspec.errors import MarspecError
+from marspec.eval.method_names import REFERENCE, RUN_MARS
 from marspec.eval.rundir import SUMMARY_JSON, load_records, whole_run
 
 
@@ -45,9 +46,9 @@ def _save(fig: plt.Figure, ax: plt.Axes, title: str, path: Path) -> Path:
 
 
 def _theta_of(name: str, default: float) -> float | None:
-    if name == "strict":
+    if name == REFERENCE:
         return 1.0
-    if name == "mars":
+    if name == RUN_MARS:
         return default
     if name.startswith("mars@"):
         return float(name.split("@", 1)[1])
@@ -202,7 +203,7 @@ def _margin_histogram(summary: dict, out_dir: Path) -> Path:
     """Distribution of the margin measure (logit ratio r by default) by outcome, for the MARS method
     with the lowest theta (the one that relaxes most)."""
     mars = [n for n in summary["methods"] if _theta_of(n, summary["config"]["theta"]) not in (None, 1.0)]
-    name = min(mars, key=lambda n: _theta_of(n, summary["config"]["theta"])) if mars else "strict"
+    name = min(mars, key=lambda n: _theta_of(n, summary["config"]["theta"])) if mars else REFERENCE
     groups: dict[str, list[float]] = {"exact": [], "relaxed": [], "rejected": []}
     for (_, method, _), rec in load_records(out_dir).items():
         if method == name:

@@ -37,6 +37,7 @@ from pathlib import Path
 from marspec.errors import MarspecError
 from marspec.eval.contention import contended
 from marspec.eval.intervals import difference_interval, exchange_p_value
+from marspec.eval.method_names import REFERENCE
 from marspec.eval.rundir import load_records
 from marspec.eval.summary import question_score, summary_of
 
@@ -68,7 +69,7 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
     lines, points, seen, busy = [], [], set(), 0
     for run in runs:
         summary = summary_of(run)  # this version's metrics, whatever version wrote the summary file
-        if summary["baseline"] != "strict" or summary.get("quality_reference") != "strict":
+        if summary["baseline"] != REFERENCE or summary.get("quality_reference") != REFERENCE:
             raise MarspecError(f"{run}: speed and quality must both be against strict (a run without plain)")
         by_method = _records_by_method(run)
         strict = by_method["strict"]
@@ -95,7 +96,7 @@ def rows(runs: list[Path]) -> tuple[list[str], list[Point], int]:
                 f"({m['tau'] / strict_tau:.2f}x) | {passed:.4g}/{len(mine)} | {lost} / {won} "
                 f"| {m['recovery']:.1%} [{lo:.1%}, {hi:.1%}] | {p:.2g} | {1000 * relaxed / tokens:.1f} |"
             )
-            if name != "strict" and m["speedup"] is not None:
+            if name != REFERENCE and m["speedup"] is not None:
                 marked = f"{name}†" if m["speed_apart"] else name  # see the footnote main prints
                 points.append((marked, m["speedup"], m["recovery"], lost))
     return lines, points, busy

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from marspec.errors import MarspecError
+from marspec.eval.method_names import PLAIN
 from marspec.eval.rundir import load_costs, load_records
 from marspec.profile import verify_seconds
 
@@ -31,7 +32,7 @@ def budget(run: Path) -> dict[str, dict[str, float]]:
     if costs is None:
         raise MarspecError(f"{run} has no profile.json: run `marspec bench` to the end once")
     records = load_records(run)
-    with_plain = {qid for qid, method, _ in records if method == "plain"}
+    with_plain = {qid for qid, method, _ in records if method == PLAIN}
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for (qid, method, _), record in records.items():
         if qid not in with_plain:

@@ -1,6 +1,12 @@
 """Converting a GGUF once into a cached Hugging Face folder, and resolving a model name, path or Hub id to
 one.
 
+Why one module of ~450 lines: every function here changes or reads the same cache folder, whose state
+(a GGUF kept, float32 weights written late, a GGUF released and assembled again) is guarded by one lock
+(:func:`_folder_lock`); resolving a name decides which of those steps a load needs and takes them. Split
+in two, each half would reach into the other's files and locking, so the folder's life reads here in one
+place, each step a short function.
+
 Loading a GGUF with transformers dequantizes every tensor, which takes tens of seconds, so each model is
 converted once into a plain folder in the cache (``config.json``, ``model.safetensors`` in float32,
 tokenizer files, ``generation_config.json``) that loads in seconds, in any dtype. A known model's folder

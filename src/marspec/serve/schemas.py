@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from marspec.api import GenerationOptions
 from marspec.errors import MarspecError
 from marspec.prompting import Prompt, check_text
-from marspec.rules import LOSSLESS_RULES
+from marspec.rules import LOSSLESS_RULES, uses_drafter
 from marspec.serve.errors import ApiError
 from marspec.serve.logprobs import MAX_CHAT_TOP, MAX_COMPLETION_TOP
 from marspec.serve.settings import ServerSettings
@@ -184,7 +184,7 @@ def parse_request(
         *((f, getattr(extra, f), f"marspec.{f}") for f in ("rule", "theta", "margin", "k")),
     ]
     options = _options(settings.defaults, [(f, v, p) for f, v, p in overrides if v is not None], chat)
-    if options.rule != "plain" and not has_drafter:
+    if uses_drafter(options.rule) and not has_drafter:
         raise ApiError(
             400,
             f"rule {options.rule!r} needs a drafter and this server runs without one (--draft none): "

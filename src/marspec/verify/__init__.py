@@ -9,13 +9,15 @@ which rule, and its settings, come in the :class:`~marspec.rules.Rule` it passes
 Shapes: ``K`` is the number of draft tokens, ``V`` the vocabulary size. ``target_logits`` is ``[K+1, V]``:
 row ``i`` scores draft position ``i`` and row ``K`` is the bonus position.
 
-One module per family of verification, over two shared ones:
+Each rule's own test lives in its family's file (:mod:`marspec.families`); the verifiers ask the rule's
+family what to do (``rule.family``), never its name:
 
-- :mod:`.margins`: the target's top two, MARS's margins and its close-call test;
-- :mod:`.relax`: where a rule (MARS, a rival, FLy) accepts beyond the lossless test, and the guards;
+- :mod:`.margins`: the target's top two and MARS's margins, which every verifier records;
+- :mod:`.relax`: the one door to a family's test of where a rule accepts beyond the lossless test, and
+  the guards;
 - :mod:`.chain`: what the chain verifiers share (their outcome, checks, read-back and token draw);
 - :mod:`.greedy`, :mod:`.sampling`, :mod:`.block`, :mod:`.tree`: the verifiers;
-- :mod:`.ensemble`: the ensemble rule's tests, which read the draft's distribution.
+- :mod:`.ensemble`: the ensemble's tests, which read the draft's distribution, at the verifiers' path.
 
 This package re-exports their public names, so ``from marspec.verify import verify_greedy`` and the
 like keep one short path.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marspec.rules import Rule, RuleName
+from marspec.rules import Rule
 from marspec.verify.chain import Verification, _check_block, _leading_true, _read_back
 from marspec.verify.ensemble import ensemble_choices
 from marspec.verify.margins import margin_measure, top2
@@ -47,7 +47,7 @@ def verify_greedy(
     v1 = tokens[:, 0]  # [K+1]
     draft = draft_tokens.to(device=tokens.device, dtype=tokens.dtype)  # [K]
     margins = margin_measure(z1, z2, rule.margin)
-    if rule.name is RuleName.ENSEMBLE and rule.relaxes and draft_probs is not None:
+    if rule.family.needs_draft_probs and rule.relaxes and draft_probs is not None:
         choice = ensemble_choices(target_logits, draft_probs, v1, rule, relaxable, span)  # [K+1]
         n = _leading_true(draft == choice[:k])
         relaxed = (draft == choice[:k]) & (choice[:k] != v1[:k])

@@ -1,7 +1,7 @@
 """Speculative sampling (temperature > 0) of a chain of draft tokens: :func:`verify_sampling`.
 
 The Leviathan/Chen test, lossless, plus the rule's relaxed accepts (:mod:`marspec.verify.relax`, or the
-ensemble's mixture test, :mod:`marspec.verify.ensemble`); ``rule="block"`` hands the block to
+ensemble's mixture test, :mod:`marspec.verify.ensemble`); a rule whose family judges the block hands it to
 :func:`marspec.verify.block.verify_block`. The decode step calls it at temperature > 0 with the target's
 logits for ``prefix + draft``.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marspec.rules import Rule, RuleName
+from marspec.rules import Rule
 from marspec.verify.block import verify_block
 from marspec.verify.chain import Verification, _check_sampling, _leading_true, _read_back, _sample
 from marspec.verify.ensemble import ensemble_relaxes
@@ -53,7 +53,7 @@ def verify_sampling(
     the guards' inputs (see :func:`guarded`). ``rule="block"`` is :func:`verify_block`. A draft without
     a distribution (a lookup drafter's copy) gives the ensemble nothing to mix: strict there.
     """
-    if rule.name is RuleName.BLOCK:
+    if rule.family.judges_block:
         return verify_block(target_logits, draft_tokens, draft_probs, temperature, generator, rule)
     k = _check_sampling(target_logits, draft_tokens, draft_probs, temperature)
     vocab = target_logits.shape[1]
@@ -73,7 +73,7 @@ def verify_sampling(
         q_d = q.gather(1, draft[:, None])[:, 0]  # [K]
         # u < min(1, p/q) written as u * q < p: no division, and q(d) = 0 < p(d) accepts as it should.
         passed = u[:k] * q_d < p_d
-    if rule.name is RuleName.ENSEMBLE and rule.relaxes and draft_probs is not None:
+    if rule.family.needs_draft_probs and rule.relaxes and draft_probs is not None:
         relaxed = ensemble_relaxes(u[:k], p_d, q_d, passed, rule)  # [K]
     else:
         relaxed = rule_relaxes(target_logits[:k], scaled, tokens, draft, passed, rule, temperature)  # [K]

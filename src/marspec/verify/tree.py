@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marspec.rules import RIVALS, Rule
+from marspec.rules import Rule
 from marspec.verify.chain import Verification, to_host
 from marspec.verify.margins import margin_measure, top2
 from marspec.verify.relax import guarded, relaxed_accepts
@@ -59,8 +59,8 @@ def verify_tree_greedy(
     node_tokens = tree.tokens.to(dtype=top.dtype)  # [N]
     parent_top = top.index_select(0, parents)  # [N, 2]: the target's top two where each node stands
     exact = node_tokens == parent_top[:, 0]  # [N]
-    # A rival's test reads each node's whole row of logits: gathered only for the rivals.
-    rows = target_logits.index_select(0, parents) if rule.name in RIVALS else target_logits
+    # A rival's test reads each node's whole row of logits: gathered only for a family that reads it.
+    rows = target_logits.index_select(0, parents) if rule.family.needs_rows else target_logits
     parent_values = values.index_select(0, parents)  # [N, 2]
     relaxed = relaxed_accepts(rows, parent_values, parent_top, node_tokens, rule) & ~exact
     # Nodes are not one chain, so only the class guard applies (check_tree refused "next" above).

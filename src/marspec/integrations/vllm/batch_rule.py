@@ -72,7 +72,7 @@ def decide(
         exact = exact & rows
     # A row that verifies nothing is not "accepted by the lossless test", so no FLy window spans it.
     relaxed = rule_relaxes(logits, values, tokens, draft, exact, rule, lengths=lengths)  # [N]
-    if rule.name == "fly" and greedy is not None:
+    if rule.family.row_refusal and greedy is not None:  # a block decision: greedy rows only
         relaxed = relaxed & greedy
     if rows is not None:
         relaxed = relaxed & rows

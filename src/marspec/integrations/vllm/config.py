@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marspec.errors import MarspecError
-from marspec.rules import Rule, RuleName
+from marspec.rules import Rule
 from marspec.settings import settle_rule
 
 CONFIG_KEY = "marspec"
@@ -92,7 +92,7 @@ def fly_window_problem(rule: Rule, num_speculative_tokens: int) -> str | None:
 
     FLy defers a mismatch only with ``window`` draft tokens after it in the same step."""
     k = num_speculative_tokens
-    if not (rule.name == "fly" and rule.relaxes and rule.window is not None and rule.window >= k):
+    if not (rule.family.takes_window and rule.relaxes and rule.window is not None and rule.window >= k):
         return None
     fix = f"use a window of at most {k - 1}, or more speculative tokens"
     if k < 2:
@@ -123,23 +123,27 @@ def _rule(settings: Any, where: str, keys: tuple[str, ...]) -> Rule:
         rule = settle_rule(**rule_args)
     except MarspecError as exc:
         raise VllmPluginConfigError(f"{where}: {exc}") from None
-    problem = _UNFIT.get(rule.name)
+    problem = _unfit(rule)
     if problem:
         raise VllmPluginConfigError(f"{where}: {problem}")
     return rule
 
 
-# Rules the plugin's forcing scheme cannot carry (a row rewritten one-hot at the draft token where the
-# rule accepts; vLLM's own verifier does the rest), and why: docs/vllm.md, "Rules the plugin refuses".
-_UNFIT = {
-    RuleName.BLOCK: (
-        "rule 'block' judges a block with its own random draws, which vLLM makes inside its verifier; "
-        "vLLM has block verification itself: speculative_config rejection_sample_method='block', "
-        "without the plugin"
-    ),
-    RuleName.ENSEMBLE: (
-        "rule 'ensemble' mixes the drafter's distribution into the target's, and vLLM's verifier gets "
-        "none by default (draft_sample_method='greedy': q one-hot, against which the mixture accepts any "
-        "draft with probability >= 1 - theta); use marspec's own decoder (Decoder, marspec serve)"
-    ),
-}
+def _unfit(rule: Rule) -> str | None:
+    """Why the plugin's forcing scheme (a row rewritten one-hot at the draft token where the rule
+    accepts; vLLM's own verifier does the rest) cannot carry ``rule``, or None: docs/vllm.md, "Rules the
+    plugin refuses"."""
+    if rule.family.judges_block:
+        return (
+            f"rule {rule.name!r} judges a block with its own random draws, which vLLM makes inside its "
+            "verifier; vLLM has block verification itself: speculative_config "
+            "rejection_sample_method='block', without the plugin"
+        )
+    if rule.family.needs_draft_probs:
+        return (
+            f"rule {rule.name!r} mixes the drafter's distribution into the target's, and vLLM's verifier "
+            "gets none by default (draft_sample_method='greedy': q one-hot, against which the mixture "
+            "accepts any draft with probability >= 1 - theta); use marspec's own decoder (Decoder, "
+            "marspec serve)"
+        )
+    return None

@@ -198,7 +198,7 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
     _active = settings
     rule = settings.rule
     # FLy reads no margin; its window is its second parameter.
-    parameter = f"window={rule.window}" if rule.name == "fly" else f"margin={rule.margin}"
+    parameter = f"window={rule.window}" if rule.family.takes_window else f"margin={rule.margin}"
     logger.info(
         "marspec: verifying with %s (theta=%s, %s) on vLLM's %s runner",
         rule.name,
@@ -206,7 +206,7 @@ def activate(settings: PluginConfig, contract: VerifierContract = V1_VERIFIER) -
         parameter,
         contract.runner,
     )
-    if rule.name == "fly" and rule.relaxes:
+    if rule.family.row_refusal and rule.relaxes:
         logger.warning(
             "marspec: FLy defers mismatches of greedy requests only; sampled requests are verified "
             "strictly (lossless), since FLy's sampled test needs the random draws vLLM makes inside its "
