@@ -588,17 +588,22 @@ class Decoder:
                     finish = "eos"
                 if detok is None:
                     continue
-                delta = detok.push(step.tokens)
-                cut = _find_stop(detok.text, len(delta), stops)
-                if cut is not None:
-                    delta = delta[: len(delta) - (len(detok.text) - cut)]
-                    detok.text = detok.text[:cut]
+                delta, stopped = _cut_at_stop(detok, detok.push(step.tokens), stops)
+                if stopped:
                     finish = "stop"
                 if delta:
                     stats.wall_s = time.perf_counter() - start
                     yield delta
-                if finish == "stop":
+                if stopped:
                     break
+            else:  # every token decoded: the text held back (a character cut at the end) ends the stream
+                if detok is not None:
+                    delta, stopped = _cut_at_stop(detok, detok.flush(), stops)
+                    if stopped:
+                        finish = "stop"
+                    if delta:
+                        stats.wall_s = time.perf_counter() - start
+                        yield delta
         finally:
             steps.close()
             stats.wall_s = time.perf_counter() - start
@@ -613,6 +618,17 @@ class Decoder:
             relaxed_margins,
             logprobs if opts.logprobs is not None else None,
         )
+
+
+def _cut_at_stop(detok: IncrementalDetokenizer, delta: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``delta`` (the text ``detok`` just added) cut before the earliest stop string, and whether one was
+    found; ``detok.text`` is cut there too."""
+    cut = _find_stop(detok.text, len(delta), stops)
+    if cut is None:
+        return delta, False
+    delta = delta[: len(delta) - (len(detok.text) - cut)]
+    detok.text = detok.text[:cut]
+    return delta, True
 
 
 def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:
