@@ -30,7 +30,7 @@ from marspec.backends.threads import hold_thread_count
 from marspec.batch.batcher import BatchClosed
 from marspec.batch.scheduler import Scheduler
 from marspec.batch.slots import Slot
-from marspec.errors import ChatTemplateError, MarspecError
+from marspec.errors import ChatTemplateError, MarspecError, ModelOutputError
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
 from marspec.serve.logprobs import TokenEntry, token_entries
@@ -38,7 +38,8 @@ from marspec.serve.metrics import ServerMetrics
 
 log = logging.getLogger("marspec.serve")
 
-StopReason = Literal["disconnect", "timeout", "shutdown"]
+# "refused": a sibling choice of the same request was refused (429), so its answer will never be sent.
+StopReason = Literal["disconnect", "timeout", "shutdown", "refused"]
 FinishReason = Literal["stop", "length"]
 
 
@@ -96,9 +97,19 @@ class Job:
     Create it on the event loop that will read ``events``.
     """
 
-    def __init__(self, prompt: Prompt, options: GenerationOptions, *, timeout: float | None) -> None:
+    def __init__(
+        self,
+        prompt: Prompt,
+        options: GenerationOptions,
+        *,
+        timeout: float | None,
+        max_tokens_param: str | None = None,
+    ) -> None:
         self.prompt = prompt
         self.options = options
+        # The request parameter that set options.max_new_tokens (None: the server's default): a prompt
+        # that leaves less room than it asks for is refused, naming it.
+        self.max_tokens_param = max_tokens_param
         self.arrived = time.monotonic()
         self.deadline = None if timeout is None else self.arrived + timeout
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -248,13 +259,30 @@ class Engine:
         hold_thread_count(self._torch_threads)
         try:
             while True:
+                next_deadline = self._expire_queued()
                 self._admit()
                 if self._closed and not self._running:
                     return
                 if not scheduler.step(wake=self._admissible):
-                    scheduler.wait_for_work(0.5, wake=lambda: self._admissible() or self._closed)
+                    idle = 0.5 if next_deadline is None else min(0.5, next_deadline - time.monotonic())
+                    idle = max(0.0, idle)
+                    scheduler.wait_for_work(idle, wake=lambda: self._admissible() or self._closed)
         finally:
             scheduler.close()
+
+    def _expire_queued(self) -> float | None:
+        """Answer every queued job whose deadline has passed (503, as the worker would on taking it up),
+        so a client is told when its time is up rather than when a slot frees; returns the earliest
+        deadline still waiting (None if none)."""
+        now = time.monotonic()
+        with self._cond:
+            expired = [job for job in self._pending if job.deadline is not None and job.deadline <= now]
+            for job in expired:
+                self._pending.remove(job)
+            deadlines = [job.deadline for job in self._pending if job.deadline is not None]
+        for job in expired:
+            self._stop(job, job.stop_reason or "timeout")
+        return min(deadlines, default=None)
 
     def _admissible(self) -> bool:
         return bool(self._pending) and len(self._running) < self.max_batch
@@ -276,6 +304,9 @@ class Engine:
                 self._serve(job, slot)
             except BatchClosed:
                 self._stop(job, "shutdown")
+            except ModelOutputError as exc:  # the model's fault, not the request's: a 500 that says so
+                log.error("generation failed: %s", exc)
+                self._finish(job, "failed", Failed(exc))
             except (MarspecError, ApiError) as exc:
                 self._finish(job, "rejected", Failed(exc))
             except Exception as exc:  # a bug: answer 500 and keep serving the other requests
@@ -374,8 +405,20 @@ class Engine:
             n = int(encode_prompt(self._decoder.tokenizer, job.prompt, chat, target.name).shape[0])
         except ChatTemplateError as exc:  # a 400 like any MarspecError, but naming the parameter
             raise ApiError(400, str(exc), param=param) from None
-        if target.context_length and n >= target.context_length:
-            raise context_length_error(target.context_length, f"{n}", param)
+        context = target.context_length
+        if context and n >= context:
+            raise context_length_error(context, f"{n}", param)
+        wanted = job.options.max_new_tokens
+        if context and job.max_tokens_param is not None and n + wanted > context:
+            limit = job.max_tokens_param
+            raise ApiError(
+                400,
+                f"this model's maximum context length is {context} tokens and {n + wanted} were asked for "
+                f"({n} in the {param}, {wanted} in {limit}): set {limit} to at most {context - n} or "
+                "shorten the prompt",
+                param=limit,
+                code="context_length_exceeded",
+            )
         return n
 
     def _stop(self, job: Job, reason: StopReason, prompt_tokens: int = 0) -> None:
@@ -391,6 +434,9 @@ class Engine:
         elif reason == "shutdown":
             error = ApiError(503, "the server shut down before the generation finished", code="shutting_down")
             self._finish(job, "cancelled_shutdown", Failed(error), prompt_tokens)
+        elif reason == "refused":  # nobody reads this answer either: the request was answered 429
+            error = ApiError(429, "another choice of the request found the queue full", code="queue_full")
+            self._finish(job, "cancelled_refused", Failed(error), prompt_tokens)
         else:  # nobody reads this answer; it only keeps "every job ends with one final event" true
             error = ApiError(499, "the client closed the request", code="client_closed_request")
             self._finish(job, "cancelled_disconnect", Failed(error), prompt_tokens)
