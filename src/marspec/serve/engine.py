@@ -20,6 +20,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,6 +117,18 @@ class Job:
         self._loop = asyncio.get_running_loop()
         # Set from any thread, read by the worker between decode steps: a plain attribute suffices.
         self.stop_reason: StopReason | None = None
+
+    def at_deadline(self, callback: Callable[[Job], None]) -> None:
+        """Call ``callback(self)`` on the job's event loop once its deadline has passed; safe from any
+        thread."""
+        assert self.deadline is not None
+        deadline = self.deadline
+
+        def schedule() -> None:
+            self._loop.call_later(max(0.0, deadline - time.monotonic()), callback, self)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for an answer
+            self._loop.call_soon_threadsafe(schedule)
 
     def post(self, event: Event) -> None:
         """Hand an event to the job's reader; safe from any thread."""
@@ -215,6 +228,8 @@ class Engine:
                     headers={"Retry-After": str(self.retry_after())},
                 )
             self._pending.append(job)
+        if job.deadline is not None:
+            job.at_deadline(self._expire_if_queued)
         self._scheduler.poke()
 
     def cancel(self, job: Job, reason: StopReason) -> None:
@@ -228,6 +243,16 @@ class Engine:
             except ValueError:
                 return  # running (the worker will see the flag) or already done
         self._stop(job, job.stop_reason)
+
+    def _expire_if_queued(self, job: Job) -> None:
+        """At ``job``'s deadline: answer it (503) if it still waits in the queue, rather than when a slot
+        frees (the worker may be busy with a long generation for minutes)."""
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return  # running (the worker checks the deadline between steps) or already done
+        self._stop(job, "timeout")
 
     def begin_shutdown(self) -> None:
         """Refuse new jobs; let current ones run for the grace period. Safe inside a signal handler."""
@@ -259,30 +284,13 @@ class Engine:
         hold_thread_count(self._torch_threads)
         try:
             while True:
-                next_deadline = self._expire_queued()
                 self._admit()
                 if self._closed and not self._running:
                     return
                 if not scheduler.step(wake=self._admissible):
-                    idle = 0.5 if next_deadline is None else min(0.5, next_deadline - time.monotonic())
-                    idle = max(0.0, idle)
-                    scheduler.wait_for_work(idle, wake=lambda: self._admissible() or self._closed)
+                    scheduler.wait_for_work(0.5, wake=lambda: self._admissible() or self._closed)
         finally:
             scheduler.close()
-
-    def _expire_queued(self) -> float | None:
-        """Answer every queued job whose deadline has passed (503, as the worker would on taking it up),
-        so a client is told when its time is up rather than when a slot frees; returns the earliest
-        deadline still waiting (None if none)."""
-        now = time.monotonic()
-        with self._cond:
-            expired = [job for job in self._pending if job.deadline is not None and job.deadline <= now]
-            for job in expired:
-                self._pending.remove(job)
-            deadlines = [job.deadline for job in self._pending if job.deadline is not None]
-        for job in expired:
-            self._stop(job, job.stop_reason or "timeout")
-        return min(deadlines, default=None)
 
     def _admissible(self) -> bool:
         return bool(self._pending) and len(self._running) < self.max_batch
