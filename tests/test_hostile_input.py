@@ -11,14 +11,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from marspec.api import Decoder
 from marspec.backends.int8 import rowwise_int8_available
 from marspec.batch.batcher import Batcher, SlotLM, _Call
 from marspec.batch.scheduler import PREFILL_CHUNK
 from marspec.defaults import GREEDY_BELOW_TEMPERATURE
 from marspec.detok import IncrementalDetokenizer
-from marspec.errors import ModelOutputError
+from marspec.errors import MarspecError, ModelOutputError
 from marspec.rules import Rule, RuleName
-from marspec.selftest.tiny import tiny_decoder
+from marspec.selftest.tiny import noisy_copy, save_tiny_model, tiny_decoder, tiny_model, tiny_tokenizer
 from marspec.settings import GenerationOptions, settle
 from marspec.verify.block import verify_block
 from marspec.verify.sampling import verify_sampling
@@ -117,3 +118,22 @@ def test_a_failing_forward_in_a_packed_batch_fails_only_its_own_sequence(tmp_pat
         assert torch.equal(outcomes[i], alone.forward(tokens[i]))  # type: ignore[arg-type]
         assert lms[i].cached_len == alone.cached_len == len(tokens[i])
     assert lms[1].cached_len == 0
+
+
+def test_a_prompt_token_the_model_has_no_row_for_is_refused_in_one_line(tmp_path) -> None:
+    """A tokenizer that knows a token its model lacks (an added token): a prompt holding it is refused
+    before any forward, which would fail inside torch's embedding (and fail every sequence packed with
+    it)."""
+    target = tiny_model(seed=0)
+    for name, model in (("target", target), ("draft", noisy_copy(target, seed=1))):
+        save_tiny_model(tmp_path / name, model)
+        tokenizer = tiny_tokenizer()
+        tokenizer.add_tokens(["<extra>"])
+        tokenizer.save_pretrained(tmp_path / name)
+    decoder = Decoder(
+        str(tmp_path / "target"), str(tmp_path / "draft"), dtype="fp32", draft_confidence=0.0, lookup=False
+    )
+    assert decoder.generate("ab", chat=False, max_new_tokens=2).token_ids
+    with pytest.raises(MarspecError, match=r"'<extra>' \(id 96\).*no row") as err:
+        decoder.generate("ab <extra>", chat=False, max_new_tokens=2)
+    assert "\n" not in str(err.value)

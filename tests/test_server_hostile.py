@@ -18,8 +18,9 @@ import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from marspec.api import Decoder
 from marspec.backends.int8 import rowwise_int8_available
-from marspec.selftest.tiny import tiny_decoder
+from marspec.selftest.tiny import noisy_copy, save_tiny_model, tiny_decoder, tiny_model, tiny_tokenizer
 from marspec.serve.app import create_app
 from marspec.serve.server import HeaderTimeoutProtocol, bind_socket, uvicorn_config
 from marspec.serve.settings import ServerSettings
@@ -57,26 +58,60 @@ def counter(http: TestClient, name: str, **labels: str) -> float:
 def test_a_tiny_temperature_beside_healthy_requests_fails_none_of_them(http, decoder) -> None:
     healthy = [
         text_body(prompt="Hello there", marspec={"rule": "strict"}),
-        text_body(prompt="What is it", marspec={"rule": "plain"}),
-        text_body(prompt="Once upon", temperature=0.8, seed=3, marspec={"rule": "strict"}),
+        text_body(prompt="Once upon", temperature=0.8, seed=3, marspec={"rule": "plain"}),
     ]
     poisoned = text_body(prompt="Hi", temperature=1e-300, seed=1)
     solo = [http.post(TEXT, json=body).json()["choices"][0]["text"] for body in healthy]
+    answers = concurrently(http, [poisoned, *healthy])
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert [a.json()["choices"][0]["text"] for a in answers[1:]] == solo
+    greedy = decoder.generate("Hi", max_new_tokens=8, chat=False).text
+    assert answers[0].json()["choices"][0]["text"] == greedy  # below the floor: greedy
+    assert http.app.state.engine._scheduler.peak >= 2  # type: ignore[attr-defined]  # decoded together
+
+
+def test_a_prompt_the_model_cannot_read_is_400_and_its_batch_mates_answer_as_alone(tmp_path) -> None:
+    """A tokenizer that knows a token its model lacks (an added token): the request whose prompt holds
+    it is told so (400) and the requests batched beside it answer as they do alone (its forward once
+    failed the packed forward, and with it every request in it)."""
+    target = tiny_model(seed=0)
+    for name, model in (("target", target), ("draft", noisy_copy(target, seed=1))):
+        save_tiny_model(tmp_path / name, model)
+        tokenizer = tiny_tokenizer()
+        tokenizer.add_tokens(["<extra>"])
+        tokenizer.save_pretrained(tmp_path / name)
+    quant = "int8" if rowwise_int8_available() else "none"
+    decoder = Decoder(
+        str(tmp_path / "target"),
+        str(tmp_path / "draft"),
+        dtype="fp32",
+        draft_confidence=0.0,
+        lookup=False,
+        target_quant=quant,
+    )
+    healthy = [text_body(prompt=p) for p in ("Hello there", "What is it", "Once upon")]
+    poisoned = text_body(prompt="Hi <extra> there")
+    with TestClient(create_app(decoder, ServerSettings(MODEL, max_queue=8, max_batch=4))) as http:
+        solo = [http.post(TEXT, json=body).json()["choices"][0]["text"] for body in healthy]
+        answers = concurrently(http, [poisoned, *healthy])
+    assert answers[0].status_code == 400 and "'<extra>'" in answers[0].json()["error"]["message"]
+    assert [a.status_code for a in answers[1:]] == [200] * 3
+    assert [a.json()["choices"][0]["text"] for a in answers[1:]] == solo
+
+
+def concurrently(http: TestClient, bodies: list[dict[str, Any]]) -> list[Any]:
+    """``bodies`` posted at once, each from a thread of its own; their answers in order."""
     answers: dict[int, Any] = {}
 
     def send(i: int, body: dict[str, Any]) -> None:
         answers[i] = http.post(TEXT, json=body)
 
-    threads = [threading.Thread(target=send, args=(i, b)) for i, b in enumerate([poisoned, *healthy])]
+    threads = [threading.Thread(target=send, args=(i, b)) for i, b in enumerate(bodies)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(120)
-    assert [answers[i].status_code for i in range(4)] == [200] * 4, [a.text for a in answers.values()]
-    assert [answers[i + 1].json()["choices"][0]["text"] for i in range(3)] == solo
-    greedy = http.post(TEXT, json=text_body(prompt="Hi")).json()["choices"][0]["text"]
-    assert answers[0].json()["choices"][0]["text"] == greedy  # below the floor: greedy
-    assert http.app.state.engine._scheduler.peak >= 2  # type: ignore[attr-defined]  # decoded together
+    return [answers[i] for i in range(len(bodies))]
 
 
 @pytest.mark.parametrize(

@@ -523,9 +523,19 @@ class Decoder:
 
     def prompt_ids(self, prompt: Prompt, opts: GenerationOptions) -> torch.Tensor:
         """``prompt`` as the target's token ids (long[L], on its device), in the chat form ``opts`` asks
-        for; raises a one-line error when it leaves no room in the target's context."""
+        for; raises a one-line error when it leaves no room in the target's context or holds a token the
+        target has no row for."""
         chat = self.chat_default if opts.chat is None else opts.chat
-        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
+        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name)
+        vocab = self.target.vocab_size
+        if prompt_ids.numel() and int(prompt_ids.max()) >= vocab:  # its forward would fail deep in torch
+            bad = int(prompt_ids.max())
+            raise MarspecError(
+                f"the prompt holds token {self.tokenizer.convert_ids_to_tokens(bad)!r} (id {bad}), which "
+                f"{self.target.name!r} has no row for (its vocabulary has {vocab}): the tokenizer knows "
+                "tokens the model does not (added tokens?); leave that text out of the prompt"
+            )
+        prompt_ids = prompt_ids.to(self.target.device)
         ctx = self.target.context_length
         if ctx and prompt_ids.shape[0] >= ctx:
             raise MarspecError(
