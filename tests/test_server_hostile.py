@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -158,11 +158,17 @@ def test_choices_cancelled_because_the_queue_refused_a_sibling_are_not_disconnec
     with TestClient(app) as client:
         refused = client.post(TEXT, json=text_body(n=3, max_tokens=100, marspec={"rule": "plain"}))
         assert refused.status_code == 429
-        deadline = time.monotonic() + 60
-        while counter(client, "marspec_generations_total", outcome="cancelled_refused") < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: counter(client, "marspec_generations_total", outcome="cancelled_refused") == 2)
         assert counter(client, "marspec_generations_total", outcome="cancelled_disconnect") == 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout} s")
+        time.sleep(0.02)
 
 
 class LiveServer:
@@ -176,10 +182,8 @@ class LiveServer:
         self.server = uvicorn.Server(uvicorn_config(create_app(decoder, settings), settings, "warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive()
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started or not self.thread.is_alive())
+        assert self.server.started
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -206,9 +210,7 @@ def test_accepted_connections_send_without_nagles_delay(live: LiveServer) -> Non
 def test_half_sent_headers_do_not_hold_a_connection(live: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", live.port), timeout=30) as client:
         client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the blank line never comes
-        started = time.monotonic()
-        assert client.recv(4096) == b""  # closed by the server
-        assert time.monotonic() - started < 20
+        assert client.recv(4096) == b""  # closed by the server (within the socket's 30 s, or it raises)
     with socket.create_connection(("127.0.0.1", live.port), timeout=30) as idle:  # sends nothing at all
         assert idle.recv(4096) == b""
     with socket.create_connection(("127.0.0.1", live.port), timeout=30) as slow:  # a whole request, slowly
