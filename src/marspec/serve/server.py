@@ -6,7 +6,6 @@ import asyncio
 import signal
 import socket
 from types import FrameType
-from typing import Any
 
 import h11
 import uvicorn
@@ -89,9 +88,7 @@ class HeaderTimeoutProtocol(H11Protocol):
             self.transport.close()
 
 
-def uvicorn_config(
-    app: FastAPI, settings: ServerSettings, log_level: str = "info", **extra: Any
-) -> uvicorn.Config:
+def uvicorn_config(app: FastAPI, settings: ServerSettings, log_level: str = "info") -> uvicorn.Config:
     """How uvicorn serves ``app``: HTTP/1.1 by h11 with a limit on the time headers take
     (:class:`HeaderTimeoutProtocol`), and a shutdown grace beyond the engine's."""
     return uvicorn.Config(
@@ -99,7 +96,6 @@ def uvicorn_config(
         http=HeaderTimeoutProtocol,
         log_level=log_level,
         timeout_graceful_shutdown=settings.shutdown_grace + UVICORN_EXTRA_GRACE_S,
-        **extra,
     )
 
 
