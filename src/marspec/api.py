@@ -290,9 +290,19 @@ class Decoder:
 
     def prompt_ids(self, prompt: Prompt, opts: GenerationOptions) -> torch.Tensor:
         """``prompt`` as the target's token ids (long[L], on its device), in the chat form ``opts`` asks
-        for; raises a one-line error when it leaves no room in the target's context."""
+        for; raises a one-line error when it leaves no room in the target's context or holds a token the
+        target has no row for."""
         chat = self.chat_default if opts.chat is None else opts.chat
-        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name).to(self.target.device)
+        prompt_ids = encode_prompt(self.tokenizer, prompt, chat, self.target.name)
+        vocab = self.target.vocab_size
+        if prompt_ids.numel() and int(prompt_ids.max()) >= vocab:  # its forward would fail deep in torch
+            bad = int(prompt_ids.max())
+            raise MarspecError(
+                f"the prompt holds token {self.tokenizer.convert_ids_to_tokens(bad)!r} (id {bad}), which "
+                f"{self.target.name!r} has no row for (its vocabulary has {vocab}): the tokenizer knows "
+                "tokens the model does not (added tokens?); leave that text out of the prompt"
+            )
+        prompt_ids = prompt_ids.to(self.target.device)
         ctx = self.target.context_length
         if ctx and prompt_ids.shape[0] >= ctx:
             raise MarspecError(
@@ -355,17 +365,22 @@ class Decoder:
                     finish = "eos"
                 if detok is None:
                     continue
-                delta = detok.push(step.tokens)
-                cut = _find_stop(detok.text, len(delta), stops)
-                if cut is not None:
-                    delta = delta[: len(delta) - (len(detok.text) - cut)]
-                    detok.text = detok.text[:cut]
+                delta, stopped = _cut_at_stop(detok, detok.push(step.tokens), stops)
+                if stopped:
                     finish = "stop"
                 if delta:
                     stats.wall_s = time.perf_counter() - start
                     yield delta
-                if finish == "stop":
+                if stopped:
                     break
+            else:  # every token decoded: the text held back (a character cut at the end) ends the stream
+                if detok is not None:
+                    delta, stopped = _cut_at_stop(detok, detok.flush(), stops)
+                    if stopped:
+                        finish = "stop"
+                    if delta:
+                        stats.wall_s = time.perf_counter() - start
+                        yield delta
         finally:
             steps.close()
             stats.wall_s = time.perf_counter() - start
@@ -380,6 +395,17 @@ class Decoder:
             relaxed_margins,
             logprobs if opts.logprobs is not None else None,
         )
+
+
+def _cut_at_stop(detok: IncrementalDetokenizer, delta: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``delta`` (the text ``detok`` just added) cut before the earliest stop string, and whether one was
+    found; ``detok.text`` is cut there too."""
+    cut = _find_stop(detok.text, len(delta), stops)
+    if cut is None:
+        return delta, False
+    delta = delta[: len(delta) - (len(detok.text) - cut)]
+    detok.text = detok.text[:cut]
+    return delta, True
 
 
 def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:

@@ -30,6 +30,11 @@ MAX_K = 64
 # The most alternatives a generation's log probabilities list per token (the ``logprobs`` option):
 # OpenAI's chat bound (top_logprobs <= 20), and what one step's copy of them to the host stays small at.
 MAX_TOP_LOGPROBS = 20
+# Temperatures in (0, GREEDY_BELOW_TEMPERATURE) decode greedily (vLLM's floor, _SAMPLING_EPS = 1e-5). Far
+# below it, logits / temperature overflow float32 (1e-300 rounds to 0: inf / inf = NaN) and sampling would
+# draw from NaN; at the floor the top token already takes essentially all the mass, so greedy is what such
+# a temperature asks for. marspec.settings.settle applies it, for the library, the CLI and the server alike.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 # The draft's weights on a CPU: marspec.precision decides ("auto": the cheapest one-token step this CPU runs,
 # the Q4_K kernel where it runs, else torch's 4-bit weights; docs/results.md, "The q4k engine").
 DEFAULT_DRAFT_QUANT = "auto"

@@ -10,7 +10,10 @@ class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
 
     Decodes only a short window: the tokens since the last emitted boundary plus the new ones. A delta
-    is held back while it ends in U+FFFD, the mark of a multi-byte character split across tokens.
+    is held back while it ends in U+FFFD, the mark of a multi-byte character split across tokens; at the
+    end of a generation :meth:`flush` gives what is still held back, so that the deltas always add up to
+    the decoding of every token pushed (a text may end inside a character: it then ends in U+FFFD, as
+    ``tokenizer.decode`` of its tokens does).
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -30,5 +33,16 @@ class IncrementalDetokenizer:
             return ""
         delta = after[len(before) :]
         self._prefix, self._read = self._read, len(self.ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """The text held back (a character the last tokens did not complete, decoded as U+FFFD); after
+        it, ``self.text`` is the decoding of every token pushed."""
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        after = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        delta = after[len(before) :]
+        self._prefix = self._read = len(self.ids)
         self.text += delta
         return delta

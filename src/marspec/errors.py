@@ -26,3 +26,9 @@ def one_line(exc: BaseException) -> str:
 
 class ChatTemplateError(MarspecError):
     """The model's chat template refused the messages (e.g. roles that do not alternate)."""
+
+
+class ModelOutputError(MarspecError):
+    """The model produced values nothing can be decoded from (NaN or infinite probabilities): a problem of
+    the model, its weights or its precision rather than of the request (the server answers it with a 500
+    that says so). Raised before a token is taken from them."""

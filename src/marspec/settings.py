@@ -81,6 +81,9 @@ class GenerationOptions:
         adaptive_k: grow the draft length by 2 after a fully accepted draft and shrink it by 1 after a
             rejection, between 1 and ``k`` (transformers' schedule); off drafts up to ``k`` every step.
         temperature: 0 decodes greedily; above 0 samples (speculative sampling, lossless for strict).
+            Below :data:`marspec.defaults.GREEDY_BELOW_TEMPERATURE` (1e-5, vLLM's floor) it decodes
+            greedily too: such a temperature leaves the top token all the mass, and dividing by it
+            would overflow the logits.
         seed: makes sampling reproducible.
         max_new_tokens: upper bound on generated tokens (>= 1).
         stop: strings that end generation; the text is cut before the stop string.
@@ -158,8 +161,9 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
             "or use rule='plain'"
         )
     calibrated = None if pair is None else _calibration(pair)
+    temperature = decoding_temperature(options.temperature)
     rule = settle_rule(
-        name, options.theta, options.margin, options.guard, options.window, options.temperature, calibrated
+        name, options.theta, options.margin, options.guard, options.window, temperature, calibrated
     )
     check_seed(options.seed)
     stop_strings(options.stop)
@@ -192,7 +196,7 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
         rule=rule,
         k=options.k,
         adaptive_k=options.adaptive_k,
-        temperature=options.temperature,
+        temperature=temperature,
         max_new_tokens=options.max_new_tokens,
         eos_token_ids=frozenset() if pair is None else pair.eos_token_ids,
         tree=parse_tree_shape(options.tree),
@@ -201,6 +205,15 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
         thinking=markers,
         logprobs=options.logprobs,
     )
+
+
+def decoding_temperature(temperature: object) -> object:
+    """The temperature a generation decodes at: 0 (greedy) for one below
+    :data:`marspec.defaults.GREEDY_BELOW_TEMPERATURE`, whose sampling would divide logits past float32's
+    range; any other value as given (a negative or non-finite one for ``DecodeConfig`` to refuse)."""
+    if isinstance(temperature, numbers.Real) and 0 < temperature < defaults.GREEDY_BELOW_TEMPERATURE:
+        return 0.0
+    return temperature
 
 
 def settle_rule(

@@ -192,32 +192,44 @@ class Batcher:
 
     @staticmethod
     def _run_packed(calls: list[_Call]) -> None:
-        try:
-            results = forward_packed([(c.lm, c.tokens, c.last_only) for c in calls])  # type: ignore[misc]
-        except BaseException as exc:  # every sequence of the forward sees its failure
-            for call in calls:
-                call.error = exc
-            return
-        for call, logits in zip(calls, results, strict=True):
-            call.result = logits
+        def together(group: list[_Call]) -> list[torch.Tensor]:
+            if len(group) == 1:
+                return [group[0].run_alone()]
+            return forward_packed([(c.lm, c.tokens, c.last_only) for c in group])  # type: ignore[misc]
+
+        _deliver(calls, together)
 
     @staticmethod
     def _run_fixed(calls: list[_Call]) -> None:
-        try:
-            results = calls[0].lm.batch_forward(calls)  # type: ignore[attr-defined]
-        except BaseException as exc:
-            for call in calls:
-                call.error = exc
-            return
-        for call, logits in zip(calls, results, strict=True):
-            call.result = logits
+        _deliver(calls, lambda group: group[0].lm.batch_forward(group))  # type: ignore[attr-defined]
 
     @staticmethod
     def _run_alone(call: _Call) -> None:
-        try:
-            call.result = call.run_alone()
-        except BaseException as exc:
+        _deliver([call], lambda group: [group[0].run_alone()])
+
+
+def _deliver(calls: list[_Call], run: Callable[[list[_Call]], list[torch.Tensor]]) -> None:
+    """Run ``calls`` as one forward (``run``) and give each its logits, or its error.
+
+    One sequence's input must not fail the others: when a forward of several calls raises, each is run
+    again on its own, so the error reaches only the sequences whose own forward raises it and the rest get
+    the logits they would have got (a failed forward leaves every cache as it was: the packed one crops
+    what it wrote, the fixed-shape one advances a slot's length only after success)."""
+    try:
+        results = run(calls)
+    except Exception as exc:
+        if len(calls) == 1:
+            calls[0].error = exc
+            return
+        for call in calls:
+            _deliver([call], run)
+        return
+    except BaseException as exc:  # an interrupt: every sequence of the forward sees it
+        for call in calls:
             call.error = exc
+        return
+    for call, logits in zip(calls, results, strict=True):
+        call.result = logits
 
 
 class SlotLM(HFCausalLM):

@@ -44,7 +44,7 @@ from marspec.errors import MarspecError
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 from marspec.progress import progress
 from marspec.rules import AUTO, LOSSLESS_RULES, RIVALS, parse_theta, uses_drafter
-from marspec.settings import GenerationOptions, calibration_of, settle_rule
+from marspec.settings import GenerationOptions, calibration_of, decoding_temperature, settle_rule
 
 if TYPE_CHECKING:
     from marspec.api import Decoder, GenerationResult
@@ -135,7 +135,7 @@ def _check_calibrated(
         options.rule,
         options.theta,
         options.margin,
-        temperature=options.temperature,
+        temperature=decoding_temperature(options.temperature),
         calibrated=calibration_of(target, draft, target_quant),
     )
 

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from marspec import __version__
 from marspec.api import Decoder
 from marspec.batch.scheduler import batching_note, default_max_batch
-from marspec.errors import MarspecError, one_line
+from marspec.errors import MarspecError, ModelOutputError, one_line
 from marspec.serve.auth import ApiKeyAuth
 from marspec.serve.body_limit import BodySizeLimit
 from marspec.serve.engine import Engine
@@ -177,6 +177,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def user_error(_: Request, exc: Exception) -> JSONResponse:
         return answer(ApiError(400, str(exc)))
 
+    async def model_error(_: Request, exc: Exception) -> JSONResponse:
+        return ErrorResponse(error_payload(exc), status_code=500)
+
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         return answer(_validation_error(list(exc.errors())))
@@ -194,6 +197,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(MarspecError, user_error)
+    app.add_exception_handler(ModelOutputError, model_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, server_error)

@@ -20,6 +20,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,7 +31,7 @@ from marspec.backends.threads import hold_thread_count
 from marspec.batch.batcher import BatchClosed
 from marspec.batch.scheduler import Scheduler
 from marspec.batch.slots import Slot
-from marspec.errors import ChatTemplateError, MarspecError
+from marspec.errors import ChatTemplateError, MarspecError, ModelOutputError
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
 from marspec.serve.logprobs import TokenEntry, token_entries
@@ -38,7 +39,8 @@ from marspec.serve.metrics import ServerMetrics
 
 log = logging.getLogger("marspec.serve")
 
-StopReason = Literal["disconnect", "timeout", "shutdown"]
+# "refused": a sibling choice of the same request was refused (429), so its answer will never be sent.
+StopReason = Literal["disconnect", "timeout", "shutdown", "refused"]
 FinishReason = Literal["stop", "length"]
 
 
@@ -96,15 +98,37 @@ class Job:
     Create it on the event loop that will read ``events``.
     """
 
-    def __init__(self, prompt: Prompt, options: GenerationOptions, *, timeout: float | None) -> None:
+    def __init__(
+        self,
+        prompt: Prompt,
+        options: GenerationOptions,
+        *,
+        timeout: float | None,
+        max_tokens_param: str | None = None,
+    ) -> None:
         self.prompt = prompt
         self.options = options
+        # The request parameter that set options.max_new_tokens (None: the server's default): a prompt
+        # that leaves less room than it asks for is refused, naming it.
+        self.max_tokens_param = max_tokens_param
         self.arrived = time.monotonic()
         self.deadline = None if timeout is None else self.arrived + timeout
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         # Set from any thread, read by the worker between decode steps: a plain attribute suffices.
         self.stop_reason: StopReason | None = None
+
+    def at_deadline(self, callback: Callable[[Job], None]) -> None:
+        """Call ``callback(self)`` on the job's event loop once its deadline has passed; safe from any
+        thread."""
+        assert self.deadline is not None
+        deadline = self.deadline
+
+        def schedule() -> None:
+            self._loop.call_later(max(0.0, deadline - time.monotonic()), callback, self)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for an answer
+            self._loop.call_soon_threadsafe(schedule)
 
     def post(self, event: Event) -> None:
         """Hand an event to the job's reader; safe from any thread."""
@@ -204,6 +228,8 @@ class Engine:
                     headers={"Retry-After": str(self.retry_after())},
                 )
             self._pending.append(job)
+        if job.deadline is not None:
+            job.at_deadline(self._expire_if_queued)
         self._scheduler.poke()
 
     def cancel(self, job: Job, reason: StopReason) -> None:
@@ -217,6 +243,16 @@ class Engine:
             except ValueError:
                 return  # running (the worker will see the flag) or already done
         self._stop(job, job.stop_reason)
+
+    def _expire_if_queued(self, job: Job) -> None:
+        """At ``job``'s deadline: answer it (503) if it still waits in the queue, rather than when a slot
+        frees (the worker may be busy with a long generation for minutes)."""
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return  # running (the worker checks the deadline between steps) or already done
+        self._stop(job, "timeout")
 
     def begin_shutdown(self) -> None:
         """Refuse new jobs; let current ones run for the grace period. Safe inside a signal handler."""
@@ -276,6 +312,9 @@ class Engine:
                 self._serve(job, slot)
             except BatchClosed:
                 self._stop(job, "shutdown")
+            except ModelOutputError as exc:  # the model's fault, not the request's: a 500 that says so
+                log.error("generation failed: %s", exc)
+                self._finish(job, "failed", Failed(exc))
             except (MarspecError, ApiError) as exc:
                 self._finish(job, "rejected", Failed(exc))
             except Exception as exc:  # a bug: answer 500 and keep serving the other requests
@@ -374,8 +413,20 @@ class Engine:
             n = int(encode_prompt(self._decoder.tokenizer, job.prompt, chat, target.name).shape[0])
         except ChatTemplateError as exc:  # a 400 like any MarspecError, but naming the parameter
             raise ApiError(400, str(exc), param=param) from None
-        if target.context_length and n >= target.context_length:
-            raise context_length_error(target.context_length, f"{n}", param)
+        context = target.context_length
+        if context and n >= context:
+            raise context_length_error(context, f"{n}", param)
+        wanted = job.options.max_new_tokens
+        if context and job.max_tokens_param is not None and n + wanted > context:
+            limit = job.max_tokens_param
+            raise ApiError(
+                400,
+                f"this model's maximum context length is {context} tokens and {n + wanted} were asked for "
+                f"({n} in the {param}, {wanted} in {limit}): set {limit} to at most {context - n} or "
+                "shorten the prompt",
+                param=limit,
+                code="context_length_exceeded",
+            )
         return n
 
     def _stop(self, job: Job, reason: StopReason, prompt_tokens: int = 0) -> None:
@@ -391,6 +442,9 @@ class Engine:
         elif reason == "shutdown":
             error = ApiError(503, "the server shut down before the generation finished", code="shutting_down")
             self._finish(job, "cancelled_shutdown", Failed(error), prompt_tokens)
+        elif reason == "refused":  # nobody reads this answer either: the request was answered 429
+            error = ApiError(429, "another choice of the request found the queue full", code="queue_full")
+            self._finish(job, "cancelled_refused", Failed(error), prompt_tokens)
         else:  # nobody reads this answer; it only keeps "every job ends with one final event" true
             error = ApiError(499, "the client closed the request", code="client_closed_request")
             self._finish(job, "cancelled_disconnect", Failed(error), prompt_tokens)

@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from marspec.errors import MarspecError
+from marspec.errors import MarspecError, ModelOutputError
 
 # OpenAI's `type` for each status the server answers with.
 ERROR_TYPES = {
@@ -56,9 +56,12 @@ class ApiError(Exception):
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
     """The error body for an exception raised while answering: its own for an :class:`ApiError`, a 400
-    for a user error, else a 500 that names no internals (the server log has the traceback)."""
+    for a user error, a 500 saying so for the model's own failure, else a 500 that names no internals
+    (the server log has the traceback)."""
     if isinstance(exc, ApiError):
         return exc.body()
+    if isinstance(exc, ModelOutputError):
+        return error_body(500, str(exc), code="model_output_invalid")
     if isinstance(exc, MarspecError):
         return error_body(400, str(exc))
     return error_body(500, "internal server error: the generation failed (see the server log)")

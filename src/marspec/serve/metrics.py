@@ -53,7 +53,8 @@ class ServerMetrics:
         self.generations = Counter(
             "marspec_generations",
             "Generations by outcome: completed, timed_out (stopped at the time limit), cancelled_disconnect, "
-            "cancelled_shutdown, rejected (bad input found by the model side) or failed (server error).",
+            "cancelled_shutdown, cancelled_refused (another choice of its request was refused: queue full), "
+            "rejected (bad input found by the model side) or failed (server error).",
             ["outcome"],
             registry=r,
         )

@@ -47,9 +47,10 @@ async def get_model(model: str, request: Request) -> dict[str, Any]:
     return this.model_card()
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> JSONResponse:
-    """200 while requests are accepted; 503 while draining for shutdown or if the worker died."""
+    """200 while requests are accepted; 503 while draining for shutdown or if the worker died. HEAD
+    answers the same status without the body (probes that only read the status send it)."""
     return served(request).health()
 
 

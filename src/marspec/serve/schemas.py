@@ -30,6 +30,10 @@ SHOWN_CHARS = 80  # the most of a client's value an error message quotes
 MAX_TEMPERATURE = 2.0  # OpenAI's upper bound (the library itself accepts any temperature >= 0)
 # The most choices (n) one request may ask for: each is a generation of its own, queued as one.
 MAX_CHOICES = 8
+# The shortest marspec.timeout a request may ask for: below it no model answers in time (one decode step
+# of the smallest model takes milliseconds, a request's way through the server about one), so a shorter
+# one is a mistake to report (400), not an overload (503).
+MIN_TIMEOUT_S = 0.1
 
 
 class _Body(BaseModel):
@@ -134,6 +138,7 @@ class GenerationRequest:
     include_usage: bool
     timeout: float | None  # seconds from arrival, None = no limit
     n: int = 1  # choices
+    max_param: str | None = None  # the parameter that set options.max_new_tokens (None: the default)
 
 
 def parse_request(
@@ -162,7 +167,7 @@ def parse_request(
         prompt = _single_prompt(body.prompt)
         chat = False  # a completion continues the raw text
         max_tokens, max_param = body.max_tokens, "max_tokens"
-    _check_unicode(prompt)
+    _check_unicode(prompt, body.stop)
     _check_api_ranges(body, max_tokens, max_param, context_length)
 
     extra = body.marspec or MarspecParams()
@@ -193,7 +198,15 @@ def parse_request(
         )
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     timeout = _timeout(extra, settings)
-    return GenerationRequest(prompt, options, body.stream, include_usage, timeout, _choices(body))
+    return GenerationRequest(
+        prompt,
+        options,
+        body.stream,
+        include_usage,
+        timeout,
+        _choices(body),
+        max_param if max_tokens is not None else None,
+    )
 
 
 def _choices(body: ChatCompletionRequest | CompletionRequest) -> int:
@@ -223,14 +236,19 @@ def _logprobs(body: ChatCompletionRequest | CompletionRequest) -> tuple[str, int
     return "logprobs", (top or 0) if body.logprobs else None, "logprobs"
 
 
-def _check_unicode(prompt: Prompt) -> None:
-    """A named 400 (code ``invalid_unicode``) for a prompt holding a lone UTF-16 surrogate, which JSON
-    lets through (``"\\ud800"``, or the bytes ED A0 80) and no tokenizer can read. Refused, not replaced:
-    the client's text is not silently changed."""
+def _check_unicode(prompt: Prompt, stop: str | list[str] | None) -> None:
+    """A named 400 (code ``invalid_unicode``) for a prompt or stop string holding a lone UTF-16
+    surrogate, which JSON lets through (``"\\ud800"``, or the bytes ED A0 80) and no tokenizer can read
+    (nor can any generated text contain it). Refused, not replaced: the client's text is not silently
+    changed."""
     if isinstance(prompt, str):
         texts = [("prompt", prompt)]
     else:
         texts = [(f"messages.{i}.content", m["content"]) for i, m in enumerate(prompt)]
+    if isinstance(stop, str):
+        texts.append(("stop", stop))
+    elif stop is not None:
+        texts += [(f"stop.{i}", s) for i, s in enumerate(stop)]
     for param, text in texts:
         try:
             check_text(text, param)
@@ -242,11 +260,12 @@ def _timeout(extra: MarspecParams, settings: ServerSettings) -> float | None:
     limit = settings.request_timeout
     if extra.timeout is None:
         return limit
-    if not (math.isfinite(extra.timeout) and extra.timeout > 0 and (limit is None or extra.timeout <= limit)):
+    within = math.isfinite(extra.timeout) and extra.timeout >= MIN_TIMEOUT_S
+    if not (within and (limit is None or extra.timeout <= limit)):
         bound = "" if limit is None else f" and at most the server's limit of {limit:g}"
         raise ApiError(
             400,
-            f"marspec.timeout must be a number of seconds > 0{bound}, got {extra.timeout}",
+            f"marspec.timeout must be a number of seconds >= {MIN_TIMEOUT_S:g}{bound}, got {extra.timeout}",
             param="marspec.timeout",
         )
     return extra.timeout

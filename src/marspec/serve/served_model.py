@@ -63,13 +63,21 @@ class ServedModel:
             gen = replace(gen, options=self.decoder.resolve_theta(gen.options))
         except MarspecError as exc:
             raise ApiError(400, str(exc), param="marspec.theta") from None
-        jobs = [Job(gen.prompt, choice_options(gen.options, i), timeout=gen.timeout) for i in range(gen.n)]
+        jobs = [
+            Job(
+                gen.prompt,
+                choice_options(gen.options, i),
+                timeout=gen.timeout,
+                max_tokens_param=gen.max_param,
+            )
+            for i in range(gen.n)
+        ]
         for submitted, job in enumerate(jobs):
             try:
                 engine.submit(job)
             except ApiError:  # the queue took only some of the choices: none of them runs
                 for earlier in jobs[:submitted]:
-                    engine.cancel(earlier, "disconnect")
+                    engine.cancel(earlier, "refused")
                 raise
         choices = Choices(jobs)
         out = Responder(

@@ -12,7 +12,7 @@ import torch
 
 from marspec.families.block import block_acceptance as block_acceptance  # its test, in its family's file
 from marspec.rules import Rule
-from marspec.verify.chain import Verification, _check_sampling, _read_back, _sample
+from marspec.verify.chain import Verification, _check_sampling, _read_back, _sample, finite_flag
 from marspec.verify.margins import margin_measure, top2
 
 
@@ -62,4 +62,5 @@ def verify_block(
     z1, z2 = (values.float() / temperature).unbind(-1)
     margin = None if rule is None else rule.margin
     relaxed = torch.zeros(k, dtype=torch.bool, device=device)
-    return _read_back(n, token, draft, relaxed, margin_measure(z1, z2, margin), tokens[:, 0])
+    margins = margin_measure(z1, z2, margin)
+    return _read_back(n, token, draft, relaxed, margins, tokens[:, 0], finite_flag(p))

@@ -14,7 +14,14 @@ import torch
 
 from marspec.rules import Rule
 from marspec.verify.block import verify_block
-from marspec.verify.chain import Verification, _check_sampling, _leading_true, _read_back, _sample
+from marspec.verify.chain import (
+    Verification,
+    _check_sampling,
+    _leading_true,
+    _read_back,
+    _sample,
+    finite_flag,
+)
 from marspec.verify.ensemble import ensemble_relaxes
 from marspec.verify.margins import margin_measure, top2
 from marspec.verify.relax import guarded, rule_relaxes
@@ -97,4 +104,5 @@ def verify_sampling(
         # An all-zero residual (p_n == q_n) cannot follow a genuine rejection; fall back to p_n anyway.
         weights = torch.where(residual.sum() > 0, residual, p_n)
     token = _sample(weights, u[k])
-    return _read_back(n, token, draft, relaxed, margin_measure(z1, z2, rule.margin), tokens[:, 0])
+    margins = margin_measure(z1, z2, rule.margin)
+    return _read_back(n, token, draft, relaxed, margins, tokens[:, 0], finite_flag(p))
