@@ -35,9 +35,10 @@ from marspec.backends.threads import in_passing_thread
 from marspec.batch.many import BatchStream, decode_many
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig, decode
-from marspec.defaults import DEFAULT_DTYPE
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DTYPE
 from marspec.detok import IncrementalDetokenizer
 from marspec.devices import resolve_device
+from marspec.draft_length import DraftChoice, PairKey, draft_choice, measuring_allowed
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.eagle3 import Eagle3Drafter
 from marspec.drafters.eagle3_fixed import FixedHeadCache
@@ -215,8 +216,12 @@ def _check_drafting(threads: object, draft_confidence: object, draft_quant: str,
     """A one-line error for a bad thread count, confidence stop, draft precision or prepack flag."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
-    if not (isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0):
-        raise MarspecError(f"draft_confidence must be a number in [0, 1], got {draft_confidence!r}")
+    if draft_confidence is not None and not (
+        isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0
+    ):
+        raise MarspecError(
+            f"draft_confidence must be a number in [0, 1] (or None: chosen), got {draft_confidence!r}"
+        )
     check_draft_quant(draft_quant)
     if not isinstance(prepack, bool):
         raise MarspecError(f"prepack must be true or false, got {prepack!r}")
@@ -263,7 +268,12 @@ class Decoder:
             another device the draft runs in the target's dtype. A draft only proposes, so this never
             touches exactness. An EAGLE-3 head runs in the target's dtype whatever this says.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
-            (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
+            (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum). None
+            (default): with a draft model on the CPU, the stop, and the default ``k`` of generations
+            that name none, are chosen from this machine's costs, measured the first time the pair
+            loads and kept in the model cache (:mod:`marspec.draft_length`; ``draft_choice`` says what
+            was chosen and why); a stop named here is kept and ``k`` chosen for it.
+            ``MARSPEC_DRAFT_COSTS=off``, another drafter or device: stop 0.55 and k 8.
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
             its last tokens recur there) and ask the model only when there is no match.
         prepack: hold the linear weights of models loaded here (the target, and a draft not quantised to
@@ -309,7 +319,7 @@ class Decoder:
         dtype: str | torch.dtype = DEFAULT_DTYPE,
         threads: int | None = None,
         draft_quant: str = LoadSettings.draft_quant,
-        draft_confidence: float = LoadSettings.draft_confidence,
+        draft_confidence: float | None = LoadSettings.draft_confidence,
         lookup: bool = LoadSettings.lookup,
         prepack: bool = LoadSettings.prepack,
         device: str | torch.device = LoadSettings.device,
@@ -343,7 +353,7 @@ class Decoder:
                 head,
                 head_layers,
                 draft_quant=draft_quant,
-                draft_confidence=draft_confidence,
+                draft_confidence=DEFAULT_DRAFT_CONFIDENCE if draft_confidence is None else draft_confidence,
                 lookup=lookup,
                 prepack=prepack,
             )
@@ -351,6 +361,8 @@ class Decoder:
         # The weights each model runs with, in words (the demo's and the bench's tables name them).
         self.target_weights = self.target_quant if quantized_target else _dtype_name(self.target.dtype)
         self.eos_token_ids = self.target.eos_token_ids
+        # The draft length and stop measured for this machine and pair (None: the fixed defaults).
+        self.draft_choice = in_passing_thread(lambda: self._choose_draft(draft_confidence))
         # What settling a generation needs of this pair (marspec.settings.settle).
         self.pair = Pair(
             target=self.target.name,
@@ -360,6 +372,7 @@ class Decoder:
             tokenizer=self.tokenizer,
             vocab_size=self.target.vocab_size,
             device=self.target.device,
+            k=None if self.draft_choice is None else self.draft_choice.k,
         )
         if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
             log.warning(precision.hint)
@@ -410,6 +423,39 @@ class Decoder:
             model_drafter = self._model_drafter(draft, draft_quant, torch_dtype, prepack, draft_confidence)
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
 
+    def _choose_draft(self, named_stop: float | None) -> DraftChoice | None:
+        """The draft length and stop this machine's costs favour (:mod:`marspec.draft_length`), for a
+        draft model on the CPU unless ``$MARSPEC_DRAFT_COSTS`` is off; a stop the caller named is kept,
+        one chosen is set on the drafter. None: the fixed defaults apply."""
+        drafter = self.drafter.model if isinstance(self.drafter, HybridDrafter) else self.drafter
+        if not isinstance(drafter, ModelDrafter) or self.device.type != "cpu" or not measuring_allowed():
+            return None
+        from marspec.draft_length.calibration_text import CALIBRATION_PROMPTS
+        from marspec.eval.cpu import cpu_name
+
+        assert self.draft_name is not None and self.draft_weights is not None  # set with the drafter
+        key = PairKey(
+            cpu_name(),
+            torch.get_num_threads(),
+            self.target.name,
+            self.target_weights,
+            self.draft_name,
+            self.draft_weights,
+        )
+        options = GenerationOptions()  # the prompts in the pair's own form (chat for an instruct model)
+        choice = draft_choice(
+            key,
+            self.target,
+            drafter,
+            lambda: [self.prompt_ids(p, options) for p in CALIBRATION_PROMPTS],
+            self.eos_token_ids,
+            named_stop,
+            announce=_announce,
+        )
+        if named_stop is None:
+            drafter.min_confidence = choice.stop
+        return choice
+
     def _model_drafter(
         self,
         draft: str | HFCausalLM,
@@ -446,6 +492,12 @@ class Decoder:
         return ModelDrafter(draft_lm, self.target.vocab_size, min_confidence=confidence)
 
     @property
+    def draft_stop(self) -> float | None:
+        """The drafter's confidence stop (None for a drafter without one: prompt lookup)."""
+        drafter = self.drafter.model if isinstance(self.drafter, HybridDrafter) else self.drafter
+        return getattr(drafter, "min_confidence", None)
+
+    @property
     def tokenizer(self):
         return self.target.tokenizer
 
@@ -455,10 +507,10 @@ class Decoder:
         return settle(opts, self.pair)
 
     def resolve_theta(self, opts: GenerationOptions) -> GenerationOptions:
-        """``opts`` naming the margin and theta :meth:`settle` decodes them with (``theta="auto"``
+        """``opts`` naming the margin, theta and k :meth:`settle` decodes them with (``theta="auto"``
         resolved, unset ones filled), for echoing to a caller; the values are settle's."""
-        rule = self.settle(opts).rule
-        return replace(opts, theta=rule.theta, margin=rule.margin)
+        config = self.settle(opts)
+        return replace(opts, theta=config.rule.theta, margin=config.rule.margin, k=config.k)
 
     def generate(
         self, prompt: Prompt, *, on_text: Callable[[str], None] | None = None, **options: Any
@@ -613,6 +665,14 @@ class Decoder:
             relaxed_margins,
             logprobs if opts.logprobs is not None else None,
         )
+
+
+def _announce(line: str) -> None:
+    """A line about loading on stderr, dimmed, as the model cache's conversions print theirs."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[dim]marspec: {escape(line)}[/]", highlight=False)
 
 
 def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:

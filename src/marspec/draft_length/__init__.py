@@ -1,0 +1,143 @@
+"""The draft length ``k`` and confidence stop a pair decodes with by default, from this machine's costs.
+
+How long a draft should run depends on what verifying it costs against a draft step, and that differs
+from one processor and engine to the next (a 13-row verification of the q4k target costs about two
+one-token steps on AMD Zen 5, about four on Zen 4). So the first time a pair is loaded on a CPU with a
+draft model, marspec measures its costs and its draft's acceptance on a short built-in text
+(:mod:`~marspec.draft_length.measure`, some 10 to 30 seconds), keeps them in the model cache for this
+processor, thread count and engine (:mod:`~marspec.draft_length.store`), and chooses the ``k`` and stop
+with the most expected tokens per second (:mod:`~marspec.draft_length.cost_model`). Later loads read the
+measurements back.
+
+A ``k`` or stop the user names wins (a named stop is kept and ``k`` chosen for it).
+``MARSPEC_DRAFT_COSTS=off`` skips the measurement: the pair then drafts with the fixed defaults of
+:mod:`marspec.defaults` (k 8, stop 0.55), as it does with an n-gram drafter or an EAGLE-3 head, and on
+another device than the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
+from marspec.draft_length import store
+from marspec.draft_length.cost_model import STOPS, Acceptance, Costs, Prediction, choose
+from marspec.draft_length.measure import Measured, draft_record, measure_costs
+from marspec.draft_length.store import PairKey
+from marspec.drafters.model import ModelDrafter
+from marspec.errors import MarspecError
+from marspec.interfaces import CausalLM
+
+ENV = "MARSPEC_DRAFT_COSTS"
+FIXED = f"k {DEFAULT_K}, stop {DEFAULT_DRAFT_CONFIDENCE:g}"  # what a pair drafts with when nothing is chosen
+VERIFY_ROWS_SHOWN = 13  # the verification the explanation quotes (a k = 12 draft), as issue 79 does
+
+__all__ = ["ENV", "DraftChoice", "PairKey", "decide", "draft_choice", "measuring_allowed", "stored_choices"]
+
+
+def measuring_allowed() -> bool:
+    """Whether ``$MARSPEC_DRAFT_COSTS`` lets a load measure (unset or ``on``: yes; ``off``: no)."""
+    value = os.environ.get(ENV, "on").strip().lower()
+    if value in ("on", "1", "true", "yes", ""):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise MarspecError(f"{ENV}={value!r} is not understood: set it to 'off' (the fixed {FIXED}) or 'on'")
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    """The draft length and stop chosen for a pair, with what they were chosen from."""
+
+    k: int
+    stop: float
+    prediction: Prediction
+    costs: Costs
+    acceptance: Acceptance  # at the chosen stop
+    stop_named: bool  # the user named the stop; only k was chosen
+    source: Literal["measured", "cached"]
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        return 1 / self.costs.verify(1)
+
+    def explain(self) -> str:
+        """Two lines: the choice and its expected speed, then the costs it came from."""
+        c, a, p = self.costs, self.acceptance, self.prediction
+        rows = min(VERIFY_ROWS_SHOWN, max(c.target))
+        step_ms = 1000 * c.verify(1)
+        stop = f"stop {self.stop:g}" + (" (named)" if self.stop_named else "")
+        return (
+            f"k={self.k}, {stop}: expected {p.tokens_per_s:.1f} tok/s, "
+            f"{p.tokens_per_s / self.plain_tokens_per_s:.2f}x plain ({p.tokens_per_step:.2f} tokens "
+            f"per step)\nfrom this machine's costs ({self.source}): target step {step_ms:.1f} ms, "
+            f"{rows}-row verification {1000 * c.verify(rows):.1f} ms ({c.verify(rows) / c.verify(1):.1f} "
+            f"steps), draft step {1000 * c.draft:.1f} ms; draft tokens accepted {a.alpha:.0%} on the "
+            f"calibration text, {a.sure:.0%} of them at or above the stop"
+        )
+
+
+def decide(measured: Measured, stop: float | None = None, source: str = "measured") -> DraftChoice:
+    """The choice ``measured`` leads to: the best k and stop of :data:`STOPS`, or the best k for
+    ``stop`` when the user named one."""
+    costs = Costs(measured.target_s, measured.draft_s)
+    stops = STOPS if stop is None else (stop,)
+    table = {s: Acceptance.measured(s, measured.confidences, measured.accepted) for s in stops}
+    best = choose(costs, table.values())
+    return DraftChoice(best.k, best.stop, best, costs, table[best.stop], stop is not None, source)  # type: ignore[arg-type]
+
+
+def draft_choice(
+    key: PairKey,
+    target: CausalLM,
+    drafter: ModelDrafter,
+    prompts: Callable[[], Sequence[torch.Tensor]],
+    eos_token_ids: frozenset[int],
+    stop: float | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> DraftChoice:
+    """The pair's choice: from its stored measurements, else measured now (``prompts`` gives the
+    calibration prompts' ids) and stored. ``announce`` receives a line before a measurement starts."""
+    measured = store.load(key)
+    if measured is not None:
+        return decide(measured, stop, "cached")
+    if announce is not None:
+        announce(
+            f"measuring {key.target} ({key.target_weights}) and {key.draft} ({key.draft_weights}) on this "
+            f"CPU to choose the draft length, once ({ENV}=off skips it)"
+        )
+    start = time.perf_counter()
+    target_s, draft_s = measure_costs(target, drafter.draft_model)
+    confidences, accepted = draft_record(target, drafter, prompts(), eos_token_ids)
+    if not confidences:
+        raise MarspecError("the draft-length calibration produced no tokens: set MARSPEC_DRAFT_COSTS=off")
+    measured = Measured(target_s, draft_s, confidences, accepted)
+    store.save(key, measured)
+    choice = decide(measured, stop, "measured")
+    if announce is not None:
+        announce(f"measured in {time.perf_counter() - start:.0f} s: {choice.explain()}")
+    return choice
+
+
+def stored_choices(cpu: str) -> str:
+    """What each pair measured on the processor ``cpu`` drafts with, and why, one pair after another (the
+    self-test's report); or why nothing is measured."""
+    if not measuring_allowed():
+        return f"{ENV}=off: every pair drafts with {FIXED}"
+    found = store.stored_on(cpu)
+    if not found:
+        return (
+            "not measured on this CPU yet: a pair with a draft model measures its costs the first time it "
+            f"loads here ({ENV}=off keeps {FIXED})"
+        )
+    return "\n".join(
+        f"{key.target} ({key.target_weights}) + {key.draft} ({key.draft_weights}), {key.threads} threads: "
+        + decide(measured, source="cached").explain()
+        for key, measured in found
+    )
