@@ -41,7 +41,7 @@ def load(folder: Path, **settings) -> Decoder:
     )
 
 
-def test_a_pair_measures_once_then_reads_its_costs_back(pair_folder, measuring) -> None:
+def test_a_pair_measures_once_then_reads_its_costs_back(pair_folder, measuring, monkeypatch) -> None:
     first = load(pair_folder)
     choice = first.draft_choice
     assert choice is not None and choice.source == "measured" and not choice.stop_named
@@ -62,7 +62,16 @@ def test_a_pair_measures_once_then_reads_its_costs_back(pair_folder, measuring) 
     # What the demo's header and the self-test say.
     assert draft_length_note(first, None) == f"draft length: {choice.explain()}"
     assert draft_length_note(first, 5).startswith(f"draft length: k=5 named; the costs favour k={choice.k}")
-    assert again.explain() in stored_choices(json.loads(stored[0].read_text())["key"]["cpu"])
+    assert again.explain() in stored_choices(stored_cpu(stored[0]))
+    monkeypatch.setenv(ENV, "again")  # measured anew, the stored measurements replaced
+    anew = load(pair_folder).draft_choice
+    assert anew is not None and anew.source == "measured"
+    assert anew.explain().replace("(measured)", "(cached)") in stored_choices(stored_cpu(stored[0]))
+
+
+def stored_cpu(path: Path) -> str:
+    """The processor a stored measurement names."""
+    return json.loads(path.read_text())["key"]["cpu"]
 
 
 def test_a_named_stop_is_kept_and_k_chosen_for_it(pair_folder, measuring) -> None:
@@ -88,7 +97,7 @@ def test_off_keeps_the_fixed_defaults(pair_folder, monkeypatch, tmp_path) -> Non
 
 def test_a_misspelt_switch_is_one_clear_line(monkeypatch) -> None:
     monkeypatch.setenv(ENV, "of")
-    with pytest.raises(MarspecError, match=f"{ENV}='of' is not understood: set it to 'off'"):
+    with pytest.raises(MarspecError, match=f"{ENV}='of' is not understood: set it to 'off' .*'again'"):
         measuring_allowed()
 
 

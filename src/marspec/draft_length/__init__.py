@@ -10,9 +10,10 @@ with the most expected tokens per second (:mod:`~marspec.draft_length.cost_model
 measurements back.
 
 A ``k`` or stop the user names wins (a named stop is kept and ``k`` chosen for it).
-``MARSPEC_DRAFT_COSTS=off`` skips the measurement: the pair then drafts with the fixed defaults of
-:mod:`marspec.defaults` (k 8, stop 0.55), as it does with an n-gram drafter or an EAGLE-3 head, and on
-another device than the CPU.
+``MARSPEC_DRAFT_COSTS=again`` measures anew (the machine changed, or other work held its cores the
+first time); ``MARSPEC_DRAFT_COSTS=off`` skips the measurement: the pair then drafts with the fixed
+defaults of :mod:`marspec.defaults` (k 8, stop 0.55), as it does with an n-gram drafter or an EAGLE-3
+head, and on another device than the CPU.
 """
 
 from __future__ import annotations
@@ -41,14 +42,26 @@ VERIFY_ROWS_SHOWN = 13  # the verification the explanation quotes (a k = 12 draf
 __all__ = ["ENV", "DraftChoice", "PairKey", "decide", "draft_choice", "measuring_allowed", "stored_choices"]
 
 
-def measuring_allowed() -> bool:
-    """Whether ``$MARSPEC_DRAFT_COSTS`` lets a load measure (unset or ``on``: yes; ``off``: no)."""
+def _switch() -> Literal["on", "off", "again"]:
+    """``$MARSPEC_DRAFT_COSTS``: unset or ``on`` measures once and reads the measurements back after,
+    ``off`` never measures, ``again`` measures at every load and replaces what was stored (after the
+    machine changed, or when the first measurement ran while other work held the cores)."""
     value = os.environ.get(ENV, "on").strip().lower()
     if value in ("on", "1", "true", "yes", ""):
-        return True
+        return "on"
     if value in ("off", "0", "false", "no"):
-        return False
-    raise MarspecError(f"{ENV}={value!r} is not understood: set it to 'off' (the fixed {FIXED}) or 'on'")
+        return "off"
+    if value == "again":
+        return "again"
+    raise MarspecError(
+        f"{ENV}={value!r} is not understood: set it to 'off' (the fixed {FIXED}), 'on' or 'again' "
+        "(measure anew)"
+    )
+
+
+def measuring_allowed() -> bool:
+    """Whether ``$MARSPEC_DRAFT_COSTS`` lets a load choose the draft length from measured costs."""
+    return _switch() != "off"
 
 
 @dataclass(frozen=True)
@@ -104,13 +117,13 @@ def draft_choice(
 ) -> DraftChoice:
     """The pair's choice: from its stored measurements, else measured now (``prompts`` gives the
     calibration prompts' ids) and stored. ``announce`` receives a line before a measurement starts."""
-    measured = store.load(key)
+    measured = None if _switch() == "again" else store.load(key)
     if measured is not None:
         return decide(measured, stop, "cached")
     if announce is not None:
         announce(
             f"measuring {key.target} ({key.target_weights}) and {key.draft} ({key.draft_weights}) on this "
-            f"CPU to choose the draft length, once ({ENV}=off skips it)"
+            f"CPU to choose the draft length, once ({ENV}=off skips it, =again measures anew)"
         )
     start = time.perf_counter()
     target_s, draft_s = measure_costs(target, drafter.draft_model)
