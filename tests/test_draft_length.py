@@ -44,7 +44,7 @@ def load(folder: Path, **settings) -> Decoder:
 def test_a_pair_measures_once_then_reads_its_costs_back(pair_folder, measuring, monkeypatch) -> None:
     first = load(pair_folder)
     choice = first.draft_choice
-    assert choice is not None and choice.source == "measured" and not choice.stop_named
+    assert choice is not None and choice.source == "measured"
     assert 1 <= choice.k <= 15 and set(choice.costs.target) == set(range(1, 17))
     assert first.draft_stop == choice.stop
     assert first.settle(GenerationOptions()).k == choice.k  # unset: the choice
@@ -74,11 +74,11 @@ def stored_cpu(path: Path) -> str:
     return json.loads(path.read_text())["key"]["cpu"]
 
 
-def test_a_named_stop_is_kept_and_k_chosen_for_it(pair_folder, measuring) -> None:
-    decoder = load(pair_folder, draft_confidence=0.3)
-    choice = decoder.draft_choice
-    assert choice is not None and choice.stop == 0.3 and choice.stop_named
-    assert decoder.draft_stop == 0.3
+def test_a_named_stop_measures_nothing(pair_folder, measuring) -> None:
+    decoder = load(pair_folder, draft_confidence=0.3)  # the user tunes the draft: k stays the default
+    assert decoder.draft_choice is None and decoder.draft_stop == 0.3
+    assert decoder.settle(GenerationOptions()).k == 8
+    assert not (measuring / "draft-length").exists()
 
 
 def test_off_keeps_the_fixed_defaults(pair_folder, monkeypatch, tmp_path) -> None:
@@ -88,8 +88,8 @@ def test_off_keeps_the_fixed_defaults(pair_folder, monkeypatch, tmp_path) -> Non
     assert decoder.draft_choice is None and decoder.draft_stop == 0.55
     assert decoder.settle(GenerationOptions()).k == 8
     assert draft_length_note(decoder, None) == (
-        "draft length: k=8, stop 0.55, the fixed defaults (chosen from measured costs only for a draft model "
-        "on the CPU, unless MARSPEC_DRAFT_COSTS=off)"
+        "draft length: k=8, stop 0.55, fixed (chosen from measured costs only for a draft model on the CPU "
+        "with no --draft-confidence named, unless MARSPEC_DRAFT_COSTS=off)"
     )
     assert stored_choices("any CPU") == f"{ENV}=off: every pair drafts with k 8, stop 0.55"
     assert not (tmp_path / "draft-length").exists()

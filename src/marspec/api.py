@@ -272,8 +272,8 @@ class Decoder:
             (default): with a draft model on the CPU, the stop, and the default ``k`` of generations
             that name none, are chosen from this machine's costs, measured the first time the pair
             loads and kept in the model cache (:mod:`marspec.draft_length`; ``draft_choice`` says what
-            was chosen and why); a stop named here is kept and ``k`` chosen for it.
-            ``MARSPEC_DRAFT_COSTS=off``, another drafter or device: stop 0.55 and k 8.
+            was chosen and why). A stop named here: nothing is measured, and ``k`` is 8 unless a
+            generation names it; so too with ``MARSPEC_DRAFT_COSTS=off``, another drafter or device.
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
             its last tokens recur there) and ask the model only when there is no match.
         prepack: hold the linear weights of models loaded here (the target, and a draft not quantised to
@@ -424,11 +424,16 @@ class Decoder:
             self.drafter = HybridDrafter(model_drafter) if lookup else model_drafter
 
     def _choose_draft(self, named_stop: float | None) -> DraftChoice | None:
-        """The draft length and stop this machine's costs favour (:mod:`marspec.draft_length`), for a
-        draft model on the CPU unless ``$MARSPEC_DRAFT_COSTS`` is off; a stop the caller named is kept,
-        one chosen is set on the drafter. None: the fixed defaults apply."""
+        """The draft length and stop this machine's costs favour (:mod:`marspec.draft_length`), the stop
+        set on the drafter: for a draft model on the CPU whose stop the caller did not name, unless
+        ``$MARSPEC_DRAFT_COSTS`` is off. None: the fixed defaults apply."""
         drafter = self.drafter.model if isinstance(self.drafter, HybridDrafter) else self.drafter
-        if not isinstance(drafter, ModelDrafter) or self.device.type != "cpu" or not measuring_allowed():
+        if (
+            named_stop is not None
+            or not isinstance(drafter, ModelDrafter)
+            or self.device.type != "cpu"
+            or not measuring_allowed()
+        ):
             return None
         from marspec.draft_length.calibration_text import CALIBRATION_PROMPTS
         from marspec.eval.cpu import cpu_name
@@ -449,11 +454,9 @@ class Decoder:
             drafter,
             lambda: [self.prompt_ids(p, options) for p in CALIBRATION_PROMPTS],
             self.eos_token_ids,
-            named_stop,
             announce=_announce,
         )
-        if named_stop is None:
-            drafter.min_confidence = choice.stop
+        drafter.min_confidence = choice.stop
         return choice
 
     def _model_drafter(

@@ -218,8 +218,8 @@ def draft_length_note(decoder: Decoder, k: int | None) -> str:
     if choice is None:
         settled = decoder.settle(GenerationOptions(k=k)).k
         return (
-            f"draft length: k={settled}{_stop_shown(decoder)}, the fixed defaults (chosen from measured "
-            "costs only for a draft model on the CPU, unless MARSPEC_DRAFT_COSTS=off)"
+            f"draft length: k={settled}{_stop_shown(decoder)}, fixed (chosen from measured costs only for "
+            "a draft model on the CPU with no --draft-confidence named, unless MARSPEC_DRAFT_COSTS=off)"
         )
     named = f"k={k} named; the costs favour " if k is not None else ""
     return f"draft length: {named}{choice.explain()}"

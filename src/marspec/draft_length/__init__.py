@@ -9,7 +9,9 @@ processor, thread count and engine (:mod:`~marspec.draft_length.store`), and cho
 with the most expected tokens per second (:mod:`~marspec.draft_length.cost_model`). Later loads read the
 measurements back.
 
-A ``k`` or stop the user names wins (a named stop is kept and ``k`` chosen for it).
+A ``k`` the user names for a generation wins. A stop named when the pair loads means the user tunes the
+draft: nothing is measured, and ``k`` is the default unless named (the self-test's pairs, ``marspec
+bench`` and ``calibrate`` name theirs, so they never measure).
 ``MARSPEC_DRAFT_COSTS=again`` measures anew (the machine changed, or other work held its cores the
 first time); ``MARSPEC_DRAFT_COSTS=off`` skips the measurement: the pair then drafts with the fixed
 defaults of :mod:`marspec.defaults` (k 8, stop 0.55), as it does with an n-gram drafter or an EAGLE-3
@@ -73,7 +75,6 @@ class DraftChoice:
     prediction: Prediction
     costs: Costs
     acceptance: Acceptance  # at the chosen stop
-    stop_named: bool  # the user named the stop; only k was chosen
     source: Literal["measured", "cached"]
 
     @property
@@ -85,9 +86,8 @@ class DraftChoice:
         c, a, p = self.costs, self.acceptance, self.prediction
         rows = min(VERIFY_ROWS_SHOWN, max(c.target))
         step_ms = 1000 * c.verify(1)
-        stop = f"stop {self.stop:g}" + (" (named)" if self.stop_named else "")
         return (
-            f"k={self.k}, {stop}: expected {p.tokens_per_s:.1f} tok/s, "
+            f"k={self.k}, stop {self.stop:g}: expected {p.tokens_per_s:.1f} tok/s, "
             f"{p.tokens_per_s / self.plain_tokens_per_s:.2f}x plain ({p.tokens_per_step:.2f} tokens "
             f"per step)\nfrom this machine's costs ({self.source}): target step {step_ms:.1f} ms, "
             f"{rows}-row verification {1000 * c.verify(rows):.1f} ms ({c.verify(rows) / c.verify(1):.1f} "
@@ -96,14 +96,12 @@ class DraftChoice:
         )
 
 
-def decide(measured: Measured, stop: float | None = None, source: str = "measured") -> DraftChoice:
-    """The choice ``measured`` leads to: the best k and stop of :data:`STOPS`, or the best k for
-    ``stop`` when the user named one."""
+def decide(measured: Measured, source: str = "measured") -> DraftChoice:
+    """The choice ``measured`` leads to: the best k, and the best stop of :data:`STOPS`."""
     costs = Costs(measured.target_s, measured.draft_s)
-    stops = STOPS if stop is None else (stop,)
-    table = {s: Acceptance.measured(s, measured.confidences, measured.accepted) for s in stops}
+    table = {s: Acceptance.measured(s, measured.confidences, measured.accepted) for s in STOPS}
     best = choose(costs, table.values())
-    return DraftChoice(best.k, best.stop, best, costs, table[best.stop], stop is not None, source)  # type: ignore[arg-type]
+    return DraftChoice(best.k, best.stop, best, costs, table[best.stop], source)  # type: ignore[arg-type]
 
 
 def draft_choice(
@@ -112,14 +110,13 @@ def draft_choice(
     drafter: ModelDrafter,
     prompts: Callable[[], Sequence[torch.Tensor]],
     eos_token_ids: frozenset[int],
-    stop: float | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> DraftChoice:
     """The pair's choice: from its stored measurements, else measured now (``prompts`` gives the
     calibration prompts' ids) and stored. ``announce`` receives a line before a measurement starts."""
     measured = None if _switch() == "again" else store.load(key)
     if measured is not None:
-        return decide(measured, stop, "cached")
+        return decide(measured, "cached")
     if announce is not None:
         announce(
             f"measuring {key.target} ({key.target_weights}) and {key.draft} ({key.draft_weights}) on this "
@@ -132,7 +129,7 @@ def draft_choice(
         raise MarspecError("the draft-length calibration produced no tokens: set MARSPEC_DRAFT_COSTS=off")
     measured = Measured(target_s, draft_s, confidences, accepted)
     store.save(key, measured)
-    choice = decide(measured, stop, "measured")
+    choice = decide(measured, "measured")
     if announce is not None:
         announce(f"measured in {time.perf_counter() - start:.0f} s: {choice.explain()}")
     return choice
