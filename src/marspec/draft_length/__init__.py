@@ -30,7 +30,7 @@ import torch
 
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_K
 from marspec.draft_length import store
-from marspec.draft_length.cost_model import STOPS, Acceptance, Costs, Prediction, choose
+from marspec.draft_length.cost_model import STOPS, Acceptance, Costs, Prediction, choose, rising
 from marspec.draft_length.measure import Measured, draft_record, measure_costs
 from marspec.draft_length.store import PairKey
 from marspec.drafters.model import ModelDrafter
@@ -97,8 +97,9 @@ class DraftChoice:
 
 
 def decide(measured: Measured, source: str = "measured") -> DraftChoice:
-    """The choice ``measured`` leads to: the best k, and the best stop of :data:`STOPS`."""
-    costs = Costs(measured.target_s, measured.draft_s)
+    """The choice ``measured`` leads to: the best k, and the best stop of :data:`STOPS`, on the
+    target's costs made to rise with rows (:func:`~marspec.draft_length.cost_model.rising`)."""
+    costs = Costs(rising(measured.target_s), measured.draft_s)
     table = {s: Acceptance.measured(s, measured.confidences, measured.accepted) for s in STOPS}
     best = choose(costs, table.values())
     return DraftChoice(best.k, best.stop, best, costs, table[best.stop], source)  # type: ignore[arg-type]

@@ -87,6 +87,19 @@ class Costs:
         return self.target[below] + share * (self.target[above] - self.target[below])
 
 
+def rising(measured: Mapping[int, float]) -> dict[int, float]:
+    """Forward costs by rows with each one lowered to the cheapest at as many rows or more: a forward
+    over more rows does at least the work of one over fewer, and other work on the machine only ever
+    adds time, so a cost above a larger forward's is that noise (a slow stretch that would otherwise
+    bend the choice toward or away from one draft length)."""
+    out: dict[int, float] = {}
+    cheapest = float("inf")
+    for rows in sorted(measured, reverse=True):
+        cheapest = min(cheapest, measured[rows])
+        out[rows] = cheapest
+    return dict(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class Prediction:
     """What the model expects of one setting: per step, the tokens emitted, the draft forwards spent and
