@@ -144,11 +144,12 @@ def stored_choices(cpu: str) -> str:
     found = store.stored_on(cpu)
     if not found:
         return (
-            "not measured on this CPU yet: a pair with a draft model measures its costs the first time it "
-            f"loads here ({ENV}=off keeps {FIXED})"
+            "not measured on this CPU yet: a pair with a draft model and no stop named measures its costs "
+            f"the first time it loads here ({ENV}=off keeps {FIXED})"
         )
     return "\n".join(
-        f"{key.target} ({key.target_weights}) + {key.draft} ({key.draft_weights}), {key.threads} threads: "
+        f"{key.target} ({key.target_weights}) + {key.draft} ({key.draft_weights}), "
+        f"{key.threads} thread{'s' if key.threads != 1 else ''}: "
         + decide(measured, source="cached").explain()
         for key, measured in found
     )
