@@ -10,7 +10,16 @@ import pytest
 
 from marspec import Decoder, GenerationOptions, MarspecError
 from marspec.cli.run import draft_length_note
-from marspec.draft_length import ENV, PairKey, decide, measure, measuring_allowed, store, stored_choices
+from marspec.draft_length import (
+    ENV,
+    PairKey,
+    busy_note,
+    decide,
+    measure,
+    measuring_allowed,
+    store,
+    stored_choices,
+)
 from marspec.draft_length.measure import Measured
 from marspec.selftest.tiny import noisy_copy, save_tiny_model, tiny_model
 
@@ -110,3 +119,16 @@ def test_the_store_refuses_another_key_or_a_damaged_file(measuring) -> None:
     key.path().write_text("{not json")
     assert store.load(key) is None
     assert decide(measured).k in (1, 2)  # three rows measured: drafts of one or two tokens
+
+
+def test_a_measurement_on_a_busy_machine_says_so(monkeypatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    assert busy_note() == ""
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 1.0, 1.0))
+    assert busy_note() == (
+        "\nthe machine was busy while measuring (load 9.0 on 2 cores): run again with "
+        f"{ENV}=again when it is quiet"
+    )

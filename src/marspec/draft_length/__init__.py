@@ -41,7 +41,16 @@ ENV = "MARSPEC_DRAFT_COSTS"
 FIXED = f"k {DEFAULT_K}, stop {DEFAULT_DRAFT_CONFIDENCE:g}"  # what a pair drafts with when nothing is chosen
 VERIFY_ROWS_SHOWN = 13  # the verification the explanation quotes (a k = 12 draft), as issue 79 does
 
-__all__ = ["ENV", "DraftChoice", "PairKey", "decide", "draft_choice", "measuring_allowed", "stored_choices"]
+__all__ = [
+    "ENV",
+    "DraftChoice",
+    "PairKey",
+    "busy_note",
+    "decide",
+    "draft_choice",
+    "measuring_allowed",
+    "stored_choices",
+]
 
 
 def _switch() -> Literal["on", "off", "again"]:
@@ -132,8 +141,20 @@ def draft_choice(
     store.save(key, measured)
     choice = decide(measured, "measured")
     if announce is not None:
-        announce(f"measured in {time.perf_counter() - start:.0f} s: {choice.explain()}")
+        announce(f"measured in {time.perf_counter() - start:.0f} s: {choice.explain()}{busy_note()}")
     return choice
+
+
+def busy_note() -> str:
+    """A warning when other work held the cores during a measurement (a load average above the core
+    count, where its timings measure the load more than the pair), or nothing."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return (
+        f"\nthe machine was busy while measuring (load {load:.1f} on {cores} cores): run again with "
+        f"{ENV}=again when it is quiet"
+    )
 
 
 def stored_choices(cpu: str) -> str:
