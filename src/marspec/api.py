@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from marspec.backends.hf import HFCausalLM
+from marspec.backends.threads import in_passing_thread
 from marspec.batch.many import BatchStream, decode_many
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DTYPE
 from marspec.detok import IncrementalDetokenizer
+from marspec.draft_length import DraftChoice, PairKey, draft_choice, measuring_allowed
+from marspec.drafters import HybridDrafter, ModelDrafter
 from marspec.errors import MarspecError
 from marspec.load_settings import LoadSettings
 from marspec.loading import check_same_tokenizer as check_same_tokenizer  # the CLI's, before a load
@@ -137,7 +140,12 @@ class Decoder:
             another device the draft runs in the target's dtype. A draft only proposes, so this never
             touches exactness. An EAGLE-3 head runs in the target's dtype whatever this says.
         draft_confidence: a drafted token whose draft probability is below this ends the draft early
-            (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum).
+            (0 always drafts ``k`` tokens; then ``k`` is a fixed length rather than a maximum). None
+            (default): with a draft model on the CPU, the stop, and the default ``k`` of generations
+            that name none, are chosen from this machine's costs, measured the first time the pair
+            loads and kept in the model cache (:mod:`marspec.draft_length`; ``draft_choice`` says what
+            was chosen and why). A stop named here: nothing is measured, and ``k`` is 8 unless a
+            generation names it; so too with ``MARSPEC_DRAFT_COSTS=off``, another drafter or device.
         lookup: with a draft model, first try prompt lookup (copy a continuation from the context when
             its last tokens recur there) and ask the model only when there is no match.
         prepack: hold the linear weights of models loaded here (the target, and a draft not quantised to
@@ -183,7 +191,7 @@ class Decoder:
         dtype: str | torch.dtype = DEFAULT_DTYPE,
         threads: int | None = None,
         draft_quant: str = LoadSettings.draft_quant,
-        draft_confidence: float = LoadSettings.draft_confidence,
+        draft_confidence: float | None = LoadSettings.draft_confidence,
         lookup: bool = LoadSettings.lookup,
         prepack: bool = LoadSettings.prepack,
         device: str | torch.device = LoadSettings.device,
@@ -199,6 +207,8 @@ class Decoder:
         self.draft_name, self.draft_weights = loaded.draft_name, loaded.draft_weights
         self.target_weights = loaded.target_weights
         self.eos_token_ids = self.target.eos_token_ids
+        # The draft length and stop measured for this machine and pair (None: the fixed defaults).
+        self.draft_choice = in_passing_thread(lambda: self._choose_draft(draft_confidence))
         # What settling a generation needs of this pair (marspec.settings.settle).
         self.pair = Pair(
             target=self.target.name,
@@ -208,9 +218,52 @@ class Decoder:
             tokenizer=self.tokenizer,
             vocab_size=self.target.vocab_size,
             device=self.target.device,
+            k=None if self.draft_choice is None else self.draft_choice.k,
         )
         if loaded.hint is not None:  # once the pair has loaded, so that an error comes alone
             log.warning(loaded.hint)
+
+    def _choose_draft(self, named_stop: float | None) -> DraftChoice | None:
+        """The draft length and stop this machine's costs favour (:mod:`marspec.draft_length`), the stop
+        set on the drafter: for a draft model on the CPU whose stop the caller did not name, unless
+        ``$MARSPEC_DRAFT_COSTS`` is off. None: the fixed defaults apply."""
+        drafter = self.drafter.model if isinstance(self.drafter, HybridDrafter) else self.drafter
+        if (
+            named_stop is not None
+            or not isinstance(drafter, ModelDrafter)
+            or self.device.type != "cpu"
+            or not measuring_allowed()
+        ):
+            return None
+        from marspec.draft_length.calibration_text import CALIBRATION_PROMPTS
+        from marspec.eval.cpu import cpu_name
+
+        assert self.draft_name is not None and self.draft_weights is not None  # set with the drafter
+        key = PairKey(
+            cpu_name(),
+            torch.get_num_threads(),
+            self.target.name,
+            self.target_weights,
+            self.draft_name,
+            self.draft_weights,
+        )
+        options = GenerationOptions()  # the prompts in the pair's own form (chat for an instruct model)
+        choice = draft_choice(
+            key,
+            self.target,
+            drafter,
+            lambda: [self.prompt_ids(p, options) for p in CALIBRATION_PROMPTS],
+            self.eos_token_ids,
+            announce=_announce,
+        )
+        drafter.min_confidence = choice.stop
+        return choice
+
+    @property
+    def draft_stop(self) -> float | None:
+        """The drafter's confidence stop (None for a drafter without one: prompt lookup)."""
+        drafter = self.drafter.model if isinstance(self.drafter, HybridDrafter) else self.drafter
+        return getattr(drafter, "min_confidence", None)
 
     @property
     def tokenizer(self):
@@ -222,10 +275,10 @@ class Decoder:
         return settle(opts, self.pair)
 
     def resolve_theta(self, opts: GenerationOptions) -> GenerationOptions:
-        """``opts`` naming the margin and theta :meth:`settle` decodes them with (``theta="auto"``
+        """``opts`` naming the margin, theta and k :meth:`settle` decodes them with (``theta="auto"``
         resolved, unset ones filled), for echoing to a caller; the values are settle's."""
-        rule = self.settle(opts).rule
-        return replace(opts, theta=rule.theta, margin=rule.margin)
+        config = self.settle(opts)
+        return replace(opts, theta=config.rule.theta, margin=config.rule.margin, k=config.k)
 
     def generate(
         self, prompt: Prompt, *, on_text: Callable[[str], None] | None = None, **options: Any
@@ -406,6 +459,14 @@ def _cut_at_stop(detok: IncrementalDetokenizer, delta: str, stops: tuple[str, ..
     delta = delta[: len(delta) - (len(detok.text) - cut)]
     detok.text = detok.text[:cut]
     return delta, True
+
+
+def _announce(line: str) -> None:
+    """A line about loading on stderr, dimmed, as the model cache's conversions print theirs."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[dim]marspec: {escape(line)}[/]", highlight=False)
 
 
 def _find_stop(text: str, new_chars: int, stops: tuple[str, ...]) -> int | None:

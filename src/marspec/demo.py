@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from marspec.api import Decoder, GenerationResult
-from marspec.defaults import DEFAULT_K
 from marspec.rules import LOSSLESS_RULES
 from marspec.stats import mean_accepted_length
 
@@ -76,7 +75,7 @@ def run_demo(
     decoder: Decoder,
     prompts: Sequence[tuple[str, str]] = DEMO_PROMPTS,
     *,
-    k: int = DEFAULT_K,
+    k: int | None = None,
     theta: float | str | None = None,
     max_new_tokens: int = 128,
     on_result: Callable[[str, str, GenerationResult], None] | None = None,

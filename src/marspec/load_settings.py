@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marspec.defaults import (
-    DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
@@ -25,7 +24,7 @@ class LoadSettings:
     each one does). Frozen and hashable: the last pair loaded is kept by its settings."""
 
     draft_quant: str = DEFAULT_DRAFT_QUANT
-    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
+    draft_confidence: float | None = None  # None: chosen from the machine's costs (marspec.draft_length)
     lookup: bool = DEFAULT_LOOKUP
     prepack: bool = DEFAULT_PREPACK
     device: str = "auto"

@@ -26,6 +26,7 @@ from marspec.backends.quantize import (
     quantize_target,
 )
 from marspec.backends.threads import in_passing_thread
+from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE
 from marspec.devices import resolve_device
 from marspec.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from marspec.drafters.eagle3 import Eagle3Drafter
@@ -133,8 +134,12 @@ def _check_drafting(threads: object, draft_confidence: object, draft_quant: str,
     """A one-line error for a bad thread count, confidence stop, draft precision or prepack flag."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise MarspecError(f"threads must be an integer >= 1, got {threads!r}")
-    if not (isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0):
-        raise MarspecError(f"draft_confidence must be a number in [0, 1], got {draft_confidence!r}")
+    if draft_confidence is not None and not (
+        isinstance(draft_confidence, (int, float)) and 0.0 <= draft_confidence <= 1.0
+    ):
+        raise MarspecError(
+            f"draft_confidence must be a number in [0, 1] (or None: chosen), got {draft_confidence!r}"
+        )
     check_draft_quant(draft_quant)
     if not isinstance(prepack, bool):
         raise MarspecError(f"prepack must be true or false, got {prepack!r}")
@@ -221,6 +226,12 @@ class _Plan:
     settings: LoadSettings
     loader: LoadLM
 
+    @property
+    def confidence(self) -> float:
+        """The drafter's confidence stop until one is chosen from the machine's costs (after the load)."""
+        named = self.settings.draft_confidence
+        return DEFAULT_DRAFT_CONFIDENCE if named is None else named
+
     def load(
         self,
         target: str | HFCausalLM,
@@ -258,7 +269,7 @@ class _Plan:
             target_weights=target_weights,
             hint=None,
         )
-        confidence, lookup = self.settings.draft_confidence, self.settings.lookup
+        confidence, lookup = self.confidence, self.settings.lookup
         if draft is None or draft == "none":
             pass
         elif draft == "ngram":
@@ -302,4 +313,4 @@ class _Plan:
         pair.draft_weights = draft_quant if quantize else _dtype_name(draft_lm.dtype)
         if self.fixed_shape:
             draft_lm = fixed_shape_lm(draft_lm, self.captured)
-        return ModelDrafter(draft_lm, target.vocab_size, min_confidence=self.settings.draft_confidence)
+        return ModelDrafter(draft_lm, target.vocab_size, min_confidence=self.confidence)

@@ -4,8 +4,9 @@ settles them (:func:`settle`) into what the decode loop runs with (:class:`~mars
 Settling is the only place a default is filled: an unnamed rule (strict), ``plain`` verifying as strict,
 MARS's margin and theta for the decoding regime (greedy or sampling, measured: :mod:`marspec.defaults`),
 FLy's theta and window, ``theta="auto"`` from the pair's calibration (:mod:`marspec.calibration`), the
-tree shape parsed once and the class guard's table. :class:`~marspec.rules.Rule` and ``DecodeConfig`` only
-check ranges. Every entry point settles here: the library (``Decoder.generate``), and through it the CLI
+draft length from the pair's measured costs (:mod:`marspec.draft_length`) or the default, the tree shape
+parsed once and the class guard's table. :class:`~marspec.rules.Rule` and ``DecodeConfig`` only check
+ranges. Every entry point settles here: the library (``Decoder.generate``), and through it the CLI
 and the server; the bench's method names and its run (``eval/methods.py``, ``eval/harness.py``);
 calibration; the vLLM plugin's configuration (:func:`settle_rule`). So a bad setting gets one line from
 each (tests/test_rules.py), and an unset setting means the same everywhere.
@@ -50,6 +51,7 @@ class Pair:
     tokenizer: Any = None
     vocab_size: int = 0
     device: torch.device | None = None
+    k: int | None = None  # the draft length chosen for this machine (marspec.draft_length); None: the default
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,9 @@ class GenerationOptions:
             ``logit_gap`` (z1 - z2, then theta is the largest gap in logits that still relaxes).
             Named without a theta, a margin takes its usual threshold (0.9 on ``logit_ratio``, ln 2
             on ``logit_gap``), since one number means different closeness on each.
-        k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier.
+        k: most draft tokens proposed per step (>= 1); a confident drafter's drafts end earlier. Unset
+            (None): the length chosen for the pair from this machine's costs when it loaded
+            (:mod:`marspec.draft_length`), else :data:`marspec.defaults.DEFAULT_K`.
         adaptive_k: grow the draft length by 2 after a fully accepted draft and shrink it by 1 after a
             rejection, between 1 and ``k`` (transformers' schedule); off drafts up to ``k`` every step.
         temperature: 0 decodes greedily; above 0 samples (speculative sampling, lossless for strict).
@@ -117,7 +121,7 @@ class GenerationOptions:
     rule: str | None = None
     theta: float | Literal["auto"] | None = None
     margin: str | None = None
-    k: int = defaults.DEFAULT_K
+    k: int | None = None
     adaptive_k: bool = False
     temperature: float = 0.0
     seed: int | None = None
@@ -194,7 +198,7 @@ def settle(options: GenerationOptions, pair: Pair | None = None) -> DecodeConfig
         relaxable = table.to(pair.device)
     return DecodeConfig(
         rule=rule,
-        k=options.k,
+        k=draft_length(options.k, pair),
         adaptive_k=options.adaptive_k,
         temperature=temperature,
         max_new_tokens=options.max_new_tokens,
@@ -214,6 +218,15 @@ def decoding_temperature(temperature: object) -> object:
     if isinstance(temperature, numbers.Real) and 0 < temperature < defaults.GREEDY_BELOW_TEMPERATURE:
         return 0.0
     return temperature
+
+
+def draft_length(k: int | None, pair: Pair | None) -> int:
+    """``k`` when named, else the length chosen for ``pair`` on this machine, else the default."""
+    if k is not None:
+        return k
+    if pair is not None and pair.k is not None:
+        return pair.k
+    return defaults.DEFAULT_K
 
 
 def settle_rule(

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from marspec.defaults import DEFAULT_MARGIN, DEFAULT_THETA, MAX_K, SAMPLING_MARGIN, SAMPLING_THETA
+from marspec.defaults import (
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_K,
+    DEFAULT_MARGIN,
+    DEFAULT_THETA,
+    MAX_K,
+    SAMPLING_MARGIN,
+    SAMPLING_THETA,
+)
 
 TargetOpt = Annotated[
     str,
@@ -64,6 +72,18 @@ KOpt = Annotated[
     int,
     typer.Option("--k", help=f"Most draft tokens per step (1 to {MAX_K}); drafts end early when unsure."),
 ]
+# Unset, the draft length and stop of a generation are chosen from this machine's measured costs when
+# the pair loads (marspec.draft_length); the bench and calibration keep fixed ones, to compare like for like.
+CHOSEN = "Unset: chosen from this CPU's measured costs (once per pair, cached; MARSPEC_DRAFT_COSTS=off: {})."
+ChosenKOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--k",
+        help=f"Most draft tokens per step (1 to {MAX_K}); drafts end early when unsure. "
+        + CHOSEN.format(DEFAULT_K),
+        show_default=False,
+    ),
+]
 TreeOpt = Annotated[
     str | None,
     typer.Option(
@@ -93,6 +113,15 @@ TargetQuantOpt = Annotated[
 DraftConfidenceOpt = Annotated[
     float,
     typer.Option("--draft-confidence", help="End a draft at a token the draft is less sure of; 0 = never."),
+]
+ChosenDraftConfidenceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--draft-confidence",
+        help="End a draft at a token the draft is less sure of; 0 = never. "
+        + CHOSEN.format(DEFAULT_DRAFT_CONFIDENCE),
+        show_default=False,
+    ),
 ]
 LookupOpt = Annotated[
     bool, typer.Option("--lookup/--no-lookup", help="Try prompt lookup before the draft model.")

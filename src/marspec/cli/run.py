@@ -14,13 +14,13 @@ from rich.table import Table
 
 from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
 from marspec.cli.options import (
+    ChosenDraftConfidenceOpt,
+    ChosenKOpt,
     DeviceOpt,
-    DraftConfidenceOpt,
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
     GraphsOpt,
-    KOpt,
     LookupOpt,
     MarginOpt,
     PrepackOpt,
@@ -31,10 +31,8 @@ from marspec.cli.options import (
     TreeOpt,
 )
 from marspec.defaults import (
-    DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
     DEFAULT_DTYPE,
-    DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     DEFAULT_RULE,
@@ -72,7 +70,7 @@ def generate(
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
     target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
-    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    draft_confidence: ChosenDraftConfidenceOpt = None,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
@@ -80,7 +78,7 @@ def generate(
     rule: RuleOpt = None,
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
-    k: KOpt = DEFAULT_K,
+    k: ChosenKOpt = None,
     adaptive_k: Annotated[
         bool, typer.Option("--adaptive-k", help="Grow/shrink the draft length with acceptance (max --k).")
     ] = False,
@@ -165,13 +163,13 @@ def demo(
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
     target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
-    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    draft_confidence: ChosenDraftConfidenceOpt = None,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
     graphs: GraphsOpt = "auto",
     theta: ThetaOpt = None,
-    k: KOpt = DEFAULT_K,
+    k: ChosenKOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 128,
     dtype: DtypeOpt = DEFAULT_DTYPE,
     threads: ThreadsOpt = None,
@@ -193,13 +191,14 @@ def demo(
             threads,
             LoadSettings(draft_quant, draft_confidence, lookup, prepack, device, target_quant, graphs),
         )
-        mars = decoder.settle(GenerationOptions(rule="mars", theta=theta_value)).rule  # auto: calibrated?
+        mars = decoder.settle(GenerationOptions(rule="mars", theta=theta_value, k=k))  # auto: calibrated?
+        err.print(draft_length_note(decoder, k), highlight=False)
         summaries = _run_demo(decoder, k, theta_value, max_new_tokens)
 
     title = (
         f"marspec demo: target {target} ({decoder.target_weights}), draft {draft} "
-        f"({decoder.draft_weights}), k={k}, {mars.margin} "
-        f"theta={mars.theta:g}, "
+        f"({decoder.draft_weights}), k={mars.k}{_stop_shown(decoder)}, {mars.rule.margin} "
+        f"theta={mars.rule.theta:g}, "
         f"{len(summaries[0].results)} prompts x {max_new_tokens} new tokens"
     )
     Console().print(_demo_table(summaries, title))
@@ -212,8 +211,27 @@ def demo(
         print(json.dumps(_demo_json(summaries)))
 
 
+def draft_length_note(decoder: Decoder, k: int | None) -> str:
+    """What the pair drafts with and why: the choice made from this machine's costs, in two lines, or
+    why the fixed defaults apply."""
+    choice = decoder.draft_choice
+    if choice is None:
+        settled = decoder.settle(GenerationOptions(k=k)).k
+        return (
+            f"draft length: k={settled}{_stop_shown(decoder)}, fixed (chosen from measured costs only for "
+            "a draft model on the CPU with no --draft-confidence named, unless MARSPEC_DRAFT_COSTS=off)"
+        )
+    named = f"k={k} named; the costs favour " if k is not None else ""
+    return f"draft length: {named}{choice.explain()}"
+
+
+def _stop_shown(decoder: Decoder) -> str:
+    stop = decoder.draft_stop
+    return "" if stop is None else f", stop {stop:g}"
+
+
 def _run_demo(
-    decoder: Decoder, k: int, theta: float | str | None, max_new_tokens: int
+    decoder: Decoder, k: int | None, theta: float | str | None, max_new_tokens: int
 ) -> list[MethodSummary]:
     """Every built-in prompt through every method, with a progress bar on stderr."""
     from marspec.demo import DEMO_PROMPTS, METHODS, run_demo

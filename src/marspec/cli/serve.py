@@ -9,13 +9,13 @@ import typer
 
 from marspec.cli.common import LoadSettings, app, err, load_decoder, user_errors
 from marspec.cli.options import (
+    ChosenDraftConfidenceOpt,
+    ChosenKOpt,
     DeviceOpt,
-    DraftConfidenceOpt,
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
     GraphsOpt,
-    KOpt,
     LookupOpt,
     MarginOpt,
     PrepackOpt,
@@ -25,10 +25,8 @@ from marspec.cli.options import (
     ThreadsOpt,
 )
 from marspec.defaults import (
-    DEFAULT_DRAFT_CONFIDENCE,
     DEFAULT_DRAFT_QUANT,
     DEFAULT_DTYPE,
-    DEFAULT_K,
     DEFAULT_LOOKUP,
     DEFAULT_PREPACK,
     DEFAULT_RULE,
@@ -112,7 +110,7 @@ def serve(
     draft: DraftOpt = DEFAULT_DRAFT,
     draft_quant: DraftQuantOpt = DEFAULT_DRAFT_QUANT,
     target_quant: TargetQuantOpt = DEFAULT_TARGET_QUANT,
-    draft_confidence: DraftConfidenceOpt = DEFAULT_DRAFT_CONFIDENCE,
+    draft_confidence: ChosenDraftConfidenceOpt = None,
     lookup: LookupOpt = DEFAULT_LOOKUP,
     prepack: PrepackOpt = DEFAULT_PREPACK,
     device: DeviceOpt = "auto",
@@ -122,7 +120,7 @@ def serve(
     rule: ServeRuleOpt = None,
     theta: ThetaOpt = None,
     margin: MarginOpt = None,
-    k: KOpt = DEFAULT_K,
+    k: ChosenKOpt = None,
     max_tokens: MaxTokensOpt = 256,
     max_queue: MaxQueueOpt = 8,
     max_batch: MaxBatchOpt = None,

@@ -30,6 +30,7 @@ def environment(device: torch.device) -> dict[str, str]:
     }
     if device.type == "cpu":
         env["CPU kernels"] = _probe(_cpu_kernels)
+        env["draft length"] = _probe(_draft_length)
     elif device.type == "cuda":
         env["CUDA kernels"] = _probe(_cuda_kernels)
     return env
@@ -95,6 +96,14 @@ def _cpu_kernels() -> str:
             f"AMX tiles for many rows {'yes' if kernels.amx_available() else 'no'}",
         )
     )
+
+
+def _draft_length() -> str:
+    """The draft length and stop each pair measured on this CPU drafts with, and the costs behind them."""
+    from marspec.draft_length import stored_choices
+    from marspec.eval.cpu import cpu_name
+
+    return stored_choices(cpu_name())
 
 
 def _cuda_kernels() -> str:

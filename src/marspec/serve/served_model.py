@@ -33,6 +33,7 @@ from marspec.serve.metrics import ServerMetrics
 from marspec.serve.responses import Responder, sse
 from marspec.serve.schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from marspec.serve.settings import ServerSettings
+from marspec.settings import draft_length
 
 # How often a request waiting for the model checks whether its client is still there.
 DISCONNECT_POLL_S = 0.2
@@ -232,7 +233,8 @@ def defaults_card(decoder: Decoder, defaults: GenerationOptions) -> dict[str, An
     lossy rule the margin and theta it decodes with when greedy and when sampling (they may differ, by
     measurement or by calibration)."""
     lossless = defaults.rule in LOSSLESS_RULES
-    card: dict[str, Any] = {"rule": defaults.rule, "lossless": lossless, "k": defaults.k}
+    k = draft_length(defaults.k, decoder.pair)  # unset: the length chosen for this machine
+    card: dict[str, Any] = {"rule": defaults.rule, "lossless": lossless, "k": k}
     if lossless:
         return card  # a margin or theta would mean nothing to it
     for regime, temperature in (("greedy", 0.0), ("sampling", 1.0)):

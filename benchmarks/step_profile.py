@@ -1,0 +1,200 @@
+r"""Where a decode step's time goes on the default CPU engine: the native kernels against everything else.
+
+The default pair as ``marspec demo`` loads it (q4k target and draft from the packaged GGUFs), each case on
+top of a cache of ``--context`` tokens, rolled back after every call as the decode loop does:
+
+- ``plain step``: the target scores one token and the loop takes its argmax;
+- ``verification``: the target scores ``--verify-rows`` tokens (a k = 12 draft and the token before it)
+  and the loop takes each row's top two;
+- ``draft step``: the draft scores one token and the drafter takes its argmax.
+
+Each case runs ``--repeats`` rounds of one call timed without the profiler (the step's wall time) and one
+under ``torch.profiler``, so that both meet the same stretch of a shared machine; medians are kept. The
+native operators are grouped by their library's namespace: the linear kernels (``marspec_q4k``,
+``marspec_q6k``), the attention kernel (``marspec_attention``), the vocabulary kernels
+(``marspec_vocab``) and any other ``marspec_*`` library a later engine adds; each operator's time
+includes what it calls. Everything else the step runs (norms, rotary, views, copies, the glue around the
+kernels) is "outside the kernels": the step's wall time less the kernels' time. The profiler adds a few
+microseconds to every operator, which falls on the many small ones outside the kernels, so shares are
+given against the unprofiled wall time (the figure to read) and against the profiled one; the operators
+outside the kernels are listed by their own (self) time.
+
+    python benchmarks/step_profile.py --out docs/results/step-profile-2026-12-06.json
+
+A timing: run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from _common import add_threads, machine, script_parser, write_json
+
+# Which group a native operator's library belongs to; another marspec_* library is a group of its own.
+GROUPS = {
+    "marspec_q4k": "linear kernels",
+    "marspec_q6k": "linear kernels",
+    "marspec_attention": "attention kernel",
+    "marspec_vocab": "vocab kernels",
+}
+OUTSIDE = "outside the kernels"
+
+
+def group_of(op: str) -> str | None:
+    """The kernel group of an operator named ``namespace::name``, or None for one outside the kernels."""
+    namespace = op.partition("::")[0]
+    if namespace in GROUPS:
+        return GROUPS[namespace]
+    if namespace.startswith("marspec_"):
+        return f"other native kernels ({namespace})"
+    return None
+
+
+def profile_case(call: Callable[[], object], undo: Callable[[], object], repeats: int) -> dict[str, Any]:
+    """One case in ``repeats`` rounds, each an unprofiled call then a profiled one (so both meet the same
+    stretch of a shared machine), ``undo`` (the rollback) after each, untimed and unprofiled: the median
+    wall time of each kind of call, each kernel operator's and group's median time per call, and the
+    operators outside the kernels by mean self time per call (ms)."""
+    call()  # the first call at a new shape warms up: dropped
+    undo()
+    walls, profiled_walls, counts = [], [], []
+    runs: list[dict[str, float]] = []  # per round: each kernel operator's inclusive milliseconds
+    outside_ops: dict[str, dict[str, float]] = {}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        walls.append(1000 * (time.perf_counter() - start))
+        undo()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            call()
+            profiled_walls.append(1000 * (time.perf_counter() - start))
+        undo()
+        events = prof.key_averages()
+        counts.append(sum(e.count for e in events))
+        # Inclusive time for a kernel: what the model waits for when it calls it.
+        runs.append({e.key: e.cpu_time_total / 1000 for e in events if group_of(e.key) is not None})
+        for e in events:
+            if group_of(e.key) is None and e.self_cpu_time_total > 0:
+                op = outside_ops.setdefault(e.key, {"self_ms": 0.0, "calls": 0.0})
+                op["self_ms"] += e.self_cpu_time_total / 1000 / repeats
+                op["calls"] += e.count / repeats
+    wall, profiled = statistics.median(walls), statistics.median(profiled_walls)
+    kernels = {
+        name: statistics.median(run.get(name, 0.0) for run in runs) for name in sorted(set().union(*runs))
+    }
+    groups: dict[str, float] = {}
+    for name, ms in kernels.items():
+        group = group_of(name)
+        assert group is not None
+        groups[group] = groups.get(group, 0.0) + ms
+    in_kernels = sum(groups.values())
+    return {
+        "wall_ms": wall,
+        "profiled_wall_ms": profiled,
+        "wall_ms_rounds": walls,
+        "kernel_ms": kernels,
+        "group_ms": {**groups, OUTSIDE: max(wall - in_kernels, 0.0)},
+        "share": {**{g: ms / wall for g, ms in groups.items()}, OUTSIDE: max(wall - in_kernels, 0.0) / wall},
+        "share_profiled": {
+            **{g: ms / profiled for g, ms in groups.items()},
+            OUTSIDE: max(profiled - in_kernels, 0.0) / profiled,
+        },
+        "operators_per_call": statistics.median(counts),
+        "outside_top": dict(sorted(outside_ops.items(), key=lambda kv: -kv[1]["self_ms"])[:15]),
+    }
+
+
+def main() -> None:
+    parser = script_parser(__doc__)
+    add_threads(parser)
+    parser.add_argument("--context", type=int, default=128, help="cached tokens before each step")
+    parser.add_argument("--verify-rows", type=int, default=13, help="tokens a verification scores")
+    parser.add_argument("--repeats", type=int, default=10, help="calls per case, timed and profiled")
+    parser.add_argument("--out", help="where to write the JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from marspec import Decoder
+    from marspec.draft_length import ENV
+    from marspec.drafters import ModelDrafter
+    from marspec.verify.top_tokens import argmax, top2
+
+    # The demo's pair and engine, with nothing named; no draft length is used here, so none is measured.
+    os.environ.setdefault(ENV, "off")
+    decoder = Decoder(threads=args.threads)
+    drafter = decoder.drafter
+    if not isinstance(drafter, ModelDrafter):
+        raise SystemExit(f"the default drafter is {type(drafter).__name__}, not a draft model")
+    target, draft = decoder.target, drafter.draft_model
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.vocab_size
+
+    def tokens(n: int) -> torch.Tensor:
+        return torch.randint(vocab, (n,), generator=gen)
+
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "engine": {"target": decoder.target_weights, "draft": decoder.draft_weights},
+        "context": args.context,
+        "repeats": args.repeats,
+        "cases": {},
+    }
+    cases = (
+        ("plain step", target, 1, lambda lm, t: argmax(lm.forward(t)[-1])),
+        (
+            f"verification ({args.verify_rows} rows)",
+            target,
+            args.verify_rows,
+            lambda lm, t: top2(lm.forward(t)),
+        ),
+        ("draft step", draft, 1, lambda lm, t: argmax(lm.forward(t)[-1])),
+    )
+    with torch.inference_mode():
+        for name, lm, rows, step in cases:
+            lm.reset()
+            lm.forward(tokens(args.context), last_only=True)
+            new = tokens(rows)
+            result["cases"][name] = profile_case(
+                lambda lm=lm, step=step, new=new: step(lm, new),
+                lambda lm=lm: lm.rollback(args.context),
+                args.repeats,
+            )
+            lm.reset()
+            if args.out:
+                write_json(args.out, result)
+    print(table(result))
+
+
+def table(result: dict[str, Any]) -> str:
+    """The cases side by side: wall time, then each group's share of it (ms in brackets)."""
+    cases = result["cases"]
+    groups = ["linear kernels", "attention kernel", "vocab kernels"]
+    extra = sorted({g for c in cases.values() for g in c["group_ms"]} - {*groups, OUTSIDE})
+    rows = [*groups, *extra, OUTSIDE]
+    lines = [
+        "| | " + " | ".join(cases) + " |",
+        "|---" * (len(cases) + 1) + "|",
+        "| wall ms (unprofiled) | " + " | ".join(f"{c['wall_ms']:.1f}" for c in cases.values()) + " |",
+        "| wall ms (profiled) | " + " | ".join(f"{c['profiled_wall_ms']:.1f}" for c in cases.values()) + " |",
+        "| operator calls | " + " | ".join(f"{c['operators_per_call']:.0f}" for c in cases.values()) + " |",
+    ]
+    for group in rows:
+        cells = [
+            f"{100 * c['share'].get(group, 0.0):.1f}% ({c['group_ms'].get(group, 0.0):.1f} ms)"
+            for c in cases.values()
+        ]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    for name, ms in (("q4k", "marspec_q4k::linear"), ("q6k", "marspec_q6k::linear")):
+        cells = [f"{100 * c['kernel_ms'].get(ms, 0.0) / c['wall_ms']:.1f}%" for c in cases.values()]
+        lines.append(f"| of which {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

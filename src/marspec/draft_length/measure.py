@@ -1,0 +1,106 @@
+"""What the draft-length choice measures on a loaded pair: its forward costs and its draft's acceptance.
+
+Costs: the target's forward over 1 .. 16 rows and the draft's one-token forward, on a cache of
+:data:`CONTEXT` random tokens rolled back after each call, as the decode loop does. The calls go in
+rounds, each round every size in turn (after a round of warm-up), and each size keeps the median of its
+rounds: a slow stretch of a shared machine then falls on all sizes alike instead of on a few, whose
+costs would bend the choice.
+
+Acceptance: the calibration prompts (:mod:`marspec.draft_length.calibration_text`) are decoded once by
+strict speculative decoding, which gives the target's own greedy continuation; the draft then reads
+each prompt and its continuation in one forward. At every position of the continuation that gives the
+draft's token and its probability (its confidence) where the draft saw the target's text, which is what
+a draft sees up to and including its first rejected token, and whether the target chose the same token
+(greedy acceptance). :class:`~marspec.draft_length.cost_model.Acceptance` turns these into rates at each
+confidence stop.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from marspec.decode import decode
+from marspec.devices import synchronize
+from marspec.drafters.model import ModelDrafter
+from marspec.interfaces import CausalLM
+from marspec.settings import GenerationOptions, settle
+from marspec.stats import GenerationStats
+
+MAX_ROWS = 16  # the longest verification measured: drafts of up to 15 tokens
+CONTEXT = 128  # cached tokens under each timed forward, about a demo prompt and part of its answer
+REPEATS = 3  # timed rounds (each size's median is kept), after one round of warm-up
+NEW_TOKENS = 64  # the continuation decoded after each calibration prompt
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A pair's costs (seconds) and its draft's record on the calibration text."""
+
+    target_s: dict[int, float]  # a target forward by the rows it scores
+    draft_s: float  # a draft forward over one token
+    confidences: list[float]  # per continuation position: the draft's probability of its own token
+    accepted: list[bool]  # ... and whether it was the target's token
+
+
+@torch.inference_mode()
+def measure_costs(target: CausalLM, draft: CausalLM) -> tuple[dict[int, float], float]:
+    """The target's forward at 1 .. :data:`MAX_ROWS` rows and the draft's at one token, in seconds
+    (the median of :data:`REPEATS` rounds); both caches are left empty."""
+    gen = torch.Generator().manual_seed(0)
+    for lm in (target, draft):
+        lm.reset()
+        lm.forward(torch.randint(lm.vocab_size, (CONTEXT,), generator=gen).to(lm.device), last_only=True)
+    calls = [(target, n) for n in range(1, MAX_ROWS + 1)] + [(draft, 1)]
+    samples: list[list[float]] = [[] for _ in calls]
+    for round_ in range(REPEATS + 1):  # round 0 warms every size up and is dropped
+        for (lm, rows), times in zip(calls, samples, strict=True):
+            tokens = torch.randint(lm.vocab_size, (rows,), generator=gen).to(lm.device)
+            synchronize(lm.device)
+            start = time.perf_counter()
+            lm.forward(tokens)
+            synchronize(lm.device)
+            if round_:
+                times.append(time.perf_counter() - start)
+            lm.rollback(CONTEXT)
+    target.reset()
+    draft.reset()
+    medians = [statistics.median(times) for times in samples]
+    return dict(zip(range(1, MAX_ROWS + 1), medians[:-1], strict=True)), medians[-1]
+
+
+@torch.inference_mode()
+def draft_record(
+    target: CausalLM,
+    drafter: ModelDrafter,
+    prompts: Sequence[torch.Tensor],
+    eos_token_ids: frozenset[int],
+) -> tuple[list[float], list[bool]]:
+    """Each continuation position's draft confidence and greedy acceptance over ``prompts`` (token ids
+    on the target's device); both caches are left empty."""
+    config = replace(
+        settle(GenerationOptions(rule="strict", k=8, max_new_tokens=NEW_TOKENS)), eos_token_ids=eos_token_ids
+    )
+    confidences: list[float] = []
+    accepted: list[bool] = []
+    lm = drafter.draft_model
+    for prompt in prompts:
+        continuation = [
+            t for step in decode(target, drafter, prompt, config, GenerationStats()) for t in step.tokens
+        ]
+        if not continuation:
+            continue
+        ids = torch.cat([prompt, torch.tensor(continuation, device=prompt.device)])
+        lm.reset()
+        logits = lm.forward(ids[:-1])[len(prompt) - 1 :].float()  # the rows that predict the continuation
+        probs = torch.softmax(logits, dim=-1)
+        confidence, guess = probs.max(dim=-1)
+        confidences += confidence.tolist()
+        accepted += (guess == ids[len(prompt) :]).tolist()
+    target.reset()
+    drafter.reset()
+    return confidences, accepted

@@ -1,0 +1,87 @@
+"""The draft length and confidence stop chosen from stubbed costs: the cost model alone, no models."""
+
+from __future__ import annotations
+
+import pytest
+
+from marspec.draft_length.cost_model import Acceptance, Costs, choose, predict, rising
+from marspec.errors import MarspecError
+
+
+def costs(step: float, per_row: float, draft: float = 0.2, rows: int = 16) -> Costs:
+    """A target whose forward over n rows costs ``step + per_row * (n - 1)``; a draft step of ``draft``."""
+    return Costs({n: step + per_row * (n - 1) for n in range(1, rows + 1)}, draft)
+
+
+def always(alpha: float) -> Acceptance:
+    """No confidence stop: every token is drafted, each accepted at ``alpha``."""
+    return Acceptance(0.0, 1.0, alpha, 0.0)
+
+
+def test_without_a_stop_it_is_the_standard_model() -> None:
+    alpha, k, c = 0.7, 5, costs(1.0, 0.1)
+    p = predict(k, always(alpha), c)
+    assert p.tokens_per_step == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+    assert p.drafted_per_step == k
+    assert p.seconds_per_step == pytest.approx(k * 0.2 + 1.0 + 0.1 * k)
+
+
+def test_dear_verification_picks_a_short_draft_and_cheap_a_long_one() -> None:
+    acceptance = [always(0.9)]
+    dear = choose(costs(1.0, 0.3, draft=0.1), acceptance)  # 13 rows cost 4.6 steps, as on Zen 4 (issue 79)
+    cheap = choose(costs(1.0, 0.01, draft=0.1), acceptance)  # 13 rows cost about one step (AMX, int8 rows)
+    assert dear.k <= 4 and cheap.k >= 8
+
+
+def test_the_choice_shortens_as_verification_or_the_draft_grows_dearer() -> None:
+    acceptance = [always(0.75)]
+    by_row_cost = [choose(costs(1.0, slope), acceptance).k for slope in (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)]
+    assert by_row_cost == sorted(by_row_cost, reverse=True) and by_row_cost[0] > by_row_cost[-1]
+    by_draft_cost = [choose(costs(1.0, 0.02, d), acceptance).k for d in (0.02, 0.1, 0.3, 0.6)]
+    assert by_draft_cost == sorted(by_draft_cost, reverse=True) and by_draft_cost[0] > by_draft_cost[-1]
+
+
+def test_the_choice_lengthens_as_acceptance_grows() -> None:
+    by_alpha = [choose(costs(1.0, 0.05), [always(a)]).k for a in (0.3, 0.5, 0.7, 0.85, 0.95)]
+    assert by_alpha == sorted(by_alpha) and by_alpha[0] < by_alpha[-1]
+
+
+def test_speed_falls_as_any_cost_rises() -> None:
+    cheap, dear_draft, dear_rows = costs(1.0, 0.05, 0.1), costs(1.0, 0.05, 0.3), costs(1.0, 0.2, 0.1)
+    for k in (1, 4, 12):
+        p = predict(k, always(0.7), cheap).tokens_per_s
+        assert p > predict(k, always(0.7), dear_draft).tokens_per_s
+        assert p > predict(k, always(0.7), dear_rows).tokens_per_s
+        assert p < predict(k, always(0.8), cheap).tokens_per_s
+
+
+def test_a_stop_that_separates_good_tokens_from_bad_is_taken_where_tokens_are_dear() -> None:
+    # Sure tokens (70%) are accepted 95% of the time, unsure ones 20%: stopping at an unsure one saves
+    # the forwards that would be spent past it, most of them wasted.
+    confidences = [0.9] * 70 + [0.3] * 30
+    accepted = [True] * 66 + [False] * 4 + [True] * 6 + [False] * 24
+    table = [Acceptance.measured(stop, confidences, accepted) for stop in (0.0, 0.5)]
+    assert table[1].sure == pytest.approx(0.7) and table[1].accept_unsure == pytest.approx(0.2)
+    assert table[0].alpha == pytest.approx(table[1].alpha)  # the stop changes who drafts, not the tokens
+    dear = choose(costs(1.0, 0.2, 0.4), table)
+    assert dear.stop == 0.5
+    stopped, unstopped = (
+        predict(dear.k, table[1], costs(1.0, 0.2, 0.4)),
+        predict(dear.k, table[0], costs(1.0, 0.2, 0.4)),
+    )
+    assert stopped.drafted_per_step < unstopped.drafted_per_step
+
+
+def test_costs_between_measured_rows_are_interpolated_and_beyond_them_refused() -> None:
+    c = Costs({1: 1.0, 4: 1.6, 8: 2.4}, 0.1)
+    assert c.verify(2) == pytest.approx(1.2) and c.max_k == 7
+    with pytest.raises(MarspecError, match="k must be in"):
+        predict(8, always(0.5), c)
+    with pytest.raises(MarspecError, match="one-row"):
+        Costs({2: 1.0}, 0.1)
+
+
+def test_a_cost_above_a_larger_forwards_is_taken_as_noise() -> None:
+    # Measured on a shared machine: 5 rows caught a slow stretch and cost more than 6 and 7.
+    measured = {1: 1.0, 2: 1.2, 3: 1.5, 4: 1.4, 5: 2.4, 6: 2.1, 7: 2.0, 8: 2.6}
+    assert rising(measured) == {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.4, 5: 2.0, 6: 2.0, 7: 2.0, 8: 2.6}
