@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from marspec.backends.direct import fallback_note
 from marspec.backends.fixed import FixedShapeLM, fixed_shape_lm, graphs_plan
 from marspec.backends.hf import HFCausalLM, use_grouped_attention
 from marspec.backends.prepack import prepack_linears
@@ -363,6 +364,10 @@ class Decoder:
         )
         if precision.hint is not None:  # once the pair has loaded, so that an error comes alone
             log.warning(precision.hint)
+        if quantized_target and isinstance(self.target, HFCausalLM):
+            note = fallback_note(self.target.model, self.target.name, self.target_quant)
+            if note is not None:
+                log.warning(note)
 
     def _load(
         self,
