@@ -25,8 +25,10 @@ default target's layers (12 heads of 128, 200 cached positions) a 13-row verific
 (``benchmarks/row_attention.py``). Elsewhere each row is one SDPA call as above.
 
 Only what marspec's models pass is supported: one sequence (batch 1 whenever there is a mask), causal
-full attention; a 2D padding mask never reaches this function (transformers drops it for an attention
-without a mask builder), so batches with padding are not handled.
+attention over the whole prefix or a sliding window of it (each row its own last ``sliding_window``
+positions: Gemma 3's local layers, a Mistral or Phi-3 configuration's window); a 2D padding mask
+never reaches this function (transformers drops it for an attention without a mask builder), so batches
+with padding are not handled.
 """
 
 from __future__ import annotations
