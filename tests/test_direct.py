@@ -103,5 +103,5 @@ def test_models_it_does_not_write_out_keep_transformers_forward() -> None:
     assert direct_forward(bf16) is None
     model = row_attention_model("llama")
     assert direct_forward(model) is not None
-    model.config.model_type = "phi3"  # another decoder layer
+    model.config.model_type = "olmo"  # another decoder layer
     assert direct_forward(model) is None

@@ -15,7 +15,7 @@ from test_models import write_tiny_gguf
 
 from marspec.backends.int4 import int4_available
 from marspec.models.cache import WEIGHTS_FILE
-from marspec.models.convert import float_model_dir, resolve_model_dir
+from marspec.models.convert import ensure_float_weights, float_model_dir, resolve_model_dir
 from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
 from marspec.models.loading import load_model
 from marspec.models.tokenizers import read_tokenizer
@@ -49,11 +49,14 @@ def test_a_users_gguf_is_parsed_once_to_be_checked_once_to_be_read_and_once_to_b
 ) -> None:
     source = write_tiny_gguf(cache / "user.gguf")
     folder = resolve_model_dir(source)
+    # The metadata, tokenizer, configuration and the check of the weights' names share a parse (three
+    # before); the float32 weights wait for a float load.
+    assert parses == [source] * 2 and not (folder / WEIGHTS_FILE).exists()
+    # The weights another (three before: their count, the configuration that processes them, the
+    # tensors), each released before the next is made: a parsed Qwen2.5 header holds ~0.5 GB.
+    ensure_float_weights(folder)
     assert (folder / WEIGHTS_FILE).is_file()
-    # The metadata, tokenizer and configuration share a parse (three before), the weights another (three
-    # before: their count, the configuration that processes them, the tensors), each released before the
-    # next is made: a parsed Qwen2.5 header holds ~0.5 GB.
-    assert parses == [source] * 3
+    assert parses == [source, source, folder / "model.gguf"]  # the third by the folder's link to it
 
 
 def test_a_known_models_gguf_is_parsed_once_per_preparation_4bit_load_and_float32_write(

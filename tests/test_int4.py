@@ -11,6 +11,7 @@ from test_tree import TREE
 from typer.testing import CliRunner
 
 from marspec import Decoder
+from marspec.backends.hf import HFCausalLM
 from marspec.backends.int4 import GROUP_SIZE, Int4Linear, int4_available, quantize_int4
 from marspec.backends.int8 import Int8Embedding
 from marspec.backends.packed import rows_alone
@@ -131,10 +132,14 @@ def test_an_int4_drafts_rows_are_computed_alone_with_its_int8_embedding(prompt, 
     assert_chain_rows_scored_as_one_token_forwards(lm, prompt)
 
 
-def test_a_sliding_window_model_is_refused():
-    lm = tiny_lm(0, use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    with pytest.raises(MarspecError, match=r"other than full attention"):
-        quantize_target(lm.model, "int4")
+def test_a_sliding_window_model_attends_each_rows_window_in_4_bits():
+    """Each row attends its own window (:mod:`marspec.backends.row_attention`), so a 4-bit target with
+    sliding-window layers still scores a chain's rows as one-token forwards, and is never packed."""
+    model = tiny_lm(0, use_sliding_window=True, sliding_window=4, max_window_layers=0).model
+    quantize_target(model, "int4")
+    lm = HFCausalLM(model, None, "windowed-int4")
+    assert not rows_alone(lm)
+    assert_chain_rows_scored_as_one_token_forwards(lm, torch.tensor([5, 17, 42, 8, 63, 5, 17, 42, 8, 11, 3]))
 
 
 @pytest.mark.parametrize(

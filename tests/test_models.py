@@ -316,19 +316,24 @@ def test_gguf_path_converts_once_and_matches_the_gguf(
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")
     folder = resolve_model_dir(str(gguf_path))
     err = capfd.readouterr().err
-    assert "loading the tokenizer" in err and "dequantizing" in err
-    assert "de-quantizing GGUF tensors" not in err  # transformers' own bar is silenced
+    assert "loading the tokenizer" in err and "dequantizing" not in err
 
     assert folder.parent == cache / "models"
     assert folder.name.startswith("gguf-tiny-")
     names = {p.name for p in folder.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json"} <= names
+    # The float32 weights wait for a float load; the folder links to the user's file meanwhile.
+    assert {"config.json", "model.gguf", "tokenizer_config.json", "generation_config.json"} <= names
+    assert "model.safetensors" not in names and (folder / "model.gguf").resolve() == gguf_path.resolve()
     assert [p.name for p in (cache / "models").iterdir() if p.name.startswith(".tmp")] == []
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["architectures"] == ["LlamaForCausalLM"]
 
     model, tokenizer, spec = load_model(str(gguf_path))
+    err = capfd.readouterr().err
+    assert "dequantizing" in err and "de-quantizing GGUF tensors" not in err  # transformers' bar silenced
+    assert (folder / "model.safetensors").is_file() and not (folder / "model.gguf").exists()
+    assert gguf_path.is_file()  # the link went, the user's file stays
     assert spec is None
     assert not model.training
     assert all(not p.requires_grad for p in model.parameters())

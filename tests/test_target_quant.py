@@ -13,8 +13,9 @@ from test_tree import TREE
 from typer.testing import CliRunner
 
 from marspec import Decoder
+from marspec.backends.hf import HFCausalLM
 from marspec.backends.quantize import RowwiseInt8Linear, quantize_target_int8, rowwise_int8_available
-from marspec.backends.row_attention import row_by_row_attention
+from marspec.backends.row_attention import row_by_row_attention, use_row_attention
 from marspec.cli import app
 from marspec.drafters import ModelDrafter
 from marspec.errors import MarspecError
@@ -97,16 +98,30 @@ def test_an_int8_target_drafts_trees_too(prompt):
     assert spec == reference_greedy(target, prompt, 30)
 
 
-def test_a_sliding_window_model_is_refused():
+def test_a_sliding_window_model_attends_each_rows_window_and_stays_exact():
+    """Row-by-row attention windows each row itself (as transformers' sliding mask does): the float
+    model's logits are transformers' SDPA forward's, and the int8 target keeps strict == plain."""
     lm = tiny_lm(0, use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    with pytest.raises(MarspecError, match=r"other than full attention.*sliding_attention"):
-        quantize_target_int8(lm.model)
+    prompt = torch.tensor([5, 17, 42, 8, 63, 5, 17, 42, 8, 11, 3])  # longer than the window
+    with torch.no_grad():
+        expected = lm.model(prompt.unsqueeze(0)).logits[0]  # transformers' SDPA, its sliding mask
+    use_row_attention(lm.model)
+    windowed = HFCausalLM(lm.model, None, "windowed")
+    assert windowed.direct is not None
+    torch.testing.assert_close(windowed.forward(prompt), expected, rtol=1e-5, atol=1e-5)
+    quantize_target_int8(lm.model)
+    target = HFCausalLM(lm.model, None, "windowed-int8")
+    assert_chain_rows_scored_as_one_token_forwards(target, prompt)
+    drafter = ModelDrafter(tiny_lm(1, "draft"), target.vocab_size)
+    spec, _, _ = run(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=30)
+    assert spec == reference_greedy(target, prompt, 30)
 
 
-def test_a_sliding_window_reaching_the_attention_is_refused_not_ignored():
-    query, key = torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 3, 8)
-    with pytest.raises(MarspecError, match="sliding window"):
-        row_by_row_attention(torch.nn.Module(), query, key, key, None, sliding_window=2)
+def test_a_sliding_window_reaching_the_attention_attends_the_last_positions():
+    query, key = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    out, _ = row_by_row_attention(torch.nn.Module(), query, key, key, None, sliding_window=2)
+    last_two = torch.nn.functional.scaled_dot_product_attention(query, key[:, :, -2:], key[:, :, -2:])
+    torch.testing.assert_close(out, last_two.transpose(1, 2), rtol=1e-6, atol=1e-6)
 
 
 def test_an_int8_target_needs_fp32():

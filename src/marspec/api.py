@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from marspec.backends.direct import fallback_note
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.threads import in_passing_thread
 from marspec.batch.many import BatchStream, decode_many
@@ -222,6 +223,12 @@ class Decoder:
         )
         if loaded.hint is not None:  # once the pair has loaded, so that an error comes alone
             log.warning(loaded.hint)
+        if self.target_quant != "none" and isinstance(self.target, HFCausalLM):
+            note = fallback_note(self.target.model, self.target.name, self.target_quant)
+            if (
+                note is not None
+            ):  # a family the direct forward does not take: transformers' forward, said once
+                log.warning(note)
 
     def _choose_draft(self, named_stop: float | None) -> DraftChoice | None:
         """The draft length and stop this machine's costs favour (:mod:`marspec.draft_length`), the stop

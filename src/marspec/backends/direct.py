@@ -11,9 +11,12 @@ entries are therefore transformers' bits (``tests/test_direct.py`` checks every 
 A model's forwards all go one way (chains, token trees and packed batches alike), so the two are never
 mixed within a sequence.
 
-Only what the CPU engines run: float32 decoders of the Llama family (``llama``, ``mistral``, ``qwen2``)
-with attention one query row at a time (which refuses sliding windows,
-:func:`~marspec.backends.row_attention.check_row_attention`).
+Only what the CPU engines run: float32 decoders of the families in :data:`FAMILY` with attention one
+query row at a time. Beside the Llama decoder layer: Qwen3's and Gemma 3's norms of each head's queries
+and keys, Phi-3's fused q/k/v and gate/up layers (one product, its output split: each output column is
+its own sum, so the bits are those of separate layers), and Gemma 3's layer (its norms scale by
+``1 + w``, four of them a layer, its embedding scaled, its local layers' own rotary frequencies and
+sliding window). Another model (or Phi-3 with a partial rotary) keeps transformers' forward.
 """
 
 from __future__ import annotations
@@ -26,27 +29,32 @@ from transformers import PreTrainedModel
 
 from marspec.backends.row_attention import ROW_ATTENTION
 
-# The model types whose transformers forward is the one written out here (the same decoder layer).
-FAMILY = frozenset({"llama", "mistral", "qwen2"})
+# The model types whose transformers forward is the one written out here.
+FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"})
+_GEMMA = "gemma3_text"
 
 # attend(attention module, query [1, H, T, D], key [1, H_kv, T, D], value [1, H_kv, T, D]) -> [1, T, H, D]:
 # writes the keys and values into the cache and attends each row, as transformers' attention call does.
 Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Norm = Callable[[torch.Tensor], torch.Tensor]
 
 
 class _Layer(NamedTuple):
-    attention: torch.nn.Module  # passed to attend (its layer_idx and scaling)
-    input_norm: tuple[torch.Tensor, float]
-    q: torch.nn.Module
-    k: torch.nn.Module
-    v: torch.nn.Module
+    attention: torch.nn.Module  # passed to attend (its layer_idx, scaling and window)
+    input_norm: Norm
+    qkv: tuple[torch.nn.Module, ...]  # q, k, v; or one fused layer (Phi-3)
+    sizes: tuple[int, int]  # the widths of q and of k (and v): a fused output's split
+    q_norm: Norm | None  # each head's (Qwen3, Gemma 3)
+    k_norm: Norm | None
     o: torch.nn.Module
-    post_norm: tuple[torch.Tensor, float]
-    gate: torch.nn.Module
-    up: torch.nn.Module
+    post_attention: Norm | None  # Gemma 3: on the attention's output
+    pre_mlp: Norm
+    gate_up: tuple[torch.nn.Module, ...]  # gate, up; or one fused layer (Phi-3)
     down: torch.nn.Module
+    post_mlp: Norm | None  # Gemma 3: on the MLP's output
     act: Callable[[torch.Tensor], torch.Tensor]
     head_dim: int
+    rotary: str | None  # Gemma 3: the layer type whose rotary frequencies it uses
 
 
 def direct_forward(model: PreTrainedModel) -> DirectForward | None:
@@ -55,24 +63,51 @@ def direct_forward(model: PreTrainedModel) -> DirectForward | None:
     config = model.config
     if config.model_type not in FAMILY or getattr(config, "_attn_implementation", None) != ROW_ATTENTION:
         return None
+    if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+        return None
     decoder = model.get_decoder()
-    norms = [decoder.norm] + [
-        n for layer in decoder.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
-    ]
-    if any(norm.weight.dtype != torch.float32 or not hasattr(norm, "variance_epsilon") for norm in norms):
+    norms = [m for m in decoder.modules() if type(m).__name__.endswith("RMSNorm")]
+    if any(norm.weight.dtype != torch.float32 or _eps(norm) is None for norm in norms):
         return None
     return DirectForward(model)
 
 
-def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
-    return module.weight, float(module.variance_epsilon)
+def fallback_note(model: PreTrainedModel, name: str, engine: str) -> str | None:
+    """The line a user reads when a target on a CPU engine (``engine``: "q4k", "int8", "int4") gets no
+    direct forward and runs through transformers' forward (the same answers, more time a step); None
+    when it gets one."""
+    if direct_forward(model) is not None:
+        return None
+    return (
+        f"marspec: {name} ({model.config.model_type}) runs on the {engine} engine through transformers' "
+        f"forward: marspec's direct forward takes {', '.join(sorted(FAMILY))} (the same tokens, slower steps)"
+    )
 
 
-def _rms_norm(hidden: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    """transformers' RMSNorm of the Llama family, in float32."""
-    weight, eps = norm
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    return weight * (hidden * torch.rsqrt(variance + eps))
+def _eps(module: torch.nn.Module) -> float | None:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return None if eps is None else float(eps)
+
+
+def _norm(module: torch.nn.Module, gemma: bool) -> Norm:
+    """transformers' RMSNorm of ``module`` in float32: the Llama family's ``w * x / rms``, Gemma's
+    ``x / rms * (1 + w)``."""
+    eps = _eps(module)
+    assert eps is not None
+    if gemma:
+        scale = 1.0 + module.weight.float()  # what Gemma3RMSNorm computes at each call
+
+        def gemma_norm(hidden: torch.Tensor) -> torch.Tensor:
+            return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps) * scale
+
+        return gemma_norm
+    weight = module.weight
+
+    def llama_norm(hidden: torch.Tensor) -> torch.Tensor:
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return weight * (hidden * torch.rsqrt(variance + eps))
+
+    return llama_norm
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -81,32 +116,46 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
+def _layer(layer: torch.nn.Module, config: object) -> _Layer:
+    gemma = config.model_type == _GEMMA
+    attn, mlp = layer.self_attn, layer.mlp
+    head_dim = int(attn.head_dim)
+    kv = int(config.num_key_value_heads) * head_dim
+    q = int(config.num_attention_heads) * head_dim
+    fused_qkv = hasattr(attn, "qkv_proj")
+    q_norm = getattr(attn, "q_norm", None)
+    k_norm = getattr(attn, "k_norm", None)
+    return _Layer(
+        attention=attn,
+        input_norm=_norm(layer.input_layernorm, gemma),
+        qkv=(attn.qkv_proj,) if fused_qkv else (attn.q_proj, attn.k_proj, attn.v_proj),
+        sizes=(q, kv),
+        q_norm=None if q_norm is None else _norm(q_norm, gemma),
+        k_norm=None if k_norm is None else _norm(k_norm, gemma),
+        o=attn.o_proj,
+        post_attention=_norm(layer.post_attention_layernorm, gemma) if gemma else None,
+        pre_mlp=_norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm, gemma),
+        gate_up=(mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj),
+        down=mlp.down_proj,
+        post_mlp=_norm(layer.post_feedforward_layernorm, gemma) if gemma else None,
+        act=getattr(mlp, "act_fn", None) or mlp.activation_fn,
+        head_dim=head_dim,
+        rotary=getattr(attn, "layer_type", None) if gemma else None,
+    )
+
+
 class DirectForward:
-    """A Llama-family decoder's forward over one row sequence (see the module)."""
+    """A decoder's forward over one row sequence (see the module)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         decoder = model.get_decoder()
-        self._embed = decoder.embed_tokens
+        config = model.config
+        self._embed = decoder.embed_tokens  # Gemma's scales its vectors itself
         self._rotary = decoder.rotary_emb
-        self._final_norm = _norm(decoder.norm)
+        self._final_norm = _norm(decoder.norm, config.model_type == _GEMMA)
         self._head = model.get_output_embeddings()
-        self._layers = [
-            _Layer(
-                attention=layer.self_attn,
-                input_norm=_norm(layer.input_layernorm),
-                q=layer.self_attn.q_proj,
-                k=layer.self_attn.k_proj,
-                v=layer.self_attn.v_proj,
-                o=layer.self_attn.o_proj,
-                post_norm=_norm(layer.post_attention_layernorm),
-                gate=layer.mlp.gate_proj,
-                up=layer.mlp.up_proj,
-                down=layer.mlp.down_proj,
-                act=layer.mlp.act_fn,
-                head_dim=int(layer.self_attn.head_dim),
-            )
-            for layer in decoder.layers
-        ]
+        self._layers = [_layer(layer, config) for layer in decoder.layers]
+        self._rotary_kinds = sorted({layer.rotary for layer in self._layers}, key=str)
 
     def __call__(
         self,
@@ -118,21 +167,50 @@ class DirectForward:
         """float32 logits of the rows ``keep`` selects ([T, V] for None, the last row for 1, the rows a
         long tensor lists), every layer's keys and values handed to ``attend``."""
         hidden = self._embed(tokens.unsqueeze(0))  # [1, T, H]
-        cos, sin = self._rotary(hidden, positions.unsqueeze(0))  # [1, T, D]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        rotations = {}
+        for kind in self._rotary_kinds:
+            args = (
+                (hidden, positions.unsqueeze(0)) if kind is None else (hidden, positions.unsqueeze(0), kind)
+            )
+            cos, sin = self._rotary(*args)  # [1, T, D]
+            rotations[kind] = (cos.unsqueeze(1), sin.unsqueeze(1))
         rows = int(tokens.shape[0])
         for layer in self._layers:
-            x = _rms_norm(hidden, layer.input_norm)
+            cos, sin = rotations[layer.rotary]
+            x = layer.input_norm(hidden)
             shape = (1, rows, -1, layer.head_dim)
-            query = _rotate(layer.q(x).view(shape).transpose(1, 2), cos, sin)
-            key = _rotate(layer.k(x).view(shape).transpose(1, 2), cos, sin)
-            value = layer.v(x).view(shape).transpose(1, 2)
+            query, key, value = _qkv(layer, x)
+            query, key, value = query.view(shape), key.view(shape), value.view(shape)
+            if layer.rotary is None and layer.q_norm is not None:  # Qwen3: before the heads move
+                query, key = layer.q_norm(query), layer.k_norm(key)
+            query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+            if layer.rotary is not None:  # Gemma 3: after
+                query, key = layer.q_norm(query), layer.k_norm(key)
+            query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
             attended = attend(layer.attention, query, key, value)  # [1, T, H, D]
-            hidden = hidden + layer.o(attended.reshape(1, rows, -1).contiguous())
-            x = _rms_norm(hidden, layer.post_norm)
-            hidden = hidden + layer.down(layer.act(layer.gate(x)) * layer.up(x))
+            out = layer.o(attended.reshape(1, rows, -1).contiguous())
+            hidden = hidden + (out if layer.post_attention is None else layer.post_attention(out))
+            out = _mlp(layer, layer.pre_mlp(hidden))
+            hidden = hidden + (out if layer.post_mlp is None else layer.post_mlp(out))
         if isinstance(keep, int):
             hidden = hidden[:, -keep:]
         elif keep is not None:
             hidden = hidden[:, keep]
-        return self._head(_rms_norm(hidden, self._final_norm))[0]
+        return self._head(self._final_norm(hidden))[0]
+
+
+def _qkv(layer: _Layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if len(layer.qkv) == 3:
+        q, k, v = layer.qkv
+        return q(x), k(x), v(x)
+    q_size, kv_size = layer.sizes
+    fused = layer.qkv[0](x)
+    return fused[..., :q_size], fused[..., q_size : q_size + kv_size], fused[..., q_size + kv_size :]
+
+
+def _mlp(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+    if len(layer.gate_up) == 2:
+        gate, up = layer.gate_up
+        return layer.down(layer.act(gate(x)) * up(x))
+    gate, up = layer.gate_up[0](x).chunk(2, dim=-1)
+    return layer.down(up * layer.act(gate))

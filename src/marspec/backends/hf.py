@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 
 from marspec.backends.direct import Attend, DirectForward, direct_forward
 from marspec.backends.kv_cache import PositionLayer, position_cache
-from marspec.backends.row_attention import row_by_row_attention
+from marspec.backends.row_attention import layer_window, row_by_row_attention
 from marspec.backends.timing import ForwardTimer
 from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree, ForwardClock
@@ -174,7 +174,9 @@ class HFCausalLM:
             module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         ) -> torch.Tensor:
             keys, values = layers[module.layer_idx].update(key, value)
-            return row_by_row_attention(module, query, keys, values, mask, scaling=module.scaling)[0]
+            return row_by_row_attention(
+                module, query, keys, values, mask, scaling=module.scaling, sliding_window=layer_window(module)
+            )[0]
 
         return attend
 

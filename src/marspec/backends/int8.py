@@ -143,16 +143,22 @@ class Int8Embedding(torch.nn.Module):
     another), each the same whatever is looked up beside it."""
 
     def __init__(
-        self, int8_weight: torch.Tensor, weight_scale: torch.Tensor, lookup_dtype: torch.dtype = torch.float32
+        self,
+        int8_weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        lookup_dtype: torch.dtype = torch.float32,
+        embed_scale: float | None = None,
     ) -> None:
         """From int8 rows [vocab, hidden] and their group scales [vocab, hidden / group] (kept, not
-        copied)."""
+        copied); ``embed_scale`` multiplies every vector looked up, as Gemma's embedding does
+        (``scalar_embed_scale``: a float32 scalar, the same product as transformers')."""
         super().__init__()
         self.num_embeddings, self.embedding_dim = int8_weight.shape
         self.group = self.embedding_dim // weight_scale.shape[1]
         self.int8_weight = int8_weight
         self.weight_scale = weight_scale
         self.lookup_dtype = lookup_dtype
+        self.embed_scale = None if embed_scale is None else torch.tensor(embed_scale, dtype=lookup_dtype)
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -162,8 +168,8 @@ class Int8Embedding(torch.nn.Module):
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [...] int64 -> [..., hidden]
         rows = torch.nn.functional.embedding(token_ids, self.int8_weight).float()  # [..., hidden]
         grouped = rows.unflatten(-1, (-1, self.group))  # [..., hidden / group, group]
-        looked_up = grouped.mul_(self.weight_scale[token_ids].unsqueeze(-1)).flatten(-2)
-        return looked_up.to(self.lookup_dtype)
+        looked_up = grouped.mul_(self.weight_scale[token_ids].unsqueeze(-1)).flatten(-2).to(self.lookup_dtype)
+        return looked_up if self.embed_scale is None else looked_up * self.embed_scale
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 in groups of {self.group}"
@@ -174,8 +180,17 @@ def use_int8_embedding(model: PreTrainedModel) -> None:
     the embedding's dtype), in place, handing the float weight's pages back; nothing to do if it is int8
     already. Call it after the linear layers are rewritten: a tied LM head reads the embedding's weight."""
     embedding = model.get_input_embeddings()
-    if type(embedding) is not torch.nn.Embedding:
-        return
+    if type(embedding) is not torch.nn.Embedding and embedding_scale(embedding) is None:
+        return  # an embedding of a kind whose lookup is not a plain one times a scale
     weight = embedding.weight.detach()
-    model.set_input_embeddings(Int8Embedding(*int8_groups(weight), lookup_dtype=weight.dtype))
+    scale = embedding_scale(embedding)
+    model.set_input_embeddings(
+        Int8Embedding(*int8_groups(weight), lookup_dtype=weight.dtype, embed_scale=scale)
+    )
     release_pages(weight)
+
+
+def embedding_scale(embedding: torch.nn.Module) -> float | None:
+    """What a model's token embedding multiplies its vectors by (Gemma's ``sqrt(hidden)``), or None."""
+    scale = getattr(embedding, "scalar_embed_scale", None)
+    return None if scale is None else float(scale)

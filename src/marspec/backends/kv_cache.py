@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from transformers import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, PreTrainedConfig
 
+from marspec.backends.row_attention import ROW_ATTENTION
+
 INITIAL_CAPACITY = 256  # positions; doubled as needed
 
 
@@ -164,4 +166,8 @@ def position_cache(config: PreTrainedConfig) -> Cache:
     positions) is kept as transformers makes it.
     """
     layout = DynamicCache(config=config).layers
+    if getattr(config, "_attn_implementation", None) == ROW_ATTENTION:
+        # Row-by-row attention windows each row itself: every layer keeps every position, so the cache
+        # rolls back anywhere and a row sees the keys its one-token forward saw.
+        return Cache(layers=[PositionLayer() for _ in layout])
     return Cache(layers=[PositionLayer() if type(layer) is DynamicLayer else layer for layer in layout])

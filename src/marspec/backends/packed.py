@@ -25,7 +25,13 @@ import torch
 from marspec.backends import kernels
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.kv_cache import PositionLayer
-from marspec.backends.row_attention import PACKING_KEYWORD, ROW_ATTENTION, kernel_takes, row_by_row_attention
+from marspec.backends.row_attention import (
+    PACKING_KEYWORD,
+    ROW_ATTENTION,
+    has_sliding_layers,
+    kernel_takes,
+    row_by_row_attention,
+)
 
 
 def rows_alone(lm: HFCausalLM) -> bool:
@@ -36,6 +42,7 @@ def rows_alone(lm: HFCausalLM) -> bool:
     attention = getattr(lm.model.config, "_attn_implementation", None)
     return (
         attention == ROW_ATTENTION
+        and not has_sliding_layers(lm.model.config)  # a packed forward attends whole prefixes
         and not lm.captures_hidden_states
         and all(isinstance(layer, PositionLayer) for layer in lm.cache_layers)
     )

@@ -183,6 +183,6 @@ def quantize_draft(model: PreTrainedModel, draft_quant: str) -> PreTrainedModel:
     else:
         quantize_int4(model)
     use_int8_embedding(model)
-    with contextlib.suppress(MarspecError):  # sliding-window layers: drafts still right, only not packed
+    with contextlib.suppress(MarspecError):  # other attention kinds: drafts still right, only not packed
         use_row_attention(model)
     return model

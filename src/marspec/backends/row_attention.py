@@ -25,8 +25,10 @@ default target's layers (12 heads of 128, 200 cached positions) a 13-row verific
 (``benchmarks/row_attention.py``). Elsewhere each row is one SDPA call as above.
 
 Only what marspec's models pass is supported: one sequence (batch 1 whenever there is a mask), causal
-full attention; a 2D padding mask never reaches this function (transformers drops it for an attention
-without a mask builder), so batches with padding are not handled.
+attention over the whole prefix or a sliding window of it (each row its own last ``sliding_window``
+positions: Gemma 3's local layers, a Mistral or Phi-3 configuration's window); a 2D padding mask
+never reaches this function (transformers drops it for an attention without a mask builder), so batches
+with padding are not handled.
 """
 
 from __future__ import annotations
@@ -58,23 +60,25 @@ def row_by_row_attention(
     """transformers' attention-function signature; returns [B, q, H, D] and no weights. A packed forward
     of several sequences (``kwargs[PACKING_KEYWORD]``) attends each sequence's rows against its own cache,
     each row as here."""
+    window = kwargs.get("sliding_window")
     packing = kwargs.get(PACKING_KEYWORD)
     if packing is not None:
+        if window is not None:  # never packed (packed.rows_alone): a window is not what packing attends
+            raise MarspecError("a packed forward does not attend sliding windows")
         return packing.attend(module, query, key, value, scaling), None
-    for unsupported in ("softcap", "sliding_window"):
-        if kwargs.get(unsupported) is not None:
-            raise MarspecError(f"row-by-row attention does not implement {unsupported.replace('_', ' ')}")
+    if kwargs.get("softcap") is not None:
+        raise MarspecError("row-by-row attention does not implement softcap")
     if attention_mask is not None and query.shape[0] != 1:
         raise MarspecError("row-by-row attention takes a mask for one sequence only (batch 1)")
     q_len, kv_len = query.shape[2], key.shape[2]
     if kernel_takes(query):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if attention_mask is None:  # row i sees the first kv - q + i + 1 positions
-            visible = torch.arange(kv_len - q_len + 1, kv_len + 1)
-            return _kernel_rows(query[0], key[0], value[0], visible, scale), None
+        visible = torch.arange(kv_len - q_len + 1, kv_len + 1)
+        if attention_mask is None and (window is None or int(visible[-1]) <= window):
+            return _kernel_rows(query[0], key[0], value[0], visible, scale), None  # row i: a prefix
         attended = []
         for i in range(q_len):
-            keys, values = _visible(key, value, attention_mask[0, 0, i])
+            keys, values = _row_keys(key, value, attention_mask, i, int(visible[i]), window)
             seen = torch.tensor([keys.shape[2]])
             attended.append(_kernel_rows(query[0, :, i : i + 1], keys[0], values[0], seen, scale))
         return torch.cat(attended, dim=1), None
@@ -82,12 +86,29 @@ def row_by_row_attention(
     for i in range(q_len):
         # A contiguous copy: the one-query call then sees the same layout whichever forward it is in.
         row = query[:, :, i : i + 1].contiguous()  # [B, H, 1, D]
-        if attention_mask is None:
-            keys, values = _prefix(key, value, kv_len - q_len + i + 1)
-        else:
-            keys, values = _visible(key, value, attention_mask[0, 0, i])
+        keys, values = _row_keys(key, value, attention_mask, i, kv_len - q_len + i + 1, window)
         rows.append(F.scaled_dot_product_attention(row, keys, values, scale=scaling, enable_gqa=True))
     return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _row_keys(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    row: int,
+    end: int,
+    window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values query row ``row`` attends: the first ``end`` positions of a chain forward, or
+    those its mask row lets it see, and of those the last ``window`` (a sliding-window layer: a token
+    sees itself and the ``window - 1`` before it, as transformers' sliding mask)."""
+    if mask is None:
+        keys, values = _prefix(key, value, end)
+    else:
+        keys, values = _visible(key, value, mask[0, 0, row])
+    if window is not None and keys.shape[2] > window:
+        keys, values = keys[:, :, -window:], values[:, :, -window:]
+    return keys, values
 
 
 @functools.cache
@@ -141,21 +162,38 @@ def _visible(
 AttentionInterface.register(ROW_ATTENTION, row_by_row_attention)
 
 
-def check_row_attention(model: PreTrainedModel) -> None:
-    """Refuse a model whose layers do not all attend to the whole prefix: a sliding window sees another
-    range than the prefix rule assumes."""
-    config = model.config
+# The attention layer kinds attended row by row: the whole prefix, or its last ``sliding_window``
+# positions (each row's own window, :func:`_row_keys`).
+ROW_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
+def layer_window(module: torch.nn.Module) -> int | None:
+    """The sliding window an attention module attends (None: the whole prefix), as its forward passes it
+    to the attention function: its own ``sliding_window`` (Qwen2, Qwen3, Gemma 3: None on full layers),
+    else its configuration's (Mistral, Phi-3)."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    return getattr(getattr(module, "config", None), "sliding_window", None)
+
+
+def has_sliding_layers(config: object) -> bool:
+    """Whether some of a model's attention layers see a sliding window rather than the whole prefix."""
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
-        windowed = set(layer_types) != {"full_attention"}
-        kinds = ", ".join(sorted(set(layer_types)))
-    else:  # configs without layer types (Mistral's) window every layer when sliding_window is set
-        windowed = getattr(config, "sliding_window", None) is not None
-        kinds = "sliding_attention"
-    if windowed or getattr(config, "use_sliding_window", False):
+        return "sliding_attention" in layer_types
+    # Configurations without layer types (Mistral's) window every layer when sliding_window is set.
+    return getattr(config, "sliding_window", None) is not None or bool(
+        getattr(config, "use_sliding_window", 0)
+    )
+
+
+def check_row_attention(model: PreTrainedModel) -> None:
+    """Refuse a model with attention layers of a kind not attended row by row (chunked, linear, ...)."""
+    kinds = set(getattr(model.config, "layer_types", None) or ()) - ROW_LAYER_TYPES
+    if kinds:
         raise MarspecError(
-            f"{type(model).__name__} has attention layers other than full attention ({kinds}), which a "
-            "quantised (int8 or int4) target does not support here: use target_quant='none'"
+            f"{type(model).__name__} has attention layers of kinds {', '.join(sorted(kinds))}, which a "
+            "quantised (int8, q4k or int4) target does not support here: use target_quant='none'"
         )
 
 

@@ -51,6 +51,7 @@ from marspec.models.cache import (
     models_root,
     share_file,
 )
+from marspec.models.gguf_config import complete_config
 from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
 from marspec.models.hub import hub_snapshot, names_hub_model
 from marspec.models.packaged import reinstall_hint
@@ -152,7 +153,10 @@ def _convert_gguf(
                         folder, gguf_file=filename, local_files_only=True
                     )
                     config = AutoConfig.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-            except MemoryError:
+                complete_config(config, gguf_path)
+                if not float_weights:  # the weights are read later: a missing one is refused now, by name
+                    _check_weights(gguf_path, config, fix)
+            except (MemoryError, MarspecError):
                 raise
             except Exception as exc:
                 raise MarspecError(f"cannot load GGUF file {gguf_path} ({one_line(exc)}); {fix}") from exc
@@ -170,6 +174,7 @@ def _convert_gguf(
         if float_weights:
             with _phase(console, label, "dequantizing the GGUF weights into float32 safetensors"):
                 _write_weights(gguf_path, config, out_dir / WEIGHTS_FILE, fix)
+
         with _phase(console, label, "writing the tokenizer and configuration files"):
             config.save_pretrained(out_dir)
             tokenizer.save_pretrained(out_dir)
@@ -243,10 +248,15 @@ def folder_gguf(folder: Path, blocks_wanted: bool = False) -> Path | None:
     the model's installed packages (a few seconds; an error naming them if they are gone); else None.
     ``blocks_wanted``: a form that keeps the GGUF's quantised blocks (the "q4k" engine) asks for a known
     model's GGUF even where float32 weights are held (dequantized, they lost the blocks), when its
-    packages are installed."""
+    packages are installed, and for the user's .gguf file a folder was converted from, while it is
+    unchanged (:func:`converted_from`)."""
     held = held_gguf(folder)
     if held is not None:
         return held
+    if blocks_wanted:
+        source = converted_from(folder)
+        if source is not None:
+            return source
     spec = MODELS.get(folder.name)
     assemble = gguf_released(folder) and not has_float_weights(folder)
     if blocks_wanted and spec is not None and not missing_requirements(spec):
@@ -279,6 +289,17 @@ def folder_gguf(folder: Path, blocks_wanted: bool = False) -> Path | None:
     return folder / GGUF_FILE
 
 
+def converted_from(folder: Path) -> Path | None:
+    """The user's .gguf file a cached folder was converted from, where it is still the file it was (the
+    folder's name is its path, size and time: :func:`~marspec.models.cache.gguf_cache_key`); else None."""
+    try:
+        source = json.loads((folder / MARKER_FILE).read_text()).get("source")
+        path = Path(source) if isinstance(source, str) else None
+        return path if path is not None and gguf_cache_key(path) == folder.name else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def release_gguf(folder: Path) -> None:
     """Delete the GGUF from a known model's cached folder (whose loads read a stored form): it is a copy
     of what the model's installed packages hold, assembled again if another form needs it
@@ -302,6 +323,17 @@ def _assemble_gguf(spec: ModelSpec, out: Path, label: str) -> None:
 
     with _phase(Console(stderr=True, soft_wrap=True), label, "assembling the GGUF"):
         spec.write_gguf(out)
+
+
+def _check_weights(gguf_path: Path, config: PretrainedConfig, fix: str) -> None:
+    """Refuse, in one line, a GGUF that lacks a weight the model needs (named, not read)."""
+    from marspec.models.gguf_weights import missing_weights
+
+    missing = missing_weights(gguf_path, config)
+    if missing:
+        raise MarspecError(
+            f"GGUF file {gguf_path} lacks {len(missing)} weights the model needs (e.g. {missing[0]}); {fix}"
+        )
 
 
 def _write_weights(gguf_path: Path, config: PretrainedConfig, out_file: Path, fix: str) -> None:
@@ -365,12 +397,13 @@ def _convert_locked(
                 gguf_file = work / f"{key}.gguf"
                 _assemble_gguf(spec, gguf_file, f"marspec: converting {display_name}")
             out = work / "hf"
-            if spec is None:  # a user's GGUF stays where it is: its float32 weights are written now
-                _convert_gguf(gguf_file, out, display_name=display_name, spec=spec, fix=fix)
-            else:  # a known model keeps its GGUF; its float32 weights wait for a float load
-                _convert_gguf(
-                    gguf_file, out, display_name=display_name, spec=spec, fix=fix, float_weights=False
-                )
+            # The float32 weights wait for a float load (ensure_float_weights): the q4k, int8 and 4-bit
+            # engines read the GGUF (an 8B model's float32 weights would be 32 GB). A known model's
+            # folder keeps its GGUF; a user's stays where it is, the folder holding a link to it.
+            _convert_gguf(gguf_file, out, display_name=display_name, spec=spec, fix=fix, float_weights=False)
+            if spec is None:
+                os.symlink(gguf_file, out / GGUF_FILE)
+            else:
                 os.rename(gguf_file, out / GGUF_FILE)
             _share_files(out)
             os.rename(out, target)
@@ -388,7 +421,7 @@ def _convert_locked(
 
 def _share_files(folder: Path) -> None:
     for item in folder.iterdir():
-        if item.is_file():
+        if item.is_file() and not item.is_symlink():  # a link to a user's GGUF: their file, not ours
             share_file(item)
 
 

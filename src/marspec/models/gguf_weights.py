@@ -44,8 +44,9 @@ def gguf_tensors_keeping(
 ) -> Iterator[tuple[str, np.ndarray, Any]]:
     """:func:`gguf_tensors`, except that a tensor whose GGUF type is in ``kept`` (``GGMLQuantizationType``
     members) comes as its raw blocks (uint8 [rows, bytes a row], the file's bytes) with its type, where
-    transformers' processing would leave its values as they are (an architecture without a processor of
-    its own); everything else comes dequantized, with the type None."""
+    transformers' processing only reorders its rows or leaves it as it is (:func:`_row_order`: Llama's
+    q and k, un-permuted, or any weight of an architecture whose processor changes only norms); everything
+    else comes dequantized, with the type None."""
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
@@ -55,8 +56,10 @@ def gguf_tensors_keeping(
 
     with one_parse_per_gguf():  # transformers' read of the configuration and ours of the tensors
         parsed: dict[str, Any] = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
-        tensors = gguf_reader(gguf_path).tensors
-    architecture = parsed["config"]["model_type"]
+        reader = gguf_reader(gguf_path)
+    # The processor of the file's own architecture, as transformers' loader picks it: a Mistral's GGUF is
+    # a "llama" whose q and k rows llama.cpp permuted, whatever model type transformers then names.
+    architecture = reader_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
     skeleton = _skeleton(config)
     key_mapping = get_gguf_hf_weights_map(skeleton, processor)
@@ -65,12 +68,13 @@ def gguf_tensors_keeping(
     # Processors of mixture-of-experts models put the experts they assemble here instead of returning
     # them; they are handed on as soon as they appear.
     parsed["tensors"] = {}
-    for tensor in tensors:
+    for tensor in reader.tensors:
         mapped = key_mapping.get(tensor.name)
         if mapped is not None and mapped not in wanted:
             continue  # e.g. an output layer the model ties to its input embedding: not even dequantized
-        if tensor.tensor_type in kept and type(processor) is TensorProcessor and mapped is not None:
-            yield mapped, tensor.data, tensor.tensor_type
+        order = _row_order(processor, tensor, parsed) if tensor.tensor_type in kept and mapped else None
+        if order is not None:
+            yield mapped, (tensor.data if order is _SAME else tensor.data[order]), tensor.tensor_type
             release_range(tensor.data.ctypes.data, tensor.data.nbytes)
             continue
         result = processor.process(
@@ -88,6 +92,35 @@ def gguf_tensors_keeping(
             name, weights = parsed["tensors"].popitem()
             if name in wanted:
                 yield name, np.ascontiguousarray(weights.numpy(force=True), dtype=np.float32), None
+
+
+_SAME = np.arange(0)  # a row order that keeps the rows where they are
+
+
+def _row_order(processor: Any, tensor: Any, parsed: dict[str, Any]) -> np.ndarray | None:
+    """The order in which ``processor`` puts ``tensor``'s rows (:data:`_SAME` where it leaves them), or
+    None where it does more than reorder rows. Asked of the processor itself, on a column of row
+    numbers: raw blocks hold whole rows, so a reordering of rows applies to them as it is."""
+    rows = int(tensor.data.shape[0])
+    numbers = np.arange(rows, dtype=np.float64).reshape(rows, 1)
+    processed = processor.process(
+        weights=numbers.copy(), name=tensor.name, tensor_key_mapping={}, parsed_parameters={"tensors": {}}
+    )
+    result = np.asarray(processed.weights)
+    if processed.name != tensor.name or result.shape != numbers.shape:
+        return None
+    if not np.array_equal(np.sort(result[:, 0]), numbers[:, 0]):
+        return None
+    order = result[:, 0].astype(np.int64)
+    return _SAME if np.array_equal(order, numbers[:, 0]) else order
+
+
+def reader_field(reader: Any, key: str) -> list[Any]:
+    """A GGUF field's values as a list (one for a scalar), empty when the file lacks it."""
+    if key not in reader.fields:
+        return []
+    value = reader.fields[key].contents()
+    return value if isinstance(value, list) else [value]
 
 
 def dequantized(data: np.ndarray, qtype: Any, rows_per_chunk: int = 4096) -> np.ndarray:
@@ -109,6 +142,28 @@ def dequantized(data: np.ndarray, qtype: Any, rows_per_chunk: int = 4096) -> np.
     for start in range(rows_per_chunk, data.shape[0], rows_per_chunk):
         out[start : start + rows_per_chunk] = dequantize(data[start : start + rows_per_chunk], qtype)
     return out
+
+
+def missing_weights(gguf_path: Path, config: PretrainedConfig) -> list[str]:
+    """The weights a model of ``config`` loads that no tensor of the GGUF maps to, by name alone (nothing
+    is read or dequantized): what converting it would find missing. Models of experts, whose tensors
+    transformers' processors assemble, are not checked here (empty)."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    reader = gguf_reader(gguf_path)
+    architecture = reader_field(reader, "general.architecture")[0]
+    skeleton = _skeleton(config)
+    wanted = {name for name, _ in skeleton.named_parameters()}
+    if any(".experts." in name for name in wanted):
+        return []
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    key_mapping = get_gguf_hf_weights_map(skeleton, processor)
+    found = {key_mapping.get(tensor.name) for tensor in reader.tensors}
+    return sorted(wanted - found)
 
 
 def parameter_names(config: PretrainedConfig) -> set[str]:

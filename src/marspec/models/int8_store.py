@@ -35,6 +35,7 @@ from marspec.backends.int8 import (
     INT8_UNAVAILABLE,
     Int8Embedding,
     RowwiseInt8Linear,
+    embedding_scale,
     int8_groups,
     int8_rows,
     rowwise_int8_available,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("marspec")
 
 # Each form's file format, bumped when what the file holds changes: a file of another is written again.
-_FORMATS = {"int8": "2", "q4k": "q4k-3", "q4k-draft": "q4k-draft-2"}
+_FORMATS = {"int8": "2", "q4k": "q4k-4", "q4k-draft": "q4k-draft-3"}
 _INT8, _SCALE = "int8_weight", "weight_scale"
 _Q4K = "q4k_"  # the prefix of a Q4_K layer's tensors (Q4KLinear.tensors' names after it)
 
@@ -137,7 +138,8 @@ def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
     holds it (int8 rows, or Q4_K blocks), the rest assigned as they are."""
     embedding = name_of(model, model.get_input_embeddings())
     int8, scale = tensors.pop(f"{embedding}.{_INT8}"), tensors.pop(f"{embedding}.{_SCALE}")
-    model.set_submodule(embedding, Int8Embedding(int8, scale))
+    embed_scale = embedding_scale(model.get_input_embeddings())
+    model.set_submodule(embedding, Int8Embedding(int8, scale, embed_scale=embed_scale))
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
             continue
