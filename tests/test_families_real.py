@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from marspec.api import Decoder
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends.kernels import kernels_available
 from marspec.models.registry import MODELS, missing_requirements
 
 pytestmark = [
     pytest.mark.real,
-    pytest.mark.skipif(not q4k_kernel_available(), reason="the Q4_K kernel does not run here"),
+    pytest.mark.skipif(not kernels_available(), reason="the Q4_K kernel does not run here"),
     pytest.mark.skipif(
         bool(missing_requirements(MODELS["gemma-3-270m"])), reason="gemma-3-270m's package is not installed"
     ),

@@ -15,12 +15,12 @@ import torch
 
 from marspec.api import Decoder
 from marspec.backends.hf import HFCausalLM
-from marspec.backends.q4k import q4k_kernel_available
+from marspec.backends.kernels import kernels_available
 from marspec.backends.row_attention import use_row_attention
 from marspec.models.loading import load_model
 from marspec.models.shapes import SHAPES, byte_tokenizer, sentencepiece_tokenizer, write_shape_gguf
 
-needs_kernel = pytest.mark.skipif(not q4k_kernel_available(), reason="the Q4_K kernel does not run here")
+needs_kernel = pytest.mark.skipif(not kernels_available(), reason="the Q4_K kernel does not run here")
 FAMILIES = ("qwen3-tiny", "llama-3.1-tiny", "qwen2.5-tiny", "mistral-tiny", "phi3-tiny", "gemma3-tiny")
 PROMPT = "hello world, hello hello world, the world"
 

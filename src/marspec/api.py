@@ -246,8 +246,12 @@ class Decoder:
         from marspec.eval.cpu import cpu_name
 
         assert self.draft_name is not None and self.draft_weights is not None  # set with the drafter
+        from marspec.backends import kernels
+
+        # The kernel path decides a verification's cost as much as the CPU does (AVX2 against AVX-512).
+        path = kernels.process_path() if kernels.kernels_available() else None
         key = PairKey(
-            cpu_name(),
+            cpu_name() if path is None else f"{cpu_name()} ({path.name} kernels)",
             torch.get_num_threads(),
             self.target.name,
             self.target_weights,
