@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
+from q4k_kernel import random_q6k  # the Q6_K blocks q4k_kernel.py times
 
 from marspec.backends import kernels
 from marspec.backends.q4k import Q4KLinear, q4k_blocks
-from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear
+from marspec.backends.q6k import Q6KLinear
 
 ROWS = (1, 4, 8, 13, 16)
 # The 1.5B Qwen target's linear layers in its Q4_K_M file: (format, N, K, count in the model).
@@ -41,14 +41,6 @@ TARGET_LAYERS = (
     ("q4k", 1536, 8960, 14),
     ("q6k", 151936, 1536, 1),  # the output layer (tied to the embedding)
 )
-
-
-def random_q6k(n: int, k: int) -> np.ndarray:
-    """Random Q6_K blocks [n, k / 256 * 210]: any codes and scales, d ~ 1e-4."""
-    rng = np.random.default_rng(0)
-    blocks = rng.integers(0, 256, size=(n, k // 256, Q6K_BLOCK_BYTES), dtype=np.uint8)
-    blocks[..., 208:210] = rng.uniform(-2e-4, 2e-4, size=(n, k // 256, 1)).astype(np.float16).view(np.uint8)
-    return blocks.reshape(n, -1)
 
 
 def packed(form: str, n: int, k: int) -> torch.nn.Module:

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from test_q6k import random_blocks  # valid random Q6_K bytes
 
 from marspec.backends import kernels
 from marspec.backends.kernels import library, paths
@@ -33,23 +33,13 @@ def path_ops(name: str):
     return kernels.library_ops(kernels.path_named(name))
 
 
-def random_q6k_blocks(rows: int, cols: int) -> np.ndarray:
-    """Random valid Q6_K bytes [rows, cols / 256 * 210] (any codes and scales, a finite d)."""
-    rng = np.random.default_rng(0)
-    blocks = rng.integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
-    blocks[..., 208:210] = (
-        rng.uniform(-0.001, 0.001, size=(rows, cols // 256, 1)).astype(np.float16).view(np.uint8)
-    )
-    return blocks.reshape(rows, -1)
-
-
 @pytest.fixture(scope="module")
 def layers() -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     return {
         "q4k": Q4KLinear.from_float(torch.randn(70, 1024) * 0.05, torch.randn(70)),
         "q4k_896": Q4KLinear.from_float(torch.randn(40, 896) * 0.05),
-        "q6k": Q6KLinear.from_gguf_blocks(random_q6k_blocks(48, 768), torch.randn(48)),
+        "q6k": Q6KLinear.from_gguf_blocks(random_blocks(48, 768), torch.randn(48)),
     }
 
 
