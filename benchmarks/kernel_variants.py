@@ -1,10 +1,13 @@
 r"""Tuning the AVX-512 path's linear kernels: builds of the same sources with other register blocking
-(rows kept in registers at once, ``MARSPEC_ROW_BLOCK``) and another choice between reading a record's codes
-in each block of rows or unpacking them once (``MARSPEC_BLOCKS_FROM_RECORD``), each loaded beside the
-others in one process (a namespace of its own), checked bit for bit against the shipped build, and timed
-in interleaved rounds on the 1.5B target's largest layer shapes at 1 and 13 rows.
+(rows kept in registers at once, ``MARSPEC_ROW_BLOCK``), another choice between reading a record's codes
+in each block of rows or unpacking them once (``MARSPEC_BLOCKS_FROM_RECORD``) and other weight requests
+(how many records ahead, ``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``),
+each loaded beside the others in one process (a namespace of its own), checked bit for bit against the
+shipped build, and timed in interleaved rounds on the 1.5B target's largest layer shapes at 1 and 13 rows.
+A variant is ROWBLOCK:FROMRECORD[:AHEAD:LEVEL] (6:3:2:2 ships; 6:3:1:1 the next record into every level).
 
     python benchmarks/kernel_variants.py --variants 6:3,7:3,6:1,4:1 --rows 1,13
+    python benchmarks/kernel_variants.py --variants 6:3:2:2,6:3:1:1,6:3:1:2,6:3:3:2 --rows 1,4,13
 """
 
 from __future__ import annotations
@@ -24,24 +27,27 @@ from marspec.backends.kernels.library import SOURCES, build_flags
 SHAPES = (("q4k", 8960, 1536), ("q4k", 1536, 8960), ("q6k", 1536, 8960), ("q6k", 151936, 1536))
 
 
-def variant_ops(row_block: int, from_record: int) -> Any:
-    """The AVX-512 path's operators built with ``row_block`` rows in registers and codes read from the
-    record by up to ``from_record`` blocks of rows."""
-    name = f"marspec_v{row_block}_{from_record}"
+def variant_ops(row_block: int, from_record: int, ahead: int = 2, level: int = 2) -> Any:
+    """The AVX-512 path's operators built with ``row_block`` rows in registers, codes read from the
+    record by up to ``from_record`` blocks of rows, and the weights requested ``ahead`` records ahead
+    into cache level ``level`` (1: every level; 2: the second on)."""
+    name = f"marspec_v{row_block}_{from_record}_{ahead}_{level}"
     flags = [f for f in build_flags(kernels.path_named("avx512_vnni")) if not f.startswith("-DMARSPEC_OPS=")]
     flags += [
         f"-DMARSPEC_OPS={name}",
         f"-DMARSPEC_ROW_BLOCK={row_block}",
         f"-DMARSPEC_BLOCKS_FROM_RECORD={from_record}",
+        f"-DMARSPEC_RECORDS_AHEAD={ahead}",
+        f"-DMARSPEC_PREFETCH_LEVEL={level}",
     ]
-    load_library(name, SOURCES, flags, label=f"variant {row_block}:{from_record} kernels")
+    load_library(name, SOURCES, flags, label=f"variant {row_block}:{from_record}:{ahead}:{level} kernels")
     return getattr(torch.ops, name)
 
 
 def main() -> None:
     parser = script_parser(__doc__)
     add_threads(parser)
-    parser.add_argument("--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD,... (6:3 ships)")
+    parser.add_argument("--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL],... (6:3:2:2 ships)")
     parser.add_argument("--rows", default="1,13")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out")

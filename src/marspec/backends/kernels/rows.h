@@ -95,9 +95,12 @@ inline void write_tile(const float* acc, const float* scale, int64_t m_rows, int
   }
 }
 
-// Requests `bytes` from p on into the cache.
+// Requests `bytes` from p on into the cache: every level, or the core's second level on (prefetch_l2).
 inline void prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) prefetch_line(p + i);
+}
+inline void prefetch_l2(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) prefetch_line_l2(p + i);
 }
 
 // Part `part` of `parts` of the cache lines of `bytes` from p on, requested into the cache (a long

@@ -47,7 +47,9 @@ inline I32 broadcast4(const void* p) {
   return set1(v);
 }
 
-// Requests the 64-byte cache line at p (past a tensor's end a prefetch does not fault).
+// Requests the 64-byte cache line at p (past a tensor's end a prefetch does not fault): into every cache
+// level, or into the core's second level only (prefetch_line_l2).
 inline void prefetch_line(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_line_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 }  // namespace marspec_simd
