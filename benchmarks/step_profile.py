@@ -10,22 +10,26 @@ top of a cache of ``--context`` tokens, rolled back after every call as the deco
 
 Each case runs ``--repeats`` rounds of one call timed without the profiler (the step's wall time) and one
 under ``torch.profiler``, so that both meet the same stretch of a shared machine; medians are kept. The
-native operators are grouped by their library's namespace: the linear kernels (``marspec_q4k``,
-``marspec_q6k``), the attention kernel (``marspec_attention``), the vocabulary kernels
-(``marspec_vocab``) and any other ``marspec_*`` library a later engine adds; each operator's time
-includes what it calls. Everything else the step runs (norms, rotary, views, copies, the glue around the
-kernels) is "outside the kernels": the step's wall time less the kernels' time. The profiler adds a few
-microseconds to every operator, which falls on the many small ones outside the kernels, so shares are
-given against the unprofiled wall time (the figure to read) and against the profiled one; the operators
-outside the kernels are listed by their own (self) time.
+native kernels are grouped by their operator's name: the linear kernels (``q4k_linear``,
+``q6k_linear``), the attention kernel (``attention_rows``) and the vocabulary kernels (``vocab_*``); each
+kernel's time includes what it calls. The models' Llama-family layers run through the native layer
+(``layer_pre``, ``layer_post``: :mod:`marspec.backends.native_layer`), or, with ``--layers
+native,python``, each case also through the Python layer (its name marked so), for the difference.
+Everything else the step runs (norms, rotary, views, copies, the glue around the kernels) is "outside
+the kernels": the step's wall time less the kernels' time. The profiler adds a few microseconds to every
+operator, which falls on the many small ones outside the kernels, so shares are given against the
+unprofiled wall time (the figure to read) and against the profiled one; the operators outside the kernels
+are listed by their own (self) time.
 
     python benchmarks/step_profile.py --out docs/results/step-profile-2026-12-06.json
+    python benchmarks/step_profile.py --layers native,python --repeats 6
 
 A timing: run it alone on the machine.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -35,24 +39,24 @@ from typing import Any
 import torch
 from _common import add_threads, machine, script_parser, write_json
 
-# Which group a native operator's library belongs to; another marspec_* library is a group of its own.
+# Which group a native kernel belongs to, by its operator's name (``marspec_<path>::q4k_linear``, or
+# ``q4k_linear`` where the native layer calls it and names it to the profiler). The native layer's own
+# operators (layer_pre, layer_post) are not kernels: their ATen operators count as outside the kernels.
 GROUPS = {
-    "marspec_q4k": "linear kernels",
-    "marspec_q6k": "linear kernels",
-    "marspec_attention": "attention kernel",
-    "marspec_vocab": "vocab kernels",
+    "q4k_linear": "linear kernels",
+    "q6k_linear": "linear kernels",
+    "attention_rows": "attention kernel",
+    "attention_segments": "attention kernel",
+    "vocab_argmax": "vocab kernels",
+    "vocab_top2": "vocab kernels",
 }
 OUTSIDE = "outside the kernels"
 
 
 def group_of(op: str) -> str | None:
-    """The kernel group of an operator named ``namespace::name``, or None for one outside the kernels."""
-    namespace = op.partition("::")[0]
-    if namespace in GROUPS:
-        return GROUPS[namespace]
-    if namespace.startswith("marspec_"):
-        return f"other native kernels ({namespace})"
-    return None
+    """The kernel group of an operator (``namespace::name`` or ``name``), or None for one outside the
+    kernels."""
+    return GROUPS.get(op.rpartition("::")[2])
 
 
 def profile_case(call: Callable[[], object], undo: Callable[[], object], repeats: int) -> dict[str, Any]:
@@ -116,9 +120,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128, help="cached tokens before each step")
     parser.add_argument("--verify-rows", type=int, default=13, help="tokens a verification scores")
     parser.add_argument("--repeats", type=int, default=10, help="calls per case, timed and profiled")
+    parser.add_argument("--layers", default="native", help="native, python or native,python (see above)")
     parser.add_argument("--out", help="where to write the JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    modes = args.layers.split(",")
+    if not set(modes) <= {"native", "python"}:
+        raise SystemExit(f"--layers takes native, python or both, not {args.layers!r}")
 
     from marspec import Decoder
     from marspec.draft_length import ENV
@@ -156,11 +164,13 @@ def main() -> None:
         ("draft step", draft, 1, lambda lm, t: argmax(lm.forward(t)[-1])),
     )
     with torch.inference_mode():
-        for name, lm, rows, step in cases:
+        for (name, lm, rows, step), mode in itertools.product(cases, modes):
+            if lm.direct is not None:
+                lm.direct.native_layers = mode == "native"
             lm.reset()
             lm.forward(tokens(args.context), last_only=True)
             new = tokens(rows)
-            result["cases"][name] = profile_case(
+            result["cases"][name if mode == "native" else f"{name} (Python layers)"] = profile_case(
                 lambda lm=lm, step=step, new=new: step(lm, new),
                 lambda lm=lm: lm.rollback(args.context),
                 args.repeats,

@@ -55,25 +55,30 @@ def assert_same_caches(a: HFCausalLM, b: HFCausalLM) -> None:
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
+def assert_same_forwards(a: HFCausalLM, b: HFCausalLM, prompt: torch.Tensor) -> None:
+    """``a`` and ``b`` give the same logits and cache bits for one token, a chain, a token tree and a
+    prefill of ``prompt``."""
+    for lm in (a, b):
+        lm.forward(prompt[:5], last_only=True)
+    assert torch.equal(a.forward(prompt[:1]), b.forward(prompt[:1]))  # one token
+    assert torch.equal(a.forward(prompt[5:]), b.forward(prompt[5:]))  # a chain
+    base = a.cached_len
+    assert torch.equal(*(lm.forward_tree(TREE, prompt[-1:]) for lm in (a, b)))
+    for lm in (a, b):
+        lm.keep_path(base, (3,))
+    assert_same_caches(a, b)
+    for lm in (a, b):
+        lm.reset()
+    assert torch.equal(a.forward(prompt), b.forward(prompt))  # a prefill's every row
+    assert_same_caches(a, b)
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral"])
 def test_the_direct_forward_gives_transformers_bits(kind: str, prompt: torch.Tensor) -> None:
     model = row_attention_model(kind)
     direct, reference = HFCausalLM(model, tokenizer=None, name="direct"), transformers_lm(model)
     assert direct.direct is not None
-    for lm in (direct, reference):
-        lm.forward(prompt[:5], last_only=True)
-    assert torch.equal(direct.forward(prompt[:1]), reference.forward(prompt[:1]))  # one token
-    assert torch.equal(direct.forward(prompt[5:]), reference.forward(prompt[5:]))  # a chain
-    base = direct.cached_len
-    trees = [lm.forward_tree(TREE, prompt[-1:]) for lm in (direct, reference)]
-    assert torch.equal(*trees)
-    for lm in (direct, reference):
-        lm.keep_path(base, (3,))
-    assert_same_caches(direct, reference)
-    for lm in (direct, reference):
-        lm.reset()
-    assert torch.equal(direct.forward(prompt), reference.forward(prompt))  # a prefill's every row
-    assert_same_caches(direct, reference)
+    assert_same_forwards(direct, reference, prompt)
 
 
 @pytest.mark.skipif(not rowwise_int8_available(), reason="no oneDNN int8 kernels in this torch build or CPU")

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
+from marspec.backends.native_layer import NativeLayer, native_layer
 from marspec.backends.row_attention import ROW_ATTENTION
 
 # The model types whose transformers forward is the one written out here.
@@ -55,6 +56,7 @@ class _Layer(NamedTuple):
     act: Callable[[torch.Tensor], torch.Tensor]
     head_dim: int
     rotary: str | None  # Gemma 3: the layer type whose rotary frequencies it uses
+    native: NativeLayer | None  # the layer's work around its attention in two native calls, where it runs
 
 
 def direct_forward(model: PreTrainedModel) -> DirectForward | None:
@@ -141,6 +143,11 @@ def _layer(layer: torch.nn.Module, config: object) -> _Layer:
         act=getattr(mlp, "act_fn", None) or mlp.activation_fn,
         head_dim=head_dim,
         rotary=getattr(attn, "layer_type", None) if gemma else None,
+        native=None
+        if gemma
+        else native_layer(
+            layer, config, (_eps(layer.input_layernorm), _eps(layer.post_attention_layernorm)), head_dim
+        ),
     )
 
 
@@ -156,6 +163,8 @@ class DirectForward:
         self._head = model.get_output_embeddings()
         self._layers = [_layer(layer, config) for layer in decoder.layers]
         self._rotary_kinds = sorted({layer.rotary for layer in self._layers}, key=str)
+        # Each layer through its native calls where it has them (False: the Python layer, for comparisons).
+        self.native_layers = True
 
     def __call__(
         self,
@@ -177,6 +186,10 @@ class DirectForward:
         rows = int(tokens.shape[0])
         for layer in self._layers:
             cos, sin = rotations[layer.rotary]
+            if layer.native is not None and self.native_layers:
+                query, key, value = layer.native.pre(hidden, cos, sin)
+                hidden = layer.native.post(hidden, attend(layer.attention, query, key, value))
+                continue
             x = layer.input_norm(hidden)
             shape = (1, rows, -1, layer.head_dim)
             query, key, value = _qkv(layer, x)

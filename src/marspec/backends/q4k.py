@@ -210,6 +210,11 @@ class Q4KLinear(torch.nn.Module):
             raise MarspecError(f"Q4_K blocks {width} wide do not fit a layer {self.in_features} wide")
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
+    @property
+    def pad(self) -> int:
+        """The zeros each input row is widened by for the kernel (its width a multiple of 32)."""
+        return self._pad
+
     @classmethod
     def from_gguf_blocks(cls, raw: np.ndarray, bias: torch.Tensor | None = None) -> Q4KLinear:
         """From raw Q4_K bytes (uint8 [N, K / 256 * 144], rows the output channels, as in the GGUF)."""

@@ -30,7 +30,8 @@ from marspec.backends.kernels.paths import PATH_VARIABLE, CpuPath, chosen_path, 
 from marspec.errors import MarspecError, one_line
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp", "amx.cpp")
+    Path(__file__).with_name(name)
+    for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp", "amx.cpp", "layer.cpp")
 )
 # -ffp-contract=off: the compiler fuses no multiply-add the source does not spell, so every row runs the
 # same float operations on every path. -fvisibility=hidden: each library keeps its own functions (the

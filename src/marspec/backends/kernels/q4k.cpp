@@ -8,6 +8,7 @@
 // the batch (a verification forward scores each token as a one-token step does) and on every CPU.
 
 #include "amx.h"
+#include "linears.h"
 #include "q4k_format.h"
 #include "tile_rows.h"
 #include "tiled_linear.h"
@@ -145,8 +146,12 @@ class Q4KWorker {
 #endif
 };
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
-                  const std::optional<at::Tensor>& bias) {
+}  // namespace
+
+namespace marspec_kernels {
+
+at::Tensor q4k_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
+                      const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.size(1) % Q4K::kGroup == 0, "x must be [M, K], K a multiple of 32");
   const int64_t k_in = x.size(1);  // the layer's width: its last super-block may hold fewer sub-blocks
   const int64_t supers = (k_in + Q4K::kSuper - 1) / Q4K::kSuper;
@@ -158,8 +163,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
       [&] { return Q4KWorker(k, supers, last_used, amx.block_rows); });
 }
 
-}  // namespace
+}  // namespace marspec_kernels
 
 MARSPEC_LIBRARY(m) {
-  m.def("q4k_linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &linear);
+  m.def("q4k_linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &marspec_kernels::q4k_linear);
 }

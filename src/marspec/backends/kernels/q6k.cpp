@@ -8,6 +8,7 @@
 // else is in the batch and on every CPU.
 
 #include "amx.h"
+#include "linears.h"
 #include "q6k_format.h"
 #include "tile_rows.h"
 #include "tiled_linear.h"
@@ -155,8 +156,12 @@ class Q6KWorker {
 #endif
 };
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
-                  const std::optional<at::Tensor>& bias) {
+}  // namespace
+
+namespace marspec_kernels {
+
+at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
+                      const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(blocks.dim() == 3 && x.dim() == 2, "x must be [M, K], blocks [ceil(N/32), K/256, ", Q6K::kRecord, "]");
   const int64_t supers = blocks.size(1);
   TORCH_CHECK(supers > 0, "blocks hold no super-block");
@@ -167,8 +172,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t out_fea
                                                     bias, amx.stored_rows, [&] { return Q6KWorker(k, amx.block_rows); });
 }
 
-}  // namespace
+}  // namespace marspec_kernels
 
 MARSPEC_LIBRARY(m) {
-  m.def("q6k_linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &linear);
+  m.def("q6k_linear(Tensor x, Tensor blocks, int out_features, Tensor? bias) -> Tensor", &marspec_kernels::q6k_linear);
 }

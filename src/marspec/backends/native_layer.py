@@ -1,0 +1,107 @@
+"""A Llama-family decoder layer's work around its attention in two native calls
+(``kernels/layer.cpp``): ``layer_pre`` (input norm, q/k/v, rotation) and ``layer_post`` (output
+projection, residuals, SiLU-gated MLP).
+
+:class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral and
+Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers, when
+the kernels run here. They call the same ATen operators in the same order as the Python layer (and the
+linear kernels as those layers' forward does), so the logits and cache entries are the same bits
+(``tests/test_native_layer.py``); what goes is the Python around ~160 operator calls a layer, a fifth
+of a one-token step on the q4k engine (``benchmarks/step_profile.py``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from marspec.backends import kernels
+from marspec.backends.q4k import Q4KLinear
+from marspec.backends.q6k import Q6KLinear
+
+# The model types whose layers are the Llama layer layer.cpp writes out (no per-head norms, separate
+# q/k/v and gate/up layers, transformers' Llama RMSNorm and rotary embedding).
+NATIVE_FAMILY = frozenset({"llama", "mistral", "qwen2"})
+_DENSE, _Q4K, _Q6K = 0, 1, 2
+
+
+class _Linears(NamedTuple):
+    """Linear layers as layer.cpp takes them: (weights, kinds, out_features, pads, biases) lists."""
+
+    weights: list[torch.Tensor]
+    kinds: list[int]
+    outs: list[int]
+    pads: list[int]
+    biases: list[torch.Tensor | None]
+
+
+def _linears(modules: tuple[torch.nn.Module, ...]) -> _Linears | None:
+    """``modules`` as layer.cpp's arguments, or None if one is not a kind it calls."""
+    specs = []
+    for module in modules:
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
+            specs.append((module.weight, _DENSE, module.out_features, 0, module.bias))
+        elif type(module) is Q4KLinear:
+            specs.append((module.blocks, _Q4K, module.out_features, module.pad, module.bias))
+        elif type(module) is Q6KLinear:
+            specs.append((module.blocks, _Q6K, module.out_features, 0, module.bias))
+        else:
+            return None
+    weights, kinds, outs, pads, biases = zip(*specs, strict=True)
+    return _Linears(list(weights), list(kinds), list(outs), list(pads), list(biases))
+
+
+class NativeLayer:
+    """One decoder layer's two native calls, their arguments bound once."""
+
+    def __init__(
+        self,
+        input_norm: tuple[torch.Tensor, float],
+        pre_mlp_norm: tuple[torch.Tensor, float],
+        qkv: _Linears,
+        o_mlp: _Linears,
+        head_dim: int,
+    ) -> None:
+        ops = kernels.ops()
+        self._pre, self._post = ops.layer_pre, ops.layer_post
+        self._input_norm, self._pre_mlp_norm = input_norm, pre_mlp_norm
+        self._qkv, self._o_mlp, self._head_dim = qkv, o_mlp, head_dim
+
+    def pre(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden [1, T, H] -> the rotated query and key and the value, each [1, heads, T, D]."""
+        return self._pre(hidden, *self._input_norm, *self._qkv, cos, sin, self._head_dim)
+
+    def post(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output [1, T, H] from its input and the attention's [1, T, heads, D]."""
+        return self._post(hidden, attended, *self._pre_mlp_norm, *self._o_mlp)
+
+
+def native_layer(
+    layer: torch.nn.Module, config: object, norm_eps: tuple[float, float], head_dim: int
+) -> NativeLayer | None:
+    """``layer`` (a transformers decoder layer of ``config``, its input and post-attention norms'
+    epsilons ``norm_eps``) as a :class:`NativeLayer`, or None where layer.cpp does not write it out or the
+    kernels do not run here."""
+    if config.model_type not in NATIVE_FAMILY or getattr(config, "hidden_act", None) != "silu":
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    if (
+        getattr(attn, "q_norm", None) is not None
+        or not hasattr(attn, "q_proj")
+        or not hasattr(mlp, "gate_proj")
+    ):
+        return None
+    qkv = _linears((attn.q_proj, attn.k_proj, attn.v_proj))
+    o_mlp = _linears((attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    if qkv is None or o_mlp is None or not kernels.kernels_available():
+        return None
+    return NativeLayer(
+        (layer.input_layernorm.weight, norm_eps[0]),
+        (layer.post_attention_layernorm.weight, norm_eps[1]),
+        qkv,
+        o_mlp,
+        head_dim,
+    )
