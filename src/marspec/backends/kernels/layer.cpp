@@ -12,7 +12,13 @@
 // (torch.nn.Linear's F.linear), 1 Q4_K blocks, 2 Q6_K blocks (the kernels' packed layouts); pad the
 // zeros a Q4_K layer's rows are widened by (backends/q4k.py's Q4KLinear).
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
 #include <ATen/record_function.h>
 
 #include "linears.h"
