@@ -111,11 +111,13 @@ def test_a_misspelt_switch_is_one_clear_line(monkeypatch) -> None:
 
 
 def test_the_store_refuses_another_key_or_a_damaged_file(measuring) -> None:
-    key = PairKey("cpu", 2, "t", "q4k", "d", "q4k")
+    key = PairKey("cpu", 2, "avx2 0123abcd", "t", "q4k", "d", "q4k")
     measured = Measured({1: 0.05, 2: 0.06, 3: 0.08}, 0.02, [0.9, 0.4, 0.8], [True, False, True])
     store.save(key, measured)
     assert store.load(key) == measured
-    assert store.load(PairKey("cpu", 1, "t", "q4k", "d", "q4k")) is None  # another thread count
+    assert store.load(PairKey("cpu", 1, "avx2 0123abcd", "t", "q4k", "d", "q4k")) is None  # other threads
+    assert store.load(PairKey("cpu", 2, "avx2 4567cdef", "t", "q4k", "d", "q4k")) is None  # other kernels
+    assert store.stored_on("cpu") == [(key, measured)]  # the self-test's report finds it by the CPU alone
     key.path().write_text("{not json")
     assert store.load(key) is None
     assert decide(measured).k in (1, 2)  # three rows measured: drafts of one or two tokens

@@ -248,11 +248,13 @@ class Decoder:
         assert self.draft_name is not None and self.draft_weights is not None  # set with the drafter
         from marspec.backends import kernels
 
-        # The kernel path decides a verification's cost as much as the CPU does (AVX2 against AVX-512).
+        # The kernel path and its build decide a verification's cost as much as the CPU does (AVX2 against
+        # AVX-512; kernels changed since a measurement).
         path = kernels.process_path() if kernels.kernels_available() else None
         key = PairKey(
-            cpu_name() if path is None else f"{cpu_name()} ({path.name} kernels)",
+            cpu_name(),
             torch.get_num_threads(),
+            "none" if path is None else f"{path.name} {kernels.build_id(path)}",
             self.target.name,
             self.target_weights,
             self.draft_name,

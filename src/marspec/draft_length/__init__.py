@@ -170,7 +170,7 @@ def stored_choices(cpu: str) -> str:
         )
     return "\n".join(
         f"{key.target} ({key.target_weights}) + {key.draft} ({key.draft_weights}), "
-        f"{key.threads} thread{'s' if key.threads != 1 else ''}: "
+        f"{key.threads} thread{'s' if key.threads != 1 else ''}, {key.kernels} kernels: "
         + decide(measured, source="cached").explain()
         for key, measured in found
     )

@@ -1,6 +1,6 @@
 """A pair's measured costs and draft record, kept in the model cache per processor and thread count.
 
-One JSON file per (processor, torch threads, target and its weights, draft and its weights) under
+One JSON file per (processor, torch threads, kernels, target and its weights, draft and its weights) under
 ``<cache>/draft-length/``. It keeps what was measured, not what was chosen from it, so a changed cost
 model or a stop named by the user is worked out again from the same measurements at each load.
 """
@@ -18,15 +18,17 @@ from pathlib import Path
 from marspec.draft_length.measure import Measured
 from marspec.models import cache_dir
 
-FILE_VERSION = 1
+FILE_VERSION = 2  # 2: the kernels a pair ran on, a field of their own
 
 
 @dataclass(frozen=True)
 class PairKey:
-    """What a pair's costs depend on: the processor and thread count, and each model in its weights."""
+    """What a pair's costs depend on: the processor, thread count and kernels (their path and build), and
+    each model in its weights."""
 
     cpu: str
     threads: int
+    kernels: str
     target: str
     target_weights: str
     draft: str

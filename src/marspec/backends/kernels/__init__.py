@@ -5,6 +5,7 @@ called through :mod:`.library`. Their sources ship in this package."""
 from marspec.backends.kernels.library import (
     amx_available,
     amx_from_rows,
+    build_id,
     describe,
     kernels_available,
     library_loaded,
@@ -28,6 +29,7 @@ __all__ = [
     "CpuPath",
     "amx_available",
     "amx_from_rows",
+    "build_id",
     "chosen_path",
     "describe",
     "kernels_available",

@@ -126,6 +126,15 @@ def ops() -> Any:
     return getattr(torch.ops, f"marspec_{path.library}")
 
 
+def build_id(path: CpuPath) -> str:
+    """What ``path``'s library is built from (its sources, flags, torch and Python), as a short hash: what
+    the kernels' speed depends on beside the CPU, so that costs measured with other kernels are not
+    taken for these."""
+    from marspec.backends.kernels.build import library_path
+
+    return library_path(f"marspec_kernels_{path.library}", SOURCES, build_flags(path)).stem.rpartition("-")[2]
+
+
 def library_loaded() -> bool:
     """Whether this process's kernels are loaded already (by a layer or row attention), without building
     or loading anything: for operators not worth a build of their own (the vocabulary's)."""
