@@ -3,11 +3,13 @@
 projection, residuals, SiLU-gated MLP).
 
 :class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral and
-Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers, when
-the kernels run here. They call the same ATen operators in the same order as the Python layer (and the
-linear kernels as those layers' forward does), so the logits and cache entries are the same bits
-(``tests/test_native_layer.py``); what goes is the Python around ~160 operator calls a layer, a fifth
-of a one-token step on the q4k engine (``benchmarks/step_profile.py``).
+Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers, their
+widths multiples of 16, when the kernels run here. Two calls replace the ~150 operators a Python layer
+calls, a fifth of a one-token step on the q4k engine (``benchmarks/step_profile.py``). Each row is computed
+alone in operations layer.cpp fixes (its own norm and exp), so a row's bits do not depend on the other rows
+of a forward (strict decoding reproduces plain decoding) or on the kernel path; they are not transformers'
+bits, which the Python layer keeps (``DirectForward.native_layers = False``); ``tests/test_native_layer.py``
+holds the two within float error.
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ def native_layer(
         return None
     qkv = _linears((attn.q_proj, attn.k_proj, attn.v_proj))
     o_mlp = _linears((attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
-    if qkv is None or o_mlp is None or not kernels.kernels_available():
+    if qkv is None or o_mlp is None or head_dim % 2 or not kernels.kernels_available():
+        return None
+    if any(width % 16 for width in (config.hidden_size, *qkv.outs, *o_mlp.outs)):  # layer.cpp's vectors
         return None
     return NativeLayer(
         (layer.input_layernorm.weight, norm_eps[0]),

@@ -3,12 +3,13 @@
 //
 // Per (row, head), over the row's `length` visible positions:
 //   s_j = (q . k_j) * scale   (the dot in 16 float lanes, then the fixed reduction tree)
-//   p_j = exp(s_j - max_j s_j) (a polynomial exp, the same operations on every lane)
+//   p_j = exp(s_j - max_j s_j) (vector_math.h's polynomial exp, the same operations on every lane)
 //   out = (sum_j p_j v_j) / sum_j p_j   (the sums in position order; the normaliser lane-wise, then reduced)
 
 #pragma once
 
 #include "simd.h"
+#include "vector_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,23 +20,6 @@ namespace marspec_kernels {
 using namespace marspec_simd;
 
 constexpr int64_t kMaxHeadDim = 256;
-
-// exp(x) for x <= 0 (scores minus their maximum), Cephes' single-precision polynomial: x = n ln2 + r,
-// |r| <= ln2 / 2, exp(r) from a degree-7 polynomial, times 2^n. Inputs below -87 give ~0.
-inline F32 exp_nonpositive(F32 x) {
-  x = maxf(x, set1f(-87.0f));
-  const F32 n = round_even(mulf(x, set1f(1.44269504088896341f)));
-  F32 r = fnmadd(n, set1f(0.693359375f), x);
-  r = fnmadd(n, set1f(-2.12194440e-4f), r);
-  F32 p = set1f(1.9875691500e-4f);
-  p = fmadd(p, r, set1f(1.3981999507e-3f));
-  p = fmadd(p, r, set1f(8.3334519073e-3f));
-  p = fmadd(p, r, set1f(4.1665795894e-2f));
-  p = fmadd(p, r, set1f(1.6666665459e-1f));
-  p = fmadd(p, r, set1f(5.0000001201e-1f));
-  p = fmadd(p, mulf(r, r), addf(r, set1f(1.0f)));
-  return times_pow2(p, n);
-}
 
 // One (row, head): q [d], keys and values of `length` positions (position stride `stride`), out [d];
 // scores: room for length + 16 floats.
@@ -61,7 +45,7 @@ inline void attend_one(const float* q, const float* keys, const float* values, i
     float window[kLanes] = {};
     const int64_t width = std::min<int64_t>(length - j, kLanes);
     std::copy(scores + j, scores + j + width, window);
-    F32 p = exp_nonpositive(subf(loadf(window), top));
+    F32 p = exp_clamped(subf(loadf(window), top));
     if (j >= whole) {
       float kept[kLanes] = {};
       storef(window, p);

@@ -1,35 +1,39 @@
-// A Llama-family decoder layer's work around its attention (Llama, Mistral, Qwen2: RMSNorm, q/k/v with
-// an optional bias, rotary embedding, SiLU-gated MLP), in two operators: layer_pre (the input norm, q, k
-// and v, the rotation) and layer_post (the output projection, the residuals, the MLP). The attention
-// between them stays with the caller, who holds the cache.
+// A Llama-family decoder layer's work around its attention (Llama, Mistral, Qwen2: RMSNorm, q/k/v with an
+// optional bias, rotary embedding, SiLU-gated MLP), in two operators: layer_pre (the input norm, q, k and
+// v, the rotation) and layer_post (the output projection, the residuals, the MLP). The attention between
+// them stays with the caller, who holds the cache. Two calls a layer replace the ~150 operators the
+// Python layer (marspec/backends/direct.py) calls, a fifth of a one-token step on the q4k engine.
 //
-// They run the same ATen operators, in the same order and on the same shapes, as
-// marspec/backends/direct.py's Python (which follows transformers' formulas), and call the linear
-// kernels (linears.h) as its layers' forward does, so their outputs are the same bits; what goes is the
-// Python around ~160 operator calls a layer, a fifth of a one-token step on the q4k engine.
+// Every row is computed alone, in operations fixed by this file and the kernels' vector interface
+// (simd.h, vector_math.h), so a row's output is the same bits whatever else is in the call and on every
+// x86 path: the norm's mean of squares in a fixed order, exp by a polynomial. They are not transformers'
+// bits (its norm sums in ATen's order, its SiLU calls ATen's exp): marspec/backends/native_layer.py says
+// where this layer runs, and tests/test_native_layer.py holds it to the Python layer within float error.
 //
 // A linear layer is given as (kind, weight, out_features, pad, bias): kind 0 a float weight [N, K]
 // (torch.nn.Linear's F.linear), 1 Q4_K blocks, 2 Q6_K blocks (the kernels' packed layouts); pad the
 // zeros a Q4_K layer's rows are widened by (backends/q4k.py's Q4KLinear).
 
-#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/rsqrt.h>
-#include <ATen/ops/silu.h>
 #include <ATen/record_function.h>
 
 #include "linears.h"
 #include "ops.h"
+#include "vector_math.h"
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <tuple>
 #include <vector>
 
 namespace {
+
+using namespace marspec_kernels;
 
 enum Kind : int64_t { kDense = 0, kQ4K = 1, kQ6K = 2 };
 
@@ -42,38 +46,74 @@ struct Linears {
     TORCH_CHECK(weights.size() == count && kinds.size() == count && outs.size() == count && pads.size() == count &&
                     biases.size() == count,
                 which, " takes ", count, " linear layers: weights, kinds, out_features, pads and biases each");
+    for (size_t i = 0; i < count; ++i) {
+      TORCH_CHECK(kinds[i] == kDense || kinds[i] == kQ4K || kinds[i] == kQ6K, "a linear layer's kind is 0, 1 or 2");
+      TORCH_CHECK(outs[i] % kLanes == 0, "the native layer takes linear layers a multiple of 16 wide");
+    }
   }
 
-  // Layer i of x [1, T, K]: [1, T, N], as the layer's module computes it.
+  // Layer i of rows x [T, K] (contiguous float32): [T, N].
   at::Tensor operator()(size_t i, const at::Tensor& x) const {
     const std::optional<at::Tensor> bias = biases.get(i);
     if (kinds[i] == kDense) return at::linear(x, weights[i], bias);
-    TORCH_CHECK(kinds[i] == kQ4K || kinds[i] == kQ6K, "a linear layer's kind is 0, 1 or 2, not ", kinds[i]);
-    at::Tensor rows = x.reshape({-1, x.size(-1)});
-    if (pads[i] > 0) rows = at::constant_pad_nd(rows, {0, pads[i]}, 0);
-    at::Tensor y;
+    const at::Tensor rows = pads[i] > 0 ? at::constant_pad_nd(x, {0, pads[i]}, 0) : x;
     if (kinds[i] == kQ4K) {
       RECORD_FUNCTION("q4k_linear", std::vector<c10::IValue>());  // a profiler sees the kernel, as when called alone
-      y = marspec_kernels::q4k_linear(rows, weights[i], outs[i], bias);
-    } else {
-      RECORD_FUNCTION("q6k_linear", std::vector<c10::IValue>());
-      y = marspec_kernels::q6k_linear(rows, weights[i], outs[i], bias);
+      return q4k_linear(rows, weights[i], outs[i], bias);
     }
-    return y.reshape({x.size(0), x.size(1), outs[i]});
+    RECORD_FUNCTION("q6k_linear", std::vector<c10::IValue>());
+    return q6k_linear(rows, weights[i], outs[i], bias);
   }
 };
 
-// transformers' Llama RMSNorm in float32: weight * (x * rsqrt(mean(x^2) + eps)).
-at::Tensor rms_norm(const at::Tensor& hidden, const at::Tensor& weight, double eps) {
-  const at::Tensor variance = hidden.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (hidden * at::rsqrt(variance + eps));
+// Each row of x [T, H]: w * (x * (1 / sqrt(mean(x^2) + eps))).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t rows = x.size(0), h = x.size(1);
+  TORCH_CHECK(h % kLanes == 0 && weight.numel() == h && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "the norm's weight must be contiguous float32 [H], H a multiple of 16");
+  at::Tensor out = at::empty({rows, h}, x.options());
+  const float* w = weight.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data_ptr<float>() + r * h;
+    float* yr = out.data_ptr<float>() + r * h;
+    const F32 inv = set1f(1.0f / std::sqrt(mean_square(xr, h) + static_cast<float>(eps)));
+    for (int64_t i = 0; i < h; i += kLanes) storef(yr + i, mulf(loadf(w + i), mulf(loadf(xr + i), inv)));
+  }
+  return out;
 }
 
-// transformers' rotary embedding of x [1, heads, T, D]: x * cos + rotate_half(x) * sin.
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor swapped = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-  return (x * cos) + (swapped * sin);
+// Each head of each row of x [T, heads * D] rotated in place: x * cos + rotate_half(x) * sin, rotate_half
+// the halves swapped, the first negated (transformers' rotary embedding); cos, sin [T, D].
+void rotate(at::Tensor& x, int64_t d, const float* cos, const float* sin) {
+  const int64_t rows = x.size(0), heads = x.size(1) / d, half = d / 2;
+  std::vector<float> head(d);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cos + r * d;
+    const float* s = sin + r * d;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x.data_ptr<float>() + r * x.size(1) + h * d;
+      std::copy(v, v + d, head.begin());
+      for (int64_t i = 0; i < half; ++i) v[i] = head[i] * c[i] + (-head[i + half]) * s[i];
+      for (int64_t i = half; i < d; ++i) v[i] = head[i] * c[i] + head[i - half] * s[i];
+    }
+  }
+}
+
+// a + b, elementwise, for contiguous float32 tensors of one shape.
+at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor out = at::empty_like(a);
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  float* po = out.data_ptr<float>();
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; i += kLanes) storef(po + i, addf(loadf(pa + i), loadf(pb + i)));
+  return out;
+}
+
+void check_hidden(const at::Tensor& hidden) {
+  check_cpu(hidden, "hidden");
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kFloat && hidden.size(2) % kLanes == 0,
+              "hidden must be float32 [1, T, H], H a multiple of 16");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_pre(const at::Tensor& hidden, const at::Tensor& norm_weight,
@@ -84,14 +124,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_pre(const at::Tensor& hidde
                                                          int64_t head_dim) {
   const Linears linears{biases, weights, kinds, outs, pads};
   linears.check(3, "layer_pre");
-  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kFloat,
-              "hidden must be float32 [1, T, H]");
-  TORCH_CHECK(head_dim > 0, "head_dim must be positive");
-  const at::Tensor x = rms_norm(hidden, norm_weight, eps);
+  check_hidden(hidden);
   const int64_t rows = hidden.size(1);
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_dim must be positive and even");
+  const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  TORCH_CHECK(c.scalar_type() == at::kFloat && s.scalar_type() == at::kFloat && c.numel() == rows * head_dim &&
+                  s.numel() == rows * head_dim,
+              "cos and sin must be float32 with [T, head_dim] values");
+  const at::Tensor x = rms_norm(hidden.reshape({rows, -1}).contiguous(), norm_weight, eps);
   at::Tensor heads[3];
-  for (size_t i = 0; i < 3; ++i) heads[i] = linears(i, x).view({1, rows, -1, head_dim}).transpose(1, 2);
-  return {rotate(heads[0], cos, sin), rotate(heads[1], cos, sin), heads[2]};
+  for (size_t i = 0; i < 3; ++i) {
+    heads[i] = linears(i, x).contiguous();
+    TORCH_CHECK(heads[i].size(1) % head_dim == 0, "a projection's width is not a whole number of heads");
+    if (i < 2) rotate(heads[i], head_dim, c.data_ptr<float>(), s.data_ptr<float>());
+    heads[i] = heads[i].view({1, rows, -1, head_dim}).transpose(1, 2);
+  }
+  return {heads[0], heads[1], heads[2]};
 }
 
 at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, const at::Tensor& norm_weight, double eps,
@@ -99,14 +147,20 @@ at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, cons
                       const c10::List<std::optional<at::Tensor>>& biases) {
   const Linears linears{biases, weights, kinds, outs, pads};
   linears.check(4, "layer_post");  // o, gate, up, down
-  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kFloat,
-              "hidden must be float32 [1, T, H]");
+  check_hidden(hidden);
   const int64_t rows = hidden.size(1);
-  at::Tensor out = linears(0, attended.reshape({1, rows, -1}).contiguous());
-  const at::Tensor mid = hidden + out;
+  const at::Tensor h = hidden.reshape({rows, -1}).contiguous();
+  const at::Tensor mid = add(h, linears(0, attended.reshape({rows, -1}).contiguous()).contiguous());
   const at::Tensor x = rms_norm(mid, norm_weight, eps);
-  out = linears(3, at::silu(linears(1, x)) * linears(2, x));
-  return mid + out;
+  const at::Tensor gate = linears(1, x).contiguous();
+  const at::Tensor up = linears(2, x).contiguous();
+  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must be as wide");
+  at::Tensor act = at::empty_like(gate);
+  const float* g = gate.data_ptr<float>();
+  const float* u = up.data_ptr<float>();
+  float* a = act.data_ptr<float>();
+  for (int64_t i = 0; i < gate.numel(); i += kLanes) storef(a + i, silu_times(loadf(g + i), loadf(u + i)));
+  return add(mid, linears(3, act).contiguous()).view({1, rows, -1});
 }
 
 }  // namespace

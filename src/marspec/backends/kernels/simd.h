@@ -13,7 +13,7 @@
 //   dot_i16(acc, a, b): acc + the 2 products of a's and b's int16 pairs in each lane,
 //   widen_u8 / widen_i8 (16 bytes -> 16 lanes), reduce_add (exact integer sum);
 //   zerof, loadf, storef, set1f, to_float (int32 -> float, rounded to nearest), halfs (16 fp16 -> float),
-//   addf, subf, mulf, maxf (no NaN lanes), absf, fmadd(a, b, c) = a * b + c and fnmadd(a, b, c) =
+//   addf, subf, mulf, divf, maxf (no NaN lanes), absf, fmadd(a, b, c) = a * b + c and fnmadd(a, b, c) =
 //   c - a * b (fused: one rounding), round_even (to a whole float, ties to even), times_pow2(a, n)
 //   (a * 2^n, n whole in [-126, 127]), store_int8 (rounded to int32 as round_even, saturated to int8,
 //   16 bytes stored; the int32s returned), reduce_addf (the fixed tree: lanes i and i + 8, then i and

@@ -57,6 +57,7 @@ inline F32 halfs(const uint16_t* p) {
 inline F32 addf(F32 a, F32 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F32 subf(F32 a, F32 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline F32 mulf(F32 a, F32 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F32 divf(F32 a, F32 b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline F32 fmadd(F32 a, F32 b, F32 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline F32 fnmadd(F32 a, F32 b, F32 c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
 inline F32 maxf(F32 a, F32 b) { return {_mm512_max_ps(a.v, b.v)}; }

@@ -123,6 +123,7 @@ inline F32 halfs(const uint16_t* p) {
 MARSPEC_LANEWISE_F(addf, vaddq_f32(a.q[i], b.q[i]))
 MARSPEC_LANEWISE_F(subf, vsubq_f32(a.q[i], b.q[i]))
 MARSPEC_LANEWISE_F(mulf, vmulq_f32(a.q[i], b.q[i]))
+MARSPEC_LANEWISE_F(divf, vdivq_f32(a.q[i], b.q[i]))
 MARSPEC_LANEWISE_F(maxf, vmaxq_f32(a.q[i], b.q[i]))
 #undef MARSPEC_LANEWISE_F
 // a * b + c and c - a * b, fused (one rounding), as FMA3's vfmadd and vfnmadd.
