@@ -12,9 +12,11 @@ Each case runs ``--repeats`` rounds of one call timed without the profiler (the 
 under ``torch.profiler``, so that both meet the same stretch of a shared machine; medians are kept. The
 native kernels are grouped by their operator's name: the linear kernels (``q4k_linear``,
 ``q6k_linear``), the attention kernel (``attention_rows``) and the vocabulary kernels (``vocab_*``); each
-kernel's time includes what it calls. The models' Llama-family layers run through the native layer
-(``layer_pre``, ``layer_post``: :mod:`marspec.backends.native_layer`), or, with ``--layers
-native,python``, each case also through the Python layer (its name marked so), for the difference.
+kernel's time includes what it calls (inside the native layer's operators, the kernels they call are
+named to the profiler alike). The models' Llama-family layers run through the native layer
+(``layer_step``, or ``layer_pre`` and ``layer_post``: :mod:`marspec.backends.native_layer`), or, with
+``--layers native,python``, each case also through the Python layer (its name marked so), for the
+difference.
 Everything else the step runs (norms, rotary, views, copies, the glue around the kernels) is "outside
 the kernels": the step's wall time less the kernels' time. The profiler adds a few microseconds to every
 operator, which falls on the many small ones outside the kernels, so shares are given against the

@@ -108,6 +108,29 @@ def test_quantised_layers_give_each_row_its_own_bits(make, prompt: torch.Tensor)
     assert_close_to_the_python_layer(model, prompt, 2e-2)
 
 
+@pytest.mark.parametrize("make", [q4k_and_q6k_llama, padded_q4k_qwen2], ids=["q4k_q6k", "padded_q4k"])
+def test_the_one_call_layer_gives_the_bits_of_its_two_halves_around_the_attention(make, prompt) -> None:
+    model = make()
+    whole, halves = (HFCausalLM(model, tokenizer=None, name=n) for n in ("whole", "halves"))
+    for layer in halves.direct._layers:
+        layer.native.steps = False
+    steps = []
+    first = whole.direct._layers[0].native
+    step = first.step
+    first.step = lambda *args: steps.append(1) or step(*args)  # counts the one-call layers
+    assert torch.equal(whole.forward(prompt[:5]), halves.forward(prompt[:5]))  # a prefill
+    assert torch.equal(whole.forward(prompt[5:6]), halves.forward(prompt[5:6]))  # a step
+    assert torch.equal(whole.forward(prompt[6:]), halves.forward(prompt[6:]))  # a verification chain
+    assert len(steps) == 3
+    base = whole.cached_len
+    assert torch.equal(*(lm.forward_tree(TREE, prompt[-1:]) for lm in (whole, halves)))  # a tree: halves
+    assert len(steps) == 3
+    for lm in (whole, halves):
+        lm.keep_path(base, (3,))
+    for a, b in zip(whole.cache_layers, halves.cache_layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_every_x86_path_gives_the_native_layers_bits() -> None:
     model = q4k_and_q6k_llama()
     layer = HFCausalLM(model, tokenizer=None, name="native").direct._layers[0].native

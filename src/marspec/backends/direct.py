@@ -36,7 +36,16 @@ _GEMMA = "gemma3_text"
 
 # attend(attention module, query [1, H, T, D], key [1, H_kv, T, D], value [1, H_kv, T, D]) -> [1, T, H, D]:
 # writes the keys and values into the cache and attends each row, as transformers' attention call does.
+# An attend that can hand a native layer its cache's buffers for a chain of rows also has
+# chain_room(module, rows, like) -> (keys, values, first position) or None, and advance(module, rows).
 Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _no_room(module: torch.nn.Module, rows: int, like: torch.Tensor) -> None:
+    """An attend without cache buffers to hand out: every layer attends through it."""
+    return None
+
+
 Norm = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -184,9 +193,15 @@ class DirectForward:
             cos, sin = self._rotary(*args)  # [1, T, D]
             rotations[kind] = (cos.unsqueeze(1), sin.unsqueeze(1))
         rows = int(tokens.shape[0])
+        chain_room = getattr(attend, "chain_room", _no_room)
         for layer in self._layers:
             cos, sin = rotations[layer.rotary]
             if layer.native is not None and self.native_layers:
+                room = chain_room(layer.attention, rows, layer.native.kv_like) if layer.native.steps else None
+                if room is not None:  # the whole layer in one call, its keys and values into the cache
+                    hidden = layer.native.step(hidden, cos, sin, room, layer.attention.scaling)
+                    attend.advance(layer.attention, rows)  # type: ignore[attr-defined]
+                    continue
                 query, key, value = layer.native.pre(hidden, cos, sin)
                 hidden = layer.native.post(hidden, attend(layer.attention, query, key, value))
                 continue

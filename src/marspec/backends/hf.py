@@ -168,17 +168,7 @@ class HFCausalLM:
     def _attend_cached(self, mask: torch.Tensor | None = None) -> Attend:
         """The direct forward's attention: each layer's new keys and values into this cache, each row
         attended as transformers' call to the row-by-row function does (``mask`` for a token tree)."""
-        layers = self._cache.layers
-
-        def attend(
-            module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
-        ) -> torch.Tensor:
-            keys, values = layers[module.layer_idx].update(key, value)
-            return row_by_row_attention(
-                module, query, keys, values, mask, scaling=module.scaling, sliding_window=layer_window(module)
-            )[0]
-
-        return attend
+        return _CachedAttend(self._cache.layers, mask)
 
     def _new_cache(self) -> DynamicCache:
         config = self.model.config
@@ -434,3 +424,37 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
         elif isinstance(eos, (list, tuple)):
             ids.update(int(e) for e in eos)
     return frozenset(ids)
+
+
+class _CachedAttend:
+    """:meth:`HFCausalLM._attend_cached`'s attention over a cache's layers; for a chain of rows (no mask)
+    on a layer of buffers that attends every position, it hands a native layer the buffers to write and
+    attend in itself (:func:`marspec.backends.direct.Attend`)."""
+
+    def __init__(self, layers: list, mask: torch.Tensor | None) -> None:
+        self._layers, self._mask = layers, mask
+
+    def __call__(
+        self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> torch.Tensor:
+        keys, values = self._layers[module.layer_idx].update(key, value)
+        window = layer_window(module)
+        return row_by_row_attention(
+            module, query, keys, values, self._mask, scaling=module.scaling, sliding_window=window
+        )[0]
+
+    def chain_room(
+        self, module: torch.nn.Module, rows: int, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """The key and value buffers of ``module``'s layer with room for ``rows`` more positions, and the
+        first of them; None for a tree, a sliding window or a cache layer without buffers."""
+        layer = self._layers[module.layer_idx]
+        if self._mask is not None or not isinstance(layer, PositionLayer) or layer_window(module) is not None:
+            return None
+        start = layer.length
+        keys, values = layer.room(like, like, rows)
+        return keys, values, start
+
+    def advance(self, module: torch.nn.Module, rows: int) -> None:
+        """Count the ``rows`` positions a native layer wrote into ``module``'s layer."""
+        self._layers[module.layer_idx].advance(rows)

@@ -1,15 +1,16 @@
-"""A Llama-family decoder layer's work around its attention in two native calls
-(``kernels/layer.cpp``): ``layer_pre`` (input norm, q/k/v, rotation) and ``layer_post`` (output
-projection, residuals, SiLU-gated MLP).
+"""A Llama-family decoder layer in native calls (``kernels/layer.cpp``): for a chain of rows on a cache of
+buffers the whole layer in one (``layer_step``: keys and values into the cache, each row attended there),
+else two around the caller's attention, ``layer_pre`` (input norm, q/k/v, rotation) and ``layer_post``
+(output projection, residuals, SiLU-gated MLP).
 
 :class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral and
-Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers, their
-widths multiples of 16, when the kernels run here. Two calls replace the ~150 operators a Python layer
-calls, a fifth of a one-token step on the q4k engine (``benchmarks/step_profile.py``). Each row is computed
-alone in operations layer.cpp fixes (its own norm and exp), so a row's bits do not depend on the other rows
-of a forward (strict decoding reproduces plain decoding) or on the kernel path; they are not transformers'
-bits, which the Python layer keeps (``DirectForward.native_layers = False``); ``tests/test_native_layer.py``
-holds the two within float error.
+Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers,
+their widths multiples of 16, when the kernels run here. One or two calls replace the ~150 operators a
+Python layer calls, a fifth of a one-token step on the q4k engine (``benchmarks/step_profile.py``). Each
+row is computed alone in operations layer.cpp fixes (its own norm and exp), so a row's bits do not depend
+on the other rows of a forward (strict decoding reproduces plain decoding) or on the kernel path; they are
+not transformers' bits, which the Python layer keeps (``DirectForward.native_layers = False``);
+``tests/test_native_layer.py`` holds the two within float error.
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ class NativeLayer:
         head_dim: int,
     ) -> None:
         ops = kernels.ops()
-        self._pre, self._post = ops.layer_pre, ops.layer_post
+        self._pre, self._post, self._step = ops.layer_pre, ops.layer_post, ops.layer_step
         self._input_norm, self._pre_mlp_norm = input_norm, pre_mlp_norm
         self._qkv, self._o_mlp, self._head_dim = qkv, o_mlp, head_dim
+        self._all = _Linears(*(a + b for a, b in zip(qkv, o_mlp, strict=True)))  # q, k, v, o, gate, up, down
+        kv_heads = qkv.outs[1] // head_dim
+        # What a cache's room() reads of an append (batch, heads, head size, dtype), for layer_step's rows.
+        self.kv_like = torch.empty(1, kv_heads, 0, head_dim)
+        # layer_step attends with the attention kernel's core: its head sizes only.
+        self.steps = head_dim % 16 == 0 and head_dim <= 256
 
     def pre(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -79,6 +86,32 @@ class NativeLayer:
     def post(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The layer's output [1, T, H] from its input and the attention's [1, T, heads, D]."""
         return self._post(hidden, attended, *self._pre_mlp_norm, *self._o_mlp)
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        room: tuple[torch.Tensor, torch.Tensor, int],
+        scale: float,
+    ) -> torch.Tensor:
+        """The whole layer in one call for a chain of rows hidden [1, T, H]: :meth:`pre`, the keys and
+        values written into the cache buffers ``room`` = (keys, values [1, H_kv, capacity, D], the first
+        row's position), each row attended over its prefix, :meth:`post`; the caller advances the cache."""
+        keys, values, start = room
+        return self._step(
+            hidden,
+            *self._input_norm,
+            *self._pre_mlp_norm,
+            *self._all,
+            cos,
+            sin,
+            self._head_dim,
+            keys,
+            values,
+            start,
+            scale,
+        )
 
 
 def native_layer(

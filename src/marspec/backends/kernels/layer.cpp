@@ -1,8 +1,10 @@
-// A Llama-family decoder layer's work around its attention (Llama, Mistral, Qwen2: RMSNorm, q/k/v with an
-// optional bias, rotary embedding, SiLU-gated MLP), in two operators: layer_pre (the input norm, q, k and
-// v, the rotation) and layer_post (the output projection, the residuals, the MLP). The attention between
-// them stays with the caller, who holds the cache. Two calls a layer replace the ~150 operators the
-// Python layer (marspec/backends/direct.py) calls, a fifth of a one-token step on the q4k engine.
+// A Llama-family decoder layer (Llama, Mistral, Qwen2: RMSNorm, q/k/v with an optional bias, rotary
+// embedding, SiLU-gated MLP) in native operators: layer_step, the whole layer for a chain of rows of one
+// sequence, its keys and values written into the caller's cache buffers and attended there; and, for
+// the forwards whose attention the caller keeps (token trees, packed batches), layer_pre (the input norm,
+// q, k and v, the rotation) and layer_post (the output projection, the residuals, the MLP) around it.
+// One or two calls a layer replace the ~150 operators the Python layer (marspec/backends/direct.py) calls,
+// a fifth of a one-token step on the q4k engine.
 //
 // Every row is computed alone, in operations fixed by this file and the kernels' vector interface
 // (simd.h, vector_math.h), so a row's output is the same bits whatever else is in the call and on every
@@ -16,16 +18,19 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/linear.h>
 #include <ATen/record_function.h>
 
+#include "attention_core.h"
 #include "linears.h"
 #include "ops.h"
 #include "vector_math.h"
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <optional>
 #include <tuple>
@@ -116,14 +121,14 @@ void check_hidden(const at::Tensor& hidden) {
               "hidden must be float32 [1, T, H], H a multiple of 16");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_pre(const at::Tensor& hidden, const at::Tensor& norm_weight,
-                                                         double eps, at::TensorList weights, at::IntArrayRef kinds,
-                                                         at::IntArrayRef outs, at::IntArrayRef pads,
-                                                         const c10::List<std::optional<at::Tensor>>& biases,
-                                                         const at::Tensor& cos, const at::Tensor& sin,
-                                                         int64_t head_dim) {
-  const Linears linears{biases, weights, kinds, outs, pads};
-  linears.check(3, "layer_pre");
+struct Heads {
+  at::Tensor q, k, v;  // [T, heads * D] each, contiguous, q and k rotated
+};
+
+// The input norm, q, k and v, and the rotation, for rows hidden [1, T, H].
+Heads heads_of(const at::Tensor& hidden, const at::Tensor& norm_weight, double eps, const Linears& linears,
+               const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim) {
+  linears.check(3, "the layer's attention input");
   check_hidden(hidden);
   const int64_t rows = hidden.size(1);
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_dim must be positive and even");
@@ -132,21 +137,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_pre(const at::Tensor& hidde
                   s.numel() == rows * head_dim,
               "cos and sin must be float32 with [T, head_dim] values");
   const at::Tensor x = rms_norm(hidden.reshape({rows, -1}).contiguous(), norm_weight, eps);
-  at::Tensor heads[3];
-  for (size_t i = 0; i < 3; ++i) {
-    heads[i] = linears(i, x).contiguous();
-    TORCH_CHECK(heads[i].size(1) % head_dim == 0, "a projection's width is not a whole number of heads");
-    if (i < 2) rotate(heads[i], head_dim, c.data_ptr<float>(), s.data_ptr<float>());
-    heads[i] = heads[i].view({1, rows, -1, head_dim}).transpose(1, 2);
+  Heads out{linears(0, x).contiguous(), linears(1, x).contiguous(), linears(2, x).contiguous()};
+  for (const at::Tensor* t : {&out.q, &out.k, &out.v}) {
+    TORCH_CHECK(t->size(1) % head_dim == 0, "a projection's width is not a whole number of heads");
   }
-  return {heads[0], heads[1], heads[2]};
+  rotate(out.q, head_dim, c.data_ptr<float>(), s.data_ptr<float>());
+  rotate(out.k, head_dim, c.data_ptr<float>(), s.data_ptr<float>());
+  return out;
 }
 
-at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, const at::Tensor& norm_weight, double eps,
-                      at::TensorList weights, at::IntArrayRef kinds, at::IntArrayRef outs, at::IntArrayRef pads,
-                      const c10::List<std::optional<at::Tensor>>& biases) {
-  const Linears linears{biases, weights, kinds, outs, pads};
-  linears.check(4, "layer_post");  // o, gate, up, down
+at::Tensor as_heads(const at::Tensor& t, int64_t head_dim) {  // [T, heads * D] -> [1, heads, T, D]
+  return t.view({1, t.size(0), -1, head_dim}).transpose(1, 2);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_pre(const at::Tensor& hidden, const at::Tensor& norm_weight,
+                                                         double eps, at::TensorList weights, at::IntArrayRef kinds,
+                                                         at::IntArrayRef outs, at::IntArrayRef pads,
+                                                         const c10::List<std::optional<at::Tensor>>& biases,
+                                                         const at::Tensor& cos, const at::Tensor& sin,
+                                                         int64_t head_dim) {
+  const Heads h = heads_of(hidden, norm_weight, eps, {biases, weights, kinds, outs, pads}, cos, sin, head_dim);
+  return {as_heads(h.q, head_dim), as_heads(h.k, head_dim), as_heads(h.v, head_dim)};
+}
+
+// The MLP half: the output projection of attended [T, heads * D], the residuals, the norm and the MLP.
+at::Tensor mlp_half(const at::Tensor& hidden, const at::Tensor& attended, const at::Tensor& norm_weight, double eps,
+                    const Linears& linears) {
+  linears.check(4, "the layer's output and MLP");  // o, gate, up, down
   check_hidden(hidden);
   const int64_t rows = hidden.size(1);
   const at::Tensor h = hidden.reshape({rows, -1}).contiguous();
@@ -163,6 +180,72 @@ at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, cons
   return add(mid, linears(3, act).contiguous()).view({1, rows, -1});
 }
 
+at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, const at::Tensor& norm_weight, double eps,
+                      at::TensorList weights, at::IntArrayRef kinds, at::IntArrayRef outs, at::IntArrayRef pads,
+                      const c10::List<std::optional<at::Tensor>>& biases) {
+  return mlp_half(hidden, attended, norm_weight, eps, {biases, weights, kinds, outs, pads});
+}
+
+// A whole layer over a chain of rows hidden [1, T, H] at positions start .. start + T - 1 of one sequence:
+// layer_pre, then the rows' keys and values written into the cache buffers key_cache and value_cache
+// ([1, H_kv, capacity, D], positions from start on; the caller makes the room and advances its length
+// after), each row attended over its prefix as attention_rows does (attention_core.h: the same bits),
+// then layer_post. weights etc. hold the layer's seven linear layers: q, k, v, o, gate, up, down.
+at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, double input_eps, const at::Tensor& mlp_norm,
+                      double mlp_eps,
+                      at::TensorList weights, at::IntArrayRef kinds, at::IntArrayRef outs, at::IntArrayRef pads,
+                      const c10::List<std::optional<at::Tensor>>& biases, const at::Tensor& cos, const at::Tensor& sin,
+                      int64_t head_dim, at::Tensor& key_cache, at::Tensor& value_cache, int64_t start, double scale) {
+  TORCH_CHECK(weights.size() == 7 && kinds.size() == 7 && outs.size() == 7 && pads.size() == 7 && biases.size() == 7,
+              "layer_step takes 7 linear layers: q, k, v, o, gate, up, down");
+  c10::List<std::optional<at::Tensor>> qkv_biases, mlp_biases;
+  for (size_t i = 0; i < 7; ++i) (i < 3 ? qkv_biases : mlp_biases).push_back(biases.get(i));
+  const Linears qkv{qkv_biases, weights.slice(0, 3), kinds.slice(0, 3), outs.slice(0, 3), pads.slice(0, 3)};
+  const Linears mlp{mlp_biases, weights.slice(3), kinds.slice(3), outs.slice(3), pads.slice(3)};
+  const Heads h = heads_of(hidden, input_norm, input_eps, qkv, cos, sin, head_dim);
+  const int64_t rows = hidden.size(1), d = head_dim;
+  const int64_t heads = h.q.size(1) / d, kv_heads = h.k.size(1) / d;
+  TORCH_CHECK(d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 from 16 to 256");
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && h.v.size(1) == h.k.size(1), heads,
+              " query heads do not share ", kv_heads, " key heads");
+  for (const auto* c : {&key_cache, &value_cache}) {
+    check_cpu(*c, "the cache");
+    TORCH_CHECK(c->dim() == 4 && c->size(0) == 1 && c->size(1) == kv_heads && c->size(3) == d &&
+                    c->scalar_type() == at::kFloat && c->stride(3) == 1,
+                "each cache buffer must be float32 [1, H_kv, capacity, D], the head dimension contiguous");
+  }
+  TORCH_CHECK(value_cache.strides() == key_cache.strides() && value_cache.sizes() == key_cache.sizes(),
+              "the key and value buffers laid out alike");
+  TORCH_CHECK(start >= 0 && start + rows <= key_cache.size(2), "the rows' positions are past the buffers' room");
+  const int64_t head_stride = key_cache.stride(1), position_stride = key_cache.stride(2);
+  float* k_cache = key_cache.data_ptr<float>();
+  float* v_cache = value_cache.data_ptr<float>();
+  for (int64_t i = 0; i < rows; ++i) {  // every row's key and value cached before any row attends
+    for (int64_t kh = 0; kh < kv_heads; ++kh) {
+      const int64_t to = kh * head_stride + (start + i) * position_stride, from = i * kv_heads * d + kh * d;
+      std::memcpy(k_cache + to, h.k.data_ptr<float>() + from, d * sizeof(float));
+      std::memcpy(v_cache + to, h.v.data_ptr<float>() + from, d * sizeof(float));
+    }
+  }
+  at::Tensor attended = at::empty({rows, heads * d}, h.q.options());
+  const float* q = h.q.data_ptr<float>();
+  float* out = attended.data_ptr<float>();
+  const int64_t group = heads / kv_heads;
+  const auto scale_f = static_cast<float>(scale);
+  {  // the attention kernel's work, named to a profiler
+    RECORD_FUNCTION("attention_rows", std::vector<c10::IValue>());
+    at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(start + rows + kLanes);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t i = task / heads, head = task % heads, offset = (head / group) * head_stride;
+        attend_one(q + (i * heads + head) * d, k_cache + offset, v_cache + offset, position_stride, start + i + 1, d,
+                   scale_f, scores.data(), out + (i * heads + head) * d);
+      }
+    });
+  }
+  return mlp_half(hidden, attended, mlp_norm, mlp_eps, mlp);
+}
+
 }  // namespace
 
 MARSPEC_LIBRARY(m) {
@@ -174,4 +257,10 @@ MARSPEC_LIBRARY(m) {
       "layer_post(Tensor hidden, Tensor attended, Tensor norm_weight, float eps, Tensor[] weights, int[] kinds, "
       "int[] outs, int[] pads, Tensor?[] biases) -> Tensor",
       &layer_post);
+  m.def(
+      "layer_step(Tensor hidden, Tensor input_norm, float input_eps, Tensor mlp_norm, float mlp_eps, "
+      "Tensor[] weights, int[] kinds, "
+      "int[] outs, int[] pads, Tensor?[] biases, Tensor cos, Tensor sin, int head_dim, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, int start, float scale) -> Tensor",
+      &layer_step);
 }
