@@ -29,8 +29,10 @@ from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree, ForwardClock
 
 # The most tokens one forward scores where chunks change no bit (HFCausalLM.forward): it bounds a long
-# prompt's activations, and rows alone cost the same in any chunk (a chunk re-reads the weights, which at
-# 512 rows is a small share of its int8 products). llama.cpp's default batch is also 512.
+# prompt's activations (an 8,192-token prefill of the default target peaked 0.64 GiB above its loaded size
+# in chunks of 512, 1.85 GiB in one forward: docs/results/long-prompts-2026-12-06.md). Each chunk reads
+# the weights again (~1.3 GB for the default target), a small share of 512 rows' products; llama.cpp's
+# default batch is also 512.
 PREFILL_CHUNK = 512
 
 
@@ -202,8 +204,8 @@ class HFCausalLM:
         Returns [n, V] logits, or [1, V] for the last position only when ``last_only`` (a prefill does not
         need the LM head over the whole prompt: with V = 151,936 that head would dominate the cost).
         More than :attr:`prefill_chunk` tokens are scored in forwards of that many where that changes no
-        bit (:meth:`chunks_exactly`), which bounds a long prompt's activations (the MLP's alone would be
-        ~0.3 GB a layer at 8k tokens of the default target); elsewhere in one forward.
+        bit (:meth:`chunks_exactly`), which bounds a long prompt's activations (:data:`PREFILL_CHUNK`);
+        elsewhere in one forward.
         """
         start = self._timer.start()
         n, chunk = int(tokens.shape[0]), self.prefill_chunk
