@@ -30,9 +30,12 @@ import numpy as np
 class Engine:
     """One model and its context, with the position of what its key/value cache holds."""
 
-    def __init__(self, path: str, threads: int, n_ctx: int = 2048, n_batch: int = 512) -> None:
-        params = lc.llama_model_default_params()
-        self.model = lc.llama_model_load_from_file(path.encode(), params)
+    def __init__(
+        self, path: str, threads: int, n_ctx: int = 2048, n_batch: int = 512, model: object = None
+    ) -> None:
+        """Load ``path``, or take ``model`` (another engine's, loaded from ``path``: a context of its own on
+        the same weights)."""
+        self.model = model or lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
         if not self.model:
             raise SystemExit(f"llama.cpp could not load {path}")
         cparams = lc.llama_context_default_params()

@@ -446,6 +446,33 @@ def test_the_default_engines_models_run_the_direct_forward_with_transformers_bit
             assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
 
 
+@pytest.mark.skipif(not kernels_available(), reason="the Q4_K kernel does not run here")
+def test_a_prompt_longer_than_a_prefill_chunk_keeps_strict_equal_to_plain(default_pair):
+    """Issue 81: a prompt of more than one prefill chunk on the default CPU engine, which both models score
+    in chunks; strict == plain and MARS at theta 1 == strict, and the chunked prefill's logits are those
+    of one forward over the whole prompt, bit for bit."""
+    decoder, target = default_pair, default_pair.target
+    assert target.chunks_exactly() and decoder.drafter.draft_model.chunks_exactly()
+    lines = [f"Line {i}: the value of item {i} is {i * i % 97}." for i in range(60)]
+    prompt = "\n".join([*lines, "What is the value of item 42, and which items share it?"])
+    ids = decoder.tokenizer(prompt, return_tensors="pt").input_ids[0]
+    assert len(ids) > target.prefill_chunk
+    plain = decoder.generate(prompt, rule="plain", max_new_tokens=32, chat=False)
+    strict = decoder.generate(prompt, rule="strict", max_new_tokens=32, chat=False)
+    mars = decoder.generate(prompt, rule="mars", theta=1.0, max_new_tokens=32, chat=False)
+    assert strict.token_ids == plain.token_ids and mars.token_ids == strict.token_ids
+    assert strict.stats.drafted > 0
+    target.reset()
+    chunked = target.forward(ids, last_only=True)
+    chunk, target.prefill_chunk = target.prefill_chunk, None
+    try:
+        target.reset()
+        assert torch.equal(target.forward(ids, last_only=True), chunked)
+    finally:
+        target.prefill_chunk = chunk
+        target.reset()
+
+
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
 def test_requests_decoded_together_on_the_default_engine_decode_as_each_does_alone(default_pair):
     """Continuous batching on the default CPU engine (issue 69): four prompts, each with its own rule,

@@ -18,10 +18,22 @@ from transformers.cache_utils import DynamicLayer
 
 from marspec.backends.direct import Attend, DirectForward, direct_forward
 from marspec.backends.kv_cache import PositionLayer, position_cache
-from marspec.backends.row_attention import layer_window, row_by_row_attention
+from marspec.backends.row_attention import (
+    ROW_ATTENTION,
+    has_sliding_layers,
+    layer_window,
+    row_by_row_attention,
+)
 from marspec.backends.timing import ForwardTimer
 from marspec.errors import MarspecError
 from marspec.interfaces import DraftTree, ForwardClock
+
+# The most tokens one forward scores where chunks change no bit (HFCausalLM.forward): it bounds a long
+# prompt's activations (an 8,192-token prefill of the default target peaked 0.64 GiB above its loaded size
+# in chunks of 512, 1.85 GiB in one forward: docs/results/long-prompts-2026-12-06.md). Each chunk reads
+# the weights again (~1.3 GB for the default target), a small share of 512 rows' products; llama.cpp's
+# default batch is also 512.
+PREFILL_CHUNK = 512
 
 
 def cache_keyword(model: PreTrainedModel) -> str:
@@ -75,6 +87,7 @@ class HFCausalLM:
         self._states = _HiddenStateRecorder(model)
         self._direct: tuple[object, DirectForward | None] = (None, None)  # (attention it was made for, it)
         self.use_direct = True
+        self.prefill_chunk: int | None = PREFILL_CHUNK  # None: every forward in one
 
     @property
     def cached_len(self) -> int:
@@ -180,8 +193,27 @@ class HFCausalLM:
 
         Returns [n, V] logits, or [1, V] for the last position only when ``last_only`` (a prefill does not
         need the LM head over the whole prompt: with V = 151,936 that head would dominate the cost).
+        More than :attr:`prefill_chunk` tokens are scored in forwards of that many where that changes no
+        bit (:meth:`chunks_exactly`), which bounds a long prompt's activations (:data:`PREFILL_CHUNK`);
+        elsewhere in one forward.
         """
         start = self._timer.start()
+        n, chunk = int(tokens.shape[0]), self.prefill_chunk
+        if chunk is None or n <= chunk or not self.chunks_exactly():
+            logits = self._forward_once(tokens, last_only)
+        else:
+            # With last_only, a chunk before the last runs the head over one row too (a row's cost), unread.
+            parts = [self._forward_once(tokens[s : s + chunk], last_only) for s in range(0, n, chunk)]
+            logits = parts[-1] if last_only else torch.cat(parts)
+        self._timer.stop(start)
+        return logits
+
+    def chunks_exactly(self) -> bool:
+        """Whether a forward scored in chunks gives every row and cache entry the bits of one forward:
+        where rows are computed alone (:func:`rows_alone`)."""
+        return rows_alone(self)
+
+    def _forward_once(self, tokens: torch.Tensor, last_only: bool) -> torch.Tensor:
         direct = self.direct
         if direct is not None:
             positions = torch.arange(self._cached, self._cached + tokens.shape[0], device=tokens.device)
@@ -195,7 +227,6 @@ class HFCausalLM:
             )
             logits = out.logits[0].float()  # [n or 1, V]
         self.note_appended(tokens)
-        self._timer.stop(start)
         return logits
 
     @torch.inference_mode()
@@ -275,6 +306,21 @@ class HFCausalLM:
         if drop:
             self._cache.crop(-drop)
             self._cached = length
+
+
+def rows_alone(lm: HFCausalLM) -> bool:
+    """Whether ``lm`` computes every row of a forward alone, so that its forwards can be split into chunks
+    (:meth:`HFCausalLM.forward`, a batch's prefills) or those of several of its sequences packed into one
+    (:mod:`marspec.backends.packed`) with every row's bits unchanged: its attention is the row-by-row form,
+    which marspec switches on only for models whose linear layers are row-wise int8 or 4-bit; its cache is
+    written by position; and it keeps no hidden states (a packed forward writes none)."""
+    attention = getattr(lm.model.config, "_attn_implementation", None)
+    return (
+        attention == ROW_ATTENTION
+        and not has_sliding_layers(lm.model.config)  # a packed forward attends whole prefixes
+        and not lm.captures_hidden_states
+        and all(isinstance(layer, PositionLayer) for layer in lm.cache_layers)
+    )
 
 
 class _HiddenStateRecorder:

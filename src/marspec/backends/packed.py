@@ -24,28 +24,8 @@ import torch
 
 from marspec.backends import kernels
 from marspec.backends.hf import HFCausalLM
-from marspec.backends.kv_cache import PositionLayer
-from marspec.backends.row_attention import (
-    PACKING_KEYWORD,
-    ROW_ATTENTION,
-    has_sliding_layers,
-    kernel_takes,
-    row_by_row_attention,
-)
-
-
-def rows_alone(lm: HFCausalLM) -> bool:
-    """Whether ``lm`` computes every row of a forward alone (so forwards of several of its sequences can
-    be packed into one, exactly): its attention is the row-by-row form, which marspec switches on only
-    for models whose linear layers are row-wise int8 or 4-bit; its cache is written by position; and it
-    keeps no hidden states (a packed forward writes none)."""
-    attention = getattr(lm.model.config, "_attn_implementation", None)
-    return (
-        attention == ROW_ATTENTION
-        and not has_sliding_layers(lm.model.config)  # a packed forward attends whole prefixes
-        and not lm.captures_hidden_states
-        and all(isinstance(layer, PositionLayer) for layer in lm.cache_layers)
-    )
+from marspec.backends.hf import rows_alone as rows_alone  # the decision packing needs, read here too
+from marspec.backends.row_attention import PACKING_KEYWORD, kernel_takes, row_by_row_attention
 
 
 @dataclass(frozen=True)
