@@ -47,7 +47,9 @@ def variant_ops(row_block: int, from_record: int, ahead: int = 2, level: int = 2
 def main() -> None:
     parser = script_parser(__doc__)
     add_threads(parser)
-    parser.add_argument("--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL],... (6:3:2:2 ships)")
+    parser.add_argument(
+        "--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL],... (6:3:2:2 ships)"
+    )
     parser.add_argument("--rows", default="1,13")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out")
