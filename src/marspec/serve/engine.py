@@ -20,18 +20,18 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from marspec.api import Decoder, GenerationOptions, GenerationStream, TokenLogprob
-from marspec.backends.threads import hold_thread_count
-from marspec.batch.batcher import BatchClosed
-from marspec.batch.scheduler import Scheduler
+from marspec.api import Decoder, GenerationOptions, TokenLogprob
+from marspec.batch.many import relay
+from marspec.batch.scheduler import BatchClosed, Scheduler, Work
 from marspec.batch.slots import Slot
 from marspec.errors import ChatTemplateError, MarspecError, ModelOutputError
+from marspec.forward_requests import Request
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
 from marspec.serve.logprobs import TokenEntry, token_entries
@@ -161,7 +161,6 @@ class Engine:
         self._grace = shutdown_grace
         self._metrics = metrics
         self._scheduler = Scheduler(decoder.target, decoder.drafter, max_batch)
-        self._torch_threads = torch.get_num_threads()
         self.max_batch = self._scheduler.max_batch
         self._pending: deque[Job] = deque()
         self._running: set[Job] = set()
@@ -279,15 +278,12 @@ class Engine:
         """The dispatcher: admit jobs as slots free up and run the forwards the running ones gather,
         until closed with nothing left running."""
         scheduler = self._scheduler
-        # This thread runs the forwards: it takes the thread count the process was given (--threads),
-        # whatever the sequences' threads set for themselves (marspec.batch.scheduler).
-        hold_thread_count(self._torch_threads)
         try:
             while True:
                 self._admit()
                 if self._closed and not self._running:
                     return
-                if not scheduler.step(wake=self._admissible):
+                if not scheduler.step():
                     scheduler.wait_for_work(0.5, wake=lambda: self._admissible() or self._closed)
         finally:
             scheduler.close()
@@ -304,12 +300,13 @@ class Engine:
                 self._running.add(job)
             self._scheduler.add(self._work(job))
 
-    def _work(self, job: Job):
-        """What decodes ``job`` on a slot, in the slot's thread (every outcome ends in one final event)."""
+    def _work(self, job: Job) -> Work:
+        """What decodes ``job`` on a slot, advanced by the scheduler (every outcome ends in one final
+        event)."""
 
-        def run(slot: Slot) -> None:
+        def run(slot: Slot) -> Generator[Request, torch.Tensor, None]:
             try:
-                self._serve(job, slot)
+                yield from self._serve(job, slot)
             except BatchClosed:
                 self._stop(job, "shutdown")
             except ModelOutputError as exc:  # the model's fault, not the request's: a 500 that says so
@@ -337,7 +334,7 @@ class Engine:
             return "shutdown"
         return None
 
-    def _serve(self, job: Job, slot: Slot) -> None:
+    def _serve(self, job: Job, slot: Slot) -> Generator[Request, torch.Tensor, None]:
         started = time.monotonic()
         queue_s = started - job.arrived
         if self._metrics is not None:
@@ -348,29 +345,27 @@ class Engine:
             return
         prompt_tokens = self._check_prompt(job)
         logprobs: list[TokenLogprob] = []
-        stream = GenerationStream(
-            self._decoder.decode_on(slot, job.prompt, job.options, True, logprobs), logprobs
-        )
         parts: list[str] = []
         entries: list[TokenEntry] = []  # the log probabilities sent so far, as text
-        try:
-            for delta in stream:
-                if not parts and self._metrics is not None:
-                    self._metrics.time_to_first_token.observe(time.monotonic() - job.arrived)
-                parts.append(delta)
-                new = token_entries(self._decoder.tokenizer, stream.logprobs[len(entries) :])
-                entries.extend(new)
-                job.post(Delta(delta, new))
-                reason = self._stop_reason(job)
-                if reason is not None:
-                    break
-        finally:
-            stream.close()  # ends the decode loop between steps, whatever happened above
+
+        def on_text(delta: str) -> bool:
+            nonlocal reason
+            if not parts and self._metrics is not None:
+                self._metrics.time_to_first_token.observe(time.monotonic() - job.arrived)
+            parts.append(delta)
+            new = token_entries(self._decoder.tokenizer, logprobs[len(entries) :])
+            entries.extend(new)
+            job.post(Delta(delta, new))
+            reason = self._stop_reason(job)
+            return reason is None
+
+        generation = self._decoder.decode_on(slot, job.prompt, job.options, True, logprobs)
+        # Stopped by ``on_text``, the generation ends between two steps (relay closes it).
+        result = yield from relay(generation, on_text)
         if reason in (None, "timeout"):  # the model was busy for a whole request: what a queue slot costs
             self._service_s = 0.8 * self._service_s + 0.2 * (time.monotonic() - started)
         if reason is None:
-            result = stream.result
-            assert result is not None  # iteration ran to its end
+            assert result is not None  # the generation ran to its end
             outcome = Outcome(
                 text=result.text,
                 finish_reason="length" if result.finish_reason == "length" else "stop",
@@ -380,16 +375,14 @@ class Engine:
                 relaxed_positions=result.relaxed_positions,
                 timed_out=False,
                 queue_s=queue_s,
-                logprobs=self._logprobs(job, entries, stream.logprobs),
+                logprobs=self._logprobs(job, entries, logprobs),
             )
             self._finish(job, "completed", Finished(outcome))
         elif reason == "timeout":
             text = "".join(parts)
             completion_tokens = len(self._decoder.tokenizer(text, add_special_tokens=False).input_ids)
-            logprobs = self._logprobs(job, entries, stream.logprobs)
-            outcome = Outcome(
-                text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s, logprobs
-            )
+            sent = self._logprobs(job, entries, logprobs)
+            outcome = Outcome(text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s, sent)
             self._finish(job, "timed_out", Finished(outcome))
         else:
             self._stop(job, reason, prompt_tokens)
