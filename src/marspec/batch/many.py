@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from marspec.batch.scheduler import Scheduler, Work, batching_note, check_max_batch, default_max_batch
+from marspec.batch.scheduler import Scheduler, Work, batching_note, settle_max_batch
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig
 from marspec.errors import MarspecError
@@ -81,7 +81,7 @@ def decode_many(
     (when ``stream``) and return the results in prompt order. Options and prompts are checked first."""
     if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence):
         raise MarspecError("prompts must be a list of prompts (texts, or chat message lists)")
-    batch = check_max_batch(default_max_batch(decoder.target) if max_batch is None else max_batch)
+    batch = settle_max_batch(decoder.target, max_batch)
     options = _options(decoder, len(prompts), shared, per_prompt)
     for prompt, opts in zip(prompts, options, strict=True):
         decoder.prompt_ids(prompt, opts)  # a prompt that does not fit fails here, before any decoding

@@ -104,6 +104,12 @@ def batching_note(target: CausalLM, max_batch: int, option: str = "max_batch") -
     )
 
 
+def settle_max_batch(target: CausalLM, max_batch: object) -> int:
+    """The sequences to decode together on ``target``: ``max_batch`` checked, or where it is None the
+    target's default (:func:`default_max_batch`). The one place either is decided."""
+    return default_max_batch(target) if max_batch is None else check_max_batch(max_batch)
+
+
 def check_max_batch(max_batch: object) -> int:
     """``max_batch`` checked: an integer >= 1 (a one-line error otherwise)."""
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -125,7 +131,9 @@ class _Live:
 
 
 class Scheduler:
-    """Decodes works side by side on up to ``max_batch`` slots of the pair ``target`` + ``drafter``.
+    """Decodes works side by side on up to ``max_batch`` slots of the pair ``target`` + ``drafter``
+    (None: the target's default, :func:`settle_max_batch`). Its queue is the one queue of works waiting
+    for a slot (a server's admission, withdrawal of a cancelled or timed-out request, shutdown).
 
     Thread use: :meth:`add`, :meth:`poke` and :meth:`wait_for_work` from any thread; :meth:`step` and
     :meth:`close` from one, which runs every model forward and every sequence's decode loop.
@@ -135,10 +143,10 @@ class Scheduler:
         self,
         target: HFCausalLM,
         drafter: Drafter | None,
-        max_batch: int,
+        max_batch: int | None,
         prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
-        self.max_batch = check_max_batch(max_batch)
+        self.max_batch = settle_max_batch(target, max_batch)
         # One at a time, a sequence runs on the pair itself, forwards called directly (any engine, the
         # fixed-shape path included); several need slots of their own (the eager engine).
         self._direct = self.max_batch == 1
@@ -158,11 +166,35 @@ class Scheduler:
         """Sequences being decoded now."""
         return len(self._live)
 
-    def add(self, work: Work) -> None:
-        """Queue ``work``; it starts at a step when a slot is free."""
+    @property
+    def queued(self) -> int:
+        """Works waiting for a slot."""
+        return len(self._queue)
+
+    def add(self, work: Work, room: int | None = None) -> bool:
+        """Queue ``work``; it starts at a step when a slot is free. With ``room``, only while fewer than
+        ``room`` works wait or decode: returns whether it was queued."""
         with self._changed:
+            if room is not None and len(self._queue) + len(self._live) >= room:
+                return False
             self._queue.append(work)
             self._changed.notify_all()
+        return True
+
+    def withdraw(self, work: Work) -> bool:
+        """Take ``work`` out of the queue; False if it is not there (it started, or ended)."""
+        with self._changed:
+            try:
+                self._queue.remove(work)
+            except ValueError:
+                return False
+        return True
+
+    def withdraw_all(self) -> list[Work]:
+        """Take every queued work out of the queue; returns them, in order."""
+        with self._changed:
+            never, self._queue = list(self._queue), deque()
+        return never
 
     def step(self) -> bool:
         """Admit what fits, then run the next model's gathered forwards and advance the sequences that
@@ -187,8 +219,7 @@ class Scheduler:
     def close(self) -> list[Work]:
         """Stop: each live sequence gets :class:`BatchClosed` where it waits for a forward (its work ends
         there), the slots are given back; returns the works that never started."""
-        with self._changed:
-            never, self._queue = list(self._queue), deque()
+        never = self.withdraw_all()
         closed = BatchClosed("the batch was closed before this sequence finished")
         for live in list(self._live):
             self._advance(live, closed)
@@ -207,12 +238,12 @@ class Scheduler:
                 if not (self._queue and (self._free or self._made < self.max_batch)):
                     break
                 work = self._queue.popleft()
-            slot = self._free.pop() if self._free else None
-            if slot is None:
-                slot = self._new_slot()
-                self._made += 1
-            live = _Live(slot, work(slot))
-            self._live.append(live)
+                slot = self._free.pop() if self._free else None
+                if slot is None:
+                    slot = self._new_slot()
+                    self._made += 1
+                live = _Live(slot, work(slot))
+                self._live.append(live)  # under the lock: add's room counts it as it leaves the queue
             joined.append(live)
         for live in joined:  # once all have joined: a draft bound reads the batch they make together
             self._advance(live, None)

@@ -2,13 +2,15 @@
 
 The HTTP side never touches the model (or its tokenizer): it submits a :class:`Job` and reads the job's
 events (text deltas, then exactly one :class:`Finished` or :class:`Failed`) from an asyncio queue that
-the engine fills through the event loop. One worker thread (the dispatcher) admits queued jobs between
-decode steps, each into a slot of a :class:`marspec.batch.scheduler.Scheduler` (its own KV caches, its
-own thread running the ordinary decode loop), and runs the model forwards they gather, so a job joins
-and leaves the batch without disturbing the others (continuous batching). Stopping a job (client gone,
-time limit, shutdown) only sets a flag; its thread reads it between decode steps and ends the generation
-there with ``GenerationStream.close()``, so no cache is left midway through a step: the slot's next job
-keeps what it shares with the last one (``reuse_prefix``) and scores the rest.
+the engine fills through the event loop. A job is a work of the :class:`marspec.batch.scheduler.Scheduler`,
+whose queue is the only one: admission (429 when full), withdrawal of a job cancelled or timed out while
+it waits, and shutdown all act on it. One worker thread steps the scheduler: it admits queued jobs
+between decode steps, each into a slot (its own KV caches), runs the model forwards they gather and
+advances each job's decode loop, so a job joins and leaves the batch without disturbing the others
+(continuous batching). Stopping a running job (client gone, time limit, shutdown) only sets a flag; the
+job reads it after each text delta and ends its generation there, between two steps, so no cache is
+left midway through a step: the slot's next job keeps what it shares with the last one
+(``reuse_prefix``) and scores the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -117,6 +118,7 @@ class Job:
         self._loop = asyncio.get_running_loop()
         # Set from any thread, read by the worker between decode steps: a plain attribute suffices.
         self.stop_reason: StopReason | None = None
+        self.work: Work | None = None  # what the engine's scheduler runs for it, once submitted
 
     def at_deadline(self, callback: Callable[[Job], None]) -> None:
         """Call ``callback(self)`` on the job's event loop once its deadline has passed; safe from any
@@ -138,8 +140,9 @@ class Job:
 
 
 class Engine:
-    """Serves :class:`Job` s, up to ``max_batch`` decoded together, from a worker thread that owns
-    ``decoder``'s models.
+    """Serves :class:`Job` s, up to ``max_batch`` decoded together (None: the pair's default,
+    :func:`marspec.batch.scheduler.settle_max_batch`), from a worker thread that owns ``decoder``'s
+    models.
 
     At most ``max_queue`` jobs wait while ``max_batch`` run; :meth:`submit` refuses more with a 429.
     After :meth:`begin_shutdown`, new jobs are refused (503) and queued or running ones may still finish
@@ -154,7 +157,7 @@ class Engine:
         max_queue: int,
         shutdown_grace: float,
         metrics: ServerMetrics | None = None,
-        max_batch: int = 1,
+        max_batch: int | None = None,
     ) -> None:
         self._decoder = decoder
         self._max_queue = max_queue
@@ -162,9 +165,7 @@ class Engine:
         self._metrics = metrics
         self._scheduler = Scheduler(decoder.target, decoder.drafter, max_batch)
         self.max_batch = self._scheduler.max_batch
-        self._pending: deque[Job] = deque()
-        self._running: set[Job] = set()
-        self._cond = threading.Condition()
+        self._jobs: dict[Work, Job] = {}  # each submitted job's work, until it ends
         self._closed = False
         # Written by a signal handler, so without a lock (the interrupted thread may hold it).
         self._drain_deadline: float | None = None
@@ -183,18 +184,18 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
-        """Jobs waiting for the model (not counting the running one)."""
-        return len(self._pending)
+        """Jobs waiting for the model (not counting the running ones)."""
+        return self._scheduler.queued
 
     @property
     def busy(self) -> bool:
         """Whether some job is being decoded."""
-        return bool(self._running)
+        return self._scheduler.live > 0
 
     @property
     def batch_size(self) -> int:
         """Jobs being decoded together now."""
-        return len(self._running)
+        return self._scheduler.live
 
     @property
     def alive(self) -> bool:
@@ -216,42 +217,42 @@ class Engine:
             )
         if not self.alive:
             raise ApiError(503, "the generation worker is not running", code="worker_stopped")
-        with self._cond:
-            if len(self._pending) + len(self._running) >= self._max_queue + self.max_batch:
-                raise ApiError(
-                    429,
-                    f"the server is busy: {len(self._pending)} request(s) already wait for the model "
-                    f"beside the {len(self._running)} being decoded (--max-queue {self._max_queue}, "
-                    f"--max-batch {self.max_batch}); retry after the Retry-After header's seconds",
-                    code="queue_full",
-                    headers={"Retry-After": str(self.retry_after())},
-                )
-            self._pending.append(job)
+        work = job.work = self._work(job)
+        self._jobs[work] = job
+        if not self._scheduler.add(work, room=self._max_queue + self.max_batch):
+            del self._jobs[work]
+            job.work = None
+            raise ApiError(
+                429,
+                f"the server is busy: {self.queue_depth} request(s) already wait for the model "
+                f"beside the {self.batch_size} being decoded (--max-queue {self._max_queue}, "
+                f"--max-batch {self.max_batch}); retry after the Retry-After header's seconds",
+                code="queue_full",
+                headers={"Retry-After": str(self.retry_after())},
+            )
         if job.deadline is not None:
             job.at_deadline(self._expire_if_queued)
-        self._scheduler.poke()
 
     def cancel(self, job: Job, reason: StopReason) -> None:
         """Stop ``job``: at once if it is still queued, else at the worker's next decode step. A job that
         already ended is left alone."""
         if job.stop_reason is None:
             job.stop_reason = reason
-        with self._cond:
-            try:
-                self._pending.remove(job)
-            except ValueError:
-                return  # running (the worker will see the flag) or already done
-        self._stop(job, job.stop_reason)
+        if self._withdraw(job):  # else running (the job will see the flag) or already done
+            self._stop(job, job.stop_reason)
 
     def _expire_if_queued(self, job: Job) -> None:
         """At ``job``'s deadline: answer it (503) if it still waits in the queue, rather than when a slot
         frees (the worker may be busy with a long generation for minutes)."""
-        with self._cond:
-            try:
-                self._pending.remove(job)
-            except ValueError:
-                return  # running (the worker checks the deadline between steps) or already done
-        self._stop(job, "timeout")
+        if self._withdraw(job):  # else running (the job checks its deadline) or already done
+            self._stop(job, "timeout")
+
+    def _withdraw(self, job: Job) -> bool:
+        """Take ``job`` out of the queue if it still waits there; whether it did."""
+        if job.work is None or not self._scheduler.withdraw(job.work):
+            return False
+        self._jobs.pop(job.work, None)
+        return True
 
     def begin_shutdown(self) -> None:
         """Refuse new jobs; let current ones run for the grace period. Safe inside a signal handler."""
@@ -261,14 +262,9 @@ class Engine:
     def close(self, timeout: float = 30.0) -> None:
         """Cancel queued and running jobs and wait (up to ``timeout`` s) for the worker to exit."""
         self.begin_shutdown()
-        with self._cond:
-            self._closed = True
-            dropped = list(self._pending)
-            self._pending.clear()
+        self._closed = True
+        self._drop(self._scheduler.withdraw_all())
         self._scheduler.poke()
-        for job in dropped:
-            job.stop_reason = job.stop_reason or "shutdown"
-            self._stop(job, job.stop_reason)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -279,26 +275,19 @@ class Engine:
         until closed with nothing left running."""
         scheduler = self._scheduler
         try:
-            while True:
-                self._admit()
-                if self._closed and not self._running:
-                    return
+            while not (self._closed and not scheduler.live and not scheduler.queued):
                 if not scheduler.step():
-                    scheduler.wait_for_work(0.5, wake=lambda: self._admissible() or self._closed)
+                    scheduler.wait_for_work(0.5, wake=lambda: self._closed)
         finally:
-            scheduler.close()
+            self._drop(scheduler.close())
 
-    def _admissible(self) -> bool:
-        return bool(self._pending) and len(self._running) < self.max_batch
-
-    def _admit(self) -> None:
-        while True:
-            with self._cond:
-                if not self._admissible():
-                    return
-                job = self._pending.popleft()
-                self._running.add(job)
-            self._scheduler.add(self._work(job))
+    def _drop(self, works: list[Work]) -> None:
+        """End the jobs of ``works``, which never started (the server shuts down)."""
+        for work in works:
+            job = self._jobs.pop(work, None)
+            if job is not None:
+                job.stop_reason = job.stop_reason or "shutdown"
+                self._stop(job, job.stop_reason)
 
     def _work(self, job: Job) -> Work:
         """What decodes ``job`` on a slot, advanced by the scheduler (every outcome ends in one final
@@ -318,9 +307,7 @@ class Engine:
                 log.exception("generation failed")
                 self._finish(job, "failed", Failed(exc))
             finally:
-                with self._cond:
-                    self._running.discard(job)
-                self._scheduler.poke()
+                self._jobs.pop(run, None)
 
         return run
 
