@@ -130,11 +130,12 @@ def scheduler_ab(
     """``clients`` sequences decoding the demo's prompts (each client all of them in turn, strict, the
     default pair on 2 threads) through the batch scheduler, no HTTP, once per arm in each of ``rounds``
     rounds, the arms' order alternating; an arm is a function that puts the process in its state before
-    its run. Per run: aggregate tok/s, the seconds in the dispatcher's forwards and the rest (the
+    its run. Per run: aggregate tok/s, the seconds in the batch's gathered forwards and the rest (the
     sequences' own work between forwards); the medians per arm; whether every prompt got one answer
     across all runs."""
     import marspec
-    from marspec.batch.batcher import Batcher
+    import marspec.batch.scheduler as batch_scheduler
+    from marspec.batch.many import relay
     from marspec.batch.scheduler import Scheduler
     from marspec.demo import DEMO_PROMPTS
     from marspec.settings import GenerationOptions
@@ -143,32 +144,29 @@ def scheduler_ab(
     prompts = [[{"role": "user", "content": text}] for _, text in DEMO_PROMPTS]
     decoder.generate(prompts[0], max_new_tokens=8)  # warm-up, and the kernels' library loaded
     forwards, tokens = [0.0], [0]
-    run_once = Batcher.run_once
+    run_group = batch_scheduler.run_group
 
-    def timed(self: Batcher) -> int:
+    def timed(requests: Any) -> Any:
         start = time.perf_counter()
-        ran = run_once(self)
-        forwards[0] += time.perf_counter() - start if ran else 0.0
-        return ran
+        outcomes = run_group(requests)
+        forwards[0] += time.perf_counter() - start
+        return outcomes
 
     runs: dict[str, list[dict[str, float]]] = defaultdict(list)
     answers: dict[int, set[tuple[int, ...]]] = defaultdict(set)
 
-    def work(i: int) -> Callable[[Any], None]:
-        def run(slot: Any) -> None:
+    def work(i: int) -> Callable[[Any], Any]:
+        def run(slot: Any) -> Any:
             for j in range(len(prompts)):
                 options = GenerationOptions.of({"max_new_tokens": max_new_tokens, "rule": "strict"})
                 steps = decoder.decode_on(slot, prompts[(i + j) % len(prompts)], options, True)
-                try:
-                    while True:
-                        next(steps)
-                except StopIteration as end:
-                    tokens[0] += len(end.value.token_ids)
-                    answers[(i + j) % len(prompts)].add(tuple(end.value.token_ids))
+                end = yield from relay(steps, lambda _: True)
+                tokens[0] += len(end.token_ids)
+                answers[(i + j) % len(prompts)].add(tuple(end.token_ids))
 
         return run
 
-    Batcher.run_once = timed  # type: ignore[method-assign]
+    batch_scheduler.run_group = timed  # type: ignore[assignment]
     try:
         for round_ in range(rounds):
             for arm in list(arms) if round_ % 2 == 0 else list(arms)[::-1]:
@@ -186,7 +184,7 @@ def scheduler_ab(
                 runs[arm].append(run)
                 print(arm, {k: round(v, 2) for k, v in runs[arm][-1].items()}, flush=True)
     finally:
-        Batcher.run_once = run_once  # type: ignore[method-assign]
+        batch_scheduler.run_group = run_group
     summary = {arm: {k: statistics.median(r[k] for r in v) for k in v[0]} for arm, v in runs.items()}
     return {
         "clients": clients,

@@ -15,7 +15,6 @@ import torch
 
 from marspec.backends.int8 import rowwise_int8_available
 from marspec.backends.packed import forward_packed, rows_alone
-from marspec.batch.batcher import Batcher, SlotLM, _Call
 from marspec.batch.scheduler import (
     PREFILL_CHUNK,
     Scheduler,
@@ -161,7 +160,7 @@ def test_stream_many_streams_each_prompts_text_and_a_closed_stream_ends_its_thre
     before = threading.active_count()
     early = int8_decoder.stream_many(PROMPTS, max_new_tokens=64, chat=False)
     next(iter(early))
-    early.close()  # every sequence stops at its next forward; their threads end
+    early.close()  # every sequence stops where it waits for a forward
     assert threading.active_count() <= before
 
 
@@ -196,28 +195,21 @@ def test_one_at_a_time_the_fixed_shape_pair_decodes_through_the_scheduler_as_its
     ]
 
 
-@pytest.mark.parametrize("in_turn", [True, False])
-def test_after_a_forward_members_are_woken_one_at_a_time(target, monkeypatch, in_turn: bool) -> None:
-    """Woken in turn, a member runs while the next waits for it to submit again or end: what each member
-    sees of the others' calls when it wakes (all at once, every call is done for the first to wake)."""
-    monkeypatch.setattr(Batcher, "wakes_in_turn", in_turn)
-    batcher = Batcher(target.model)
-    calls = [_Call(SlotLM(target, batcher, PREFILL_CHUNK), torch.tensor([1, 2 + i])) for i in range(3)]
-    seen: list[list[bool]] = []
+def test_one_thread_runs_every_forward_and_every_sequences_loop(fp32_decoder, monkeypatch) -> None:
+    """Sequences are data the scheduler advances: no thread is started, and every model forward runs in
+    the thread that steps the batch."""
+    threads: set[int] = set()
+    forward = type(fp32_decoder.target).forward
 
-    def member(call: _Call) -> None:
-        batcher.submit(call)
-        seen.append([c.done.is_set() for c in calls])
-        batcher.leave()
+    def recorded(self, tokens, last_only=False):
+        threads.add(threading.get_ident())
+        return forward(self, tokens, last_only)
 
-    threads = [threading.Thread(target=member, args=(call,)) for call in calls]
-    for thread in threads:
-        batcher.join()
-        thread.start()
-    assert batcher.wait_until(batcher.ready, timeout=30)
-    assert batcher.run_once() == 3
-    for thread in threads:
-        thread.join(30)
-    woken_before = [sum(done) for done in seen]  # in the order they woke: itself and those before it
-    assert woken_before == ([1, 2, 3] if in_turn else [3, 3, 3])
-    assert batcher.members == 0
+    monkeypatch.setattr(type(fp32_decoder.target), "forward", recorded)
+    started = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: pytest.fail("a thread was started"))
+    try:
+        got = fp32_decoder.generate_many(PROMPTS[:3], max_batch=3, max_new_tokens=6, chat=False)
+    finally:
+        monkeypatch.setattr(threading.Thread, "start", started)
+    assert threads == {threading.get_ident()} and all(r.token_ids for r in got)

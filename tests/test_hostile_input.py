@@ -4,8 +4,6 @@ sequence's failing forward inside a packed batch."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -13,11 +11,13 @@ from transformers import PreTrainedTokenizerFast
 
 from marspec.api import Decoder
 from marspec.backends.int8 import rowwise_int8_available
-from marspec.batch.batcher import Batcher, SlotLM, _Call
+from marspec.batch.gather import run_group
 from marspec.batch.scheduler import PREFILL_CHUNK
+from marspec.batch.views import SlotLM
 from marspec.defaults import GREEDY_BELOW_TEMPERATURE
 from marspec.detok import IncrementalDetokenizer
 from marspec.errors import MarspecError, ModelOutputError
+from marspec.forward_requests import Forward
 from marspec.rules import Rule, RuleName
 from marspec.selftest.tiny import noisy_copy, save_tiny_model, tiny_decoder, tiny_model, tiny_tokenizer
 from marspec.settings import GenerationOptions, settle
@@ -91,27 +91,9 @@ def test_a_failing_forward_in_a_packed_batch_fails_only_its_own_sequence(tmp_pat
     id the embedding does not have. Its sequence gets the error; the others get their solo logits, bit
     for bit, and their caches as a solo forward leaves them."""
     target = tiny_decoder(tmp_path, torch.device("cpu"), target_quant="int8").target
-    batcher = Batcher(target.model)
     tokens = [torch.tensor([5, 17, 30]), torch.tensor([1, 2, 10**6]), torch.tensor([40, 41])]
-    lms = [SlotLM(target, batcher, PREFILL_CHUNK) for _ in tokens]
-    calls = [_Call(lm, t) for lm, t in zip(lms, tokens, strict=True)]
-    outcomes: dict[int, torch.Tensor | BaseException] = {}
-
-    def member(i: int) -> None:
-        try:
-            outcomes[i] = batcher.submit(calls[i])
-        except Exception as exc:
-            outcomes[i] = exc
-        batcher.leave()
-
-    threads = [threading.Thread(target=member, args=(i,)) for i in range(3)]
-    for thread in threads:
-        batcher.join()
-        thread.start()
-    assert batcher.wait_until(batcher.ready, timeout=30)
-    assert batcher.run_once() == 3
-    for thread in threads:
-        thread.join(30)
+    lms = [SlotLM(target, PREFILL_CHUNK) for _ in tokens]
+    outcomes = run_group([Forward(lm, t) for lm, t in zip(lms, tokens, strict=True)])
     assert isinstance(outcomes[1], IndexError)
     for i in (0, 2):
         alone = type(target)(target.model, target.tokenizer, target.name)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import torch
 import uvicorn
@@ -175,11 +176,12 @@ class LiveServer:
     """The app under uvicorn as ``marspec serve`` configures it, on a loopback socket from
     :func:`bind_socket`, in a thread."""
 
-    def __init__(self, decoder) -> None:
-        settings = ServerSettings(MODEL, max_batch=1)
+    def __init__(self, decoder, settings: ServerSettings | None = None) -> None:
+        settings = settings or ServerSettings(MODEL, max_batch=1)
         self.sock = bind_socket("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn_config(create_app(decoder, settings), settings, "warning"))
+        self.app = create_app(decoder, settings)
+        self.server = uvicorn.Server(uvicorn_config(self.app, settings, "warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started or not self.thread.is_alive())
@@ -218,3 +220,75 @@ def test_half_sent_headers_do_not_hold_a_connection(live: LiveServer) -> None:
             slow.sendall(piece)
             time.sleep(0.1)
         assert slow.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+SOAK_PROMPTS = [
+    {"prompt": "Hello there"},
+    {"prompt": "Once upon a time", "temperature": 0.8, "seed": 3},
+    {"prompt": "ab ab ab ab", "marspec": {"rule": "mars", "theta": 0.3}},
+    {"prompt": "What is it", "max_tokens": 4},
+    {"prompt": "count 1 2 3", "temperature": 0.7, "seed": 11, "marspec": {"rule": "plain"}},
+]
+
+
+def soak_request(url: str, body: dict[str, Any], mode: str) -> str | None:
+    """One request: ``"whole"`` (one JSON answer), ``"stream"`` (the deltas joined, in order) or
+    ``"hang_up"`` (streamed, the connection closed after the first chunk): its text, None for a hang-up."""
+    with httpx.Client(base_url=url, timeout=120) as client:
+        if mode == "whole":
+            answer = client.post(TEXT, json=body)
+            assert answer.status_code == 200, answer.text
+            return answer.json()["choices"][0]["text"]
+        parts = []
+        with client.stream("POST", TEXT, json={**body, "stream": True}) as answer:
+            assert answer.status_code == 200
+            for line in answer.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    parts.append(json.loads(line[6:])["choices"][0]["text"])
+                    if mode == "hang_up":
+                        return None
+        return "".join(parts)
+
+
+# Tiny models, loopback only, but ~1 minute on 2 shared cores: kept out of the fast suite with the slow tests.
+@pytest.mark.real
+def test_a_soak_of_200_requests_from_8_clients_with_hang_ups_loses_and_reorders_nothing(decoder) -> None:
+    """200 requests over loopback from 8 clients at once (greedy, seeded sampling and MARS mixed, whole
+    answers, streams, and streams hung up after their first chunk) into a server decoding 4 together:
+    every answer that is read is its prompt's answer alone, each stream's deltas add up to it in order,
+    every request ends in exactly one counted outcome and the server ends idle with nothing queued."""
+    server = LiveServer(decoder, ServerSettings(MODEL, max_batch=4, max_queue=16))
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        bodies = [text_body(**{"max_tokens": 6, **p}) for p in SOAK_PROMPTS]
+        alone = [soak_request(url, body, "whole") for body in bodies]
+        modes = ("whole", "stream", "whole", "stream", "hang_up")
+        wrong: list[tuple[int, int, str | None]] = []
+
+        def client(c: int) -> None:
+            for j in range(25):
+                which, mode = (c + j) % len(bodies), modes[j % len(modes)]
+                text = soak_request(url, bodies[which], mode)
+                if mode != "hang_up" and text != alone[which]:
+                    wrong.append((c, j, text))
+
+        clients = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join(600)
+        assert not wrong and not any(thread.is_alive() for thread in clients)
+        engine = server.app.state.engine
+        wait_until(lambda: not engine.busy and engine.queue_depth == 0)
+        exposed = httpx.get(f"{url}/metrics", timeout=30).text
+        ended = {
+            sample.labels["outcome"]: sample.value
+            for family in text_string_to_metric_families(exposed)
+            for sample in family.samples
+            if sample.name == "marspec_generations_total"
+        }
+        assert ended.get("completed", 0) + ended.get("cancelled_disconnect", 0) == 200 + len(bodies), ended
+        assert sum(ended.values()) == 200 + len(bodies), ended  # nothing failed, timed out or refused
+        assert ended["completed"] >= 160 + len(bodies) and engine._scheduler.peak >= 2
+    finally:
+        server.stop()

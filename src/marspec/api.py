@@ -27,12 +27,13 @@ from marspec.backends.hf import HFCausalLM
 from marspec.backends.threads import in_passing_thread
 from marspec.batch.many import BatchStream, decode_many
 from marspec.batch.slots import Slot
-from marspec.decode import DecodeConfig, decode
+from marspec.decode import DecodeConfig, Step, decode_steps
 from marspec.defaults import DEFAULT_DTYPE
 from marspec.detok import IncrementalDetokenizer
 from marspec.draft_length import DraftChoice, PairKey, draft_choice, measuring_allowed
 from marspec.drafters import HybridDrafter, ModelDrafter
 from marspec.errors import MarspecError
+from marspec.forward_requests import Request, solo
 from marspec.load_settings import LoadSettings
 from marspec.loading import check_same_tokenizer as check_same_tokenizer  # the CLI's, before a load
 from marspec.loading import load_lm as load_lm  # what Decoder loads one model with
@@ -302,7 +303,7 @@ class Decoder:
         seed, max_new_tokens, stop, chat). ``on_text`` receives text deltas as they are decoded.
         """
         opts = GenerationOptions.of(options)
-        gen = self._generate(prompt, opts, stream=on_text is not None, logprobs=[])
+        gen = solo(self._generate(prompt, opts, stream=on_text is not None, logprobs=[]))
         while True:
             try:
                 delta = next(gen)
@@ -315,7 +316,7 @@ class Decoder:
         """Like ``generate`` but returns an iterator of text deltas; see ``GenerationStream``."""
         logprobs: list[TokenLogprob] = []
         opts = GenerationOptions.of(options)
-        return GenerationStream(self._generate(prompt, opts, stream=True, logprobs=logprobs), logprobs)
+        return GenerationStream(solo(self._generate(prompt, opts, stream=True, logprobs=logprobs)), logprobs)
 
     def generate_many(
         self,
@@ -384,9 +385,10 @@ class Decoder:
         opts: GenerationOptions,
         stream: bool,
         logprobs: list[TokenLogprob] | None = None,
-    ) -> Generator[str, None, GenerationResult]:
-        """:meth:`stream`'s generation on a batch's slot (:mod:`marspec.batch`): its caches, its drafter;
-        ``logprobs`` as :meth:`_generate` fills it."""
+    ) -> Generator[Request | str, torch.Tensor | None, GenerationResult]:
+        """:meth:`stream`'s generation on a batch's slot (:mod:`marspec.batch`): its caches, its drafter,
+        its forwards asked for (:mod:`marspec.forward_requests`) for the batch to run; ``logprobs`` as
+        :meth:`_generate` fills it."""
         return self._generate(prompt, opts, stream, [] if logprobs is None else logprobs, slot)
 
     def _generate(
@@ -396,10 +398,11 @@ class Decoder:
         stream: bool,
         logprobs: list[TokenLogprob],
         slot: Slot | None = None,
-    ) -> Generator[str, None, GenerationResult]:
+    ) -> Generator[Request | str, torch.Tensor | None, GenerationResult]:
         """The generation as text deltas (when ``stream`` or stop strings ask for them), on ``slot`` when
-        given (else the pair's own caches); its tokens' log probabilities, with the ``logprobs`` option,
-        are appended to ``logprobs`` as they are decoded."""
+        given (else the pair's own caches), asking for its model forwards (:func:`solo` runs them at
+        once); its tokens' log probabilities, with the ``logprobs`` option, are appended to ``logprobs``
+        as they are decoded."""
         config = self.settle(opts)
         target = self.target if slot is None else slot.target
         drafter = None if not uses_drafter(opts.rule) else self.drafter if slot is None else slot.drafter
@@ -418,15 +421,21 @@ class Decoder:
         finish: FinishReason = "length"
         start = time.perf_counter()
         draft_cap = slot.draft_cap if slot is not None and config.drafts_leave_output else None
-        steps = decode(target, drafter, prompt_ids, config, stats, generator, draft_cap)
+        steps = decode_steps(target, drafter, prompt_ids, config, stats, generator, draft_cap)
+        reply: torch.Tensor | None = None
+        every_token = False  # the loop decoded all it would (not cut by a stop string)
         try:
-            for step in steps:
-                for i in step.committed_relaxed:
-                    relaxed_positions.append(len(token_ids) + step.relaxed_at[i])
-                    relaxed_top1.append(step.relaxed_top1[i])
-                    relaxed_margins.append(step.relaxed_margins[i])
-                token_ids.extend(step.tokens)
-                logprobs.extend(map(TokenLogprob, step.tokens, step.logprobs, step.top_logprobs))
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration:
+                    every_token = True
+                    break
+                if not isinstance(step, Step):  # a forward: asked of whoever drives this generation
+                    reply = yield step
+                    continue
+                reply = None
+                _take(step, token_ids, relaxed_positions, relaxed_top1, relaxed_margins, logprobs)
                 if step.finished:
                     finish = "eos"
                 if detok is None:
@@ -439,14 +448,13 @@ class Decoder:
                     yield delta
                 if stopped:
                     break
-            else:  # every token decoded: the text held back (a character cut at the end) ends the stream
-                if detok is not None:
-                    delta, stopped = _cut_at_stop(detok, detok.flush(), stops)
-                    if stopped:
-                        finish = "stop"
-                    if delta:
-                        stats.wall_s = time.perf_counter() - start
-                        yield delta
+            if every_token and detok is not None:  # the text held back (a character cut) ends the stream
+                delta, stopped = _cut_at_stop(detok, detok.flush(), stops)
+                if stopped:
+                    finish = "stop"
+                if delta:
+                    stats.wall_s = time.perf_counter() - start
+                    yield delta
         finally:
             steps.close()
             stats.wall_s = time.perf_counter() - start
@@ -461,6 +469,23 @@ class Decoder:
             relaxed_margins,
             logprobs if opts.logprobs is not None else None,
         )
+
+
+def _take(
+    step: Step,
+    token_ids: list[int],
+    relaxed_positions: list[int],
+    relaxed_top1: list[int],
+    relaxed_margins: list[float],
+    logprobs: list[TokenLogprob],
+) -> None:
+    """``step``'s tokens, relaxed positions and log probabilities appended to a generation's."""
+    for i in step.committed_relaxed:
+        relaxed_positions.append(len(token_ids) + step.relaxed_at[i])
+        relaxed_top1.append(step.relaxed_top1[i])
+        relaxed_margins.append(step.relaxed_margins[i])
+    token_ids.extend(step.tokens)
+    logprobs.extend(map(TokenLogprob, step.tokens, step.logprobs, step.top_logprobs))
 
 
 def _cut_at_stop(detok: IncrementalDetokenizer, delta: str, stops: tuple[str, ...]) -> tuple[str, bool]:

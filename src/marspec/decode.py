@@ -9,7 +9,7 @@ verification both caches are rolled back in place to the accepted prefix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +17,7 @@ import torch
 from marspec.defaults import MAX_K, MAX_TOP_LOGPROBS
 from marspec.drafters.tree import build_tree
 from marspec.errors import MarspecError
+from marspec.forward_requests import Forward, Request, TreeForward, propose, solo
 from marspec.interfaces import CausalLM, Draft, Drafter, DraftTree, TreeDrafter
 from marspec.rules import Rule
 from marspec.stats import GenerationStats, StepRecord
@@ -148,12 +149,29 @@ def decode(
     generator: torch.Generator | None = None,
     draft_cap: Callable[[], int] | None = None,
 ) -> Iterator[Step]:
-    """Generate after ``prompt_ids`` (long[L], L >= 1), yielding each verification step's new tokens.
+    """Generate after ``prompt_ids`` (long[L], L >= 1), yielding each verification step's new tokens:
+    :func:`decode_steps` with its forwards run at once (one sequence on its own). The caller may stop
+    iterating at any time (stop strings, cancellation)."""
+    return solo(decode_steps(target, drafter, prompt_ids, config, stats, generator, draft_cap))
 
-    The caller may stop iterating at any time (stop strings, cancellation). ``stats`` is filled in as
-    the loop runs, from what each step yields; timings of model forwards are read from the backends.
-    ``draft_cap``, read at each step, bounds that step's draft length below ``config.k`` (a batch that
-    shortens drafts as it grows); give one only where ``config.drafts_leave_output``.
+
+def decode_steps(
+    target: CausalLM,
+    drafter: Drafter | None,
+    prompt_ids: torch.Tensor,
+    config: DecodeConfig,
+    stats: GenerationStats,
+    generator: torch.Generator | None = None,
+    draft_cap: Callable[[], int] | None = None,
+) -> Generator[Request | Step, torch.Tensor | None, None]:
+    """The one decode loop, as a generator: it yields each model forward it needs
+    (:mod:`marspec.forward_requests`; send back the logits) and each verification step's :class:`Step`
+    (send back None), so that one thread can drive many sequences at once (:mod:`marspec.batch`).
+
+    ``stats`` is filled in as the loop runs, from what each step yields; timings of model forwards are
+    read from the backends. ``draft_cap``, read at each step, bounds that step's draft length below
+    ``config.k`` (a batch that shortens drafts as it grows); give one only where
+    ``config.drafts_leave_output``.
     """
     prompt_len = int(prompt_ids.shape[0])
     budget = config.max_new_tokens
@@ -165,18 +183,12 @@ def decode(
     # Both caches hold at most the prompt but its last token, which the first step scores.
     reused = _start_sequence(target, drafter, seq[: prompt_len - 1], config.reuse_prefix)
     clocks = _Clocks(target, drafter)
-    unread_prefill = reused < prompt_len - 1  # a prefill whose time is read after the first step
-    if unread_prefill:
-        target.forward(seq[reused : prompt_len - 1], last_only=True)
+    clocks.unread_prefill = reused < prompt_len - 1  # a prefill whose time is read after the first step
+    if clocks.unread_prefill:
+        yield Forward(target, seq[reused : prompt_len - 1], last_only=True)
     stats.prompt_tokens = prompt_len
     stats.reused_tokens = reused
-    for step in _steps(target, drafter, seq, prompt_len, budget, config, generator, draft_cap):
-        stats.record(_record(step))
-        stats.new_tokens += len(step.tokens)
-        stats.stopped_at_eos = step.finished
-        clocks.read(stats, prefill=unread_prefill)
-        unread_prefill = False
-        yield step
+    yield from _steps(target, drafter, seq, prompt_len, budget, config, generator, draft_cap, stats, clocks)
 
 
 def _steps(
@@ -188,14 +200,16 @@ def _steps(
     config: DecodeConfig,
     generator: torch.Generator | None,
     draft_cap: Callable[[], int] | None,
-) -> Iterator[Step]:
+    stats: GenerationStats,
+    clocks: _Clocks,
+) -> Generator[Request | Step, torch.Tensor | None, None]:
     """The loop itself: each step proposes, scores and verifies a draft, commits what was accepted and
     rolls both caches back to it. ``seq[:length]`` is the context; the target's cache holds all of it
     but its last token (the "pending" one, which each step scores first)."""
     produced, draft_len = 0, config.k
     alternatives = max(config.tree) - 1 if config.tree else 0
     # The ensemble reads the draft's distribution, which a greedy drafter otherwise does not return.
-    wants_q = {"distributions": True} if config.rule.family.needs_draft_probs else {}
+    wants_q = config.rule.family.needs_draft_probs
     markers = config.thinking
     thinking = markers is not None and markers.open_after(seq[:length].tolist())
     while produced < budget:
@@ -208,7 +222,9 @@ def _steps(
         if drafter is not None and k > 0 and config.tree and isinstance(drafter, TreeDrafter):
             draft, tree = drafter.propose_tree(seq[:length], k, config.tree)
         elif drafter is not None and k > 0:
-            draft = drafter.propose(seq[:length], k, config.temperature, generator, alternatives, **wants_q)
+            draft = yield from propose(
+                drafter, seq[:length], k, config.temperature, generator, alternatives, wants_q
+            )
             tree = build_tree(draft, config.tree) if config.tree and draft.alternatives is not None else None
         else:
             draft = Draft(tokens=seq.new_empty(0))
@@ -217,7 +233,12 @@ def _steps(
             seq[length : length + n_draft] = draft.tokens
         # Score and verify: one target forward, one host read (inside the verifier).
         span = None if markers is None else markers.span(draft.tokens, thinking)
-        logits, verdict = _score_and_verify(target, seq, length, draft, tree, config, generator, span)
+        if tree is not None:
+            logits = yield TreeForward(target, tree, seq[length - 1 : length])  # [1 + nodes, V]
+        else:
+            logits = yield Forward(target, seq[length - 1 : length + n_draft])  # [1 + k, V]
+        assert logits is not None
+        verdict = _verify(logits, draft, tree, config, generator, span)
         tokens, judged, finished = _cut_at_eos(verdict, config.eos_token_ids)
         thinking = markers is not None and markers.open_after(tokens, thinking)
         # Commit: accepted chain drafts are in place; the correction or bonus token, and a sibling a
@@ -243,30 +264,28 @@ def _steps(
         if config.adaptive_k and n_draft:
             draft_len = _next_draft_len(draft_len, verdict.n_accepted == n_draft, config.k)
         siblings = len(tree) - n_draft if tree else 0
-        yield _step(verdict, tokens, finished, judged, n_draft, siblings, read)
+        step = _step(verdict, tokens, finished, judged, n_draft, siblings, read)
+        clocks.note(stats, step)
+        yield step
         if finished:
             return
 
 
-def _score_and_verify(
-    target: CausalLM,
-    seq: torch.Tensor,
-    length: int,
+def _verify(
+    logits: torch.Tensor,
     draft: Draft,
     tree: DraftTree | None,
     config: DecodeConfig,
     generator: torch.Generator | None,
     span: ThinkingSpan | None = None,
-) -> tuple[torch.Tensor, Verification]:
-    """One target forward over ``[pending] + draft`` (a chain, or a tree's nodes): its logits and the
-    rule's verdict. Row i of the logits predicts the token after ``draft[i-1]``: row 0 verifies
-    draft[0], the last row is the bonus position."""
+) -> Verification:
+    """The rule's verdict on the target's ``logits`` over ``[pending] + draft`` (a chain, or a tree's
+    nodes). Row i of the logits predicts the token after ``draft[i-1]``: row 0 verifies draft[0], the
+    last row is the bonus position."""
     if tree is not None:
-        logits = target.forward_tree(tree, seq[length - 1 : length])  # [1 + nodes, V]
-        return logits, verify_tree_greedy(logits, tree, config.rule, config.relaxable)
-    logits = target.forward(seq[length - 1 : length + len(draft)])  # [1 + k, V]
+        return verify_tree_greedy(logits, tree, config.rule, config.relaxable)
     if config.temperature > 0:
-        return logits, verify_sampling(
+        return verify_sampling(
             logits,
             draft.tokens,
             draft.probs,
@@ -276,7 +295,7 @@ def _score_and_verify(
             config.relaxable,
             span,
         )
-    return logits, verify_greedy(logits, draft.tokens, config.rule, config.relaxable, draft.probs, span)
+    return verify_greedy(logits, draft.tokens, config.rule, config.relaxable, draft.probs, span)
 
 
 _TokenLogprobs = tuple[tuple[float, ...], tuple[tuple[tuple[int, float], ...], ...]]
@@ -382,6 +401,15 @@ class _Clocks:
         self.target_s0 = target.clock.seconds
         self.draft_s0 = self.draft_lm.clock.seconds if self.draft_lm else 0.0
         self.draft_calls0 = self.draft_lm.clock.calls if self.draft_lm else 0
+        self.unread_prefill = False  # whether a prefill ran whose time the first step's read takes
+
+    def note(self, stats: GenerationStats, step: Step) -> None:
+        """``step`` recorded in ``stats``, and the forward clocks read into it."""
+        stats.record(_record(step))
+        stats.new_tokens += len(step.tokens)
+        stats.stopped_at_eos = step.finished
+        self.read(stats, prefill=self.unread_prefill)
+        self.unread_prefill = False
 
     def read(self, stats: GenerationStats, prefill: bool) -> None:
         stats.target_forward_s = self.target.clock.seconds - self.target_s0

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import logging
-import queue
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 
-from marspec.batch.scheduler import Scheduler, batching_note, check_max_batch, default_max_batch
+from marspec.batch.scheduler import Scheduler, Work, batching_note, settle_max_batch
 from marspec.batch.slots import Slot
 from marspec.decode import DecodeConfig
 from marspec.errors import MarspecError
+from marspec.forward_requests import Request
 from marspec.interfaces import CausalLM, Drafter
 from marspec.prompting import Prompt
 from marspec.settings import GenerationOptions
@@ -36,7 +37,7 @@ class Decoder(Protocol):
 
     def decode_on(
         self, slot: Slot, prompt: Prompt, opts: GenerationOptions, stream: bool
-    ) -> Generator[str, None, GenerationResult]: ...
+    ) -> Generator[Request | str, torch.Tensor | None, GenerationResult]: ...
 
 
 def _options(
@@ -54,7 +55,7 @@ def _options(
 class BatchStream:
     """Iterate to receive ``(prompt index, text delta)`` pairs as the prompts are decoded together;
     ``results`` (one :class:`~marspec.api.GenerationResult` per prompt, in order) is set once iteration
-    ends. Closing it early stops every sequence at its next forward."""
+    ends. Closing it early stops every sequence where it waits for a forward."""
 
     def __init__(self, gen: Generator[tuple[int, str], None, list[GenerationResult]]) -> None:
         self._gen = gen
@@ -80,7 +81,7 @@ def decode_many(
     (when ``stream``) and return the results in prompt order. Options and prompts are checked first."""
     if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence):
         raise MarspecError("prompts must be a list of prompts (texts, or chat message lists)")
-    batch = check_max_batch(default_max_batch(decoder.target) if max_batch is None else max_batch)
+    batch = settle_max_batch(decoder.target, max_batch)
     options = _options(decoder, len(prompts), shared, per_prompt)
     for prompt, opts in zip(prompts, options, strict=True):
         decoder.prompt_ids(prompt, opts)  # a prompt that does not fit fails here, before any decoding
@@ -88,20 +89,22 @@ def decode_many(
     note = batching_note(decoder.target, scheduler.max_batch)
     if note is not None:
         log.warning("marspec: %s", note)
-    events: queue.SimpleQueue[tuple[int, object]] = queue.SimpleQueue()
+    events: deque[tuple[int, object]] = deque()  # filled as the scheduler advances the sequences
 
-    def work(index: int, prompt: Prompt, opts: GenerationOptions) -> None:
-        def run(slot: Slot) -> None:
-            gen = decoder.decode_on(slot, prompt, opts, stream)
+    def work(index: int, prompt: Prompt, opts: GenerationOptions) -> Work:
+        def run(slot: Slot) -> Generator[Request, torch.Tensor, None]:
+            def text(delta: str) -> bool:
+                events.append((index, delta))
+                return True
+
             try:
-                while True:
-                    events.put((index, next(gen)))
-            except StopIteration as done:
-                events.put((index, done.value))
+                result = yield from relay(decoder.decode_on(slot, prompt, opts, stream), text)
+            except GeneratorExit:
+                raise
             except BaseException as exc:  # raised in the caller's thread
-                events.put((index, exc))
-            finally:
-                gen.close()
+                events.append((index, exc))
+            else:
+                events.append((index, result))
 
         return run
 
@@ -111,11 +114,11 @@ def decode_many(
     left = len(prompts)
     try:
         while left:
-            try:
-                index, value = events.get_nowait()
-            except queue.Empty:
-                scheduler.step()
+            if not events:
+                if not scheduler.step():
+                    raise RuntimeError("the batch ended with prompts unanswered")  # a bug in a work
                 continue
+            index, value = events.popleft()
             if isinstance(value, BaseException):
                 raise value
             if isinstance(value, str):
@@ -126,3 +129,27 @@ def decode_many(
     finally:
         scheduler.close()
     return results
+
+
+def relay(
+    generation: Generator[Request | str, torch.Tensor | None, GenerationResult],
+    text: Callable[[str], bool],
+) -> Generator[Request, torch.Tensor, GenerationResult | None]:
+    """``generation`` on a batch's slot: its forwards asked of the scheduler, each text delta handed to
+    ``text``, which says whether to go on. Returns its result, or None where ``text`` stopped it (it is
+    closed then, between two steps, as when a caller closes a stream)."""
+    reply: torch.Tensor | None = None
+    try:
+        while True:
+            try:
+                item = generation.send(reply)
+            except StopIteration as done:
+                return done.value
+            if isinstance(item, str):
+                reply = None
+                if not text(item):
+                    return None
+            else:
+                reply = yield item
+    finally:
+        generation.close()

@@ -1,10 +1,14 @@
-"""Sequences decoded side by side: admitted between forwards, each on a slot of its own, in its own thread.
+"""Sequences decoded side by side on one thread: each sequence is data the scheduler advances.
 
-A :class:`Scheduler` holds up to ``max_batch`` slots. A work (one sequence's whole generation, a callable
-taking its slot) waits in a queue until a slot is free, then runs in a thread of its own while the
-scheduler's owner calls :meth:`Scheduler.step` (the dispatcher: it admits works and runs the gathered
-forwards, :mod:`marspec.batch.batcher`). A work that ends (its sequence finished, was cancelled or failed)
-frees its slot for the next one at once: continuous batching, as servers call it.
+A :class:`Scheduler` holds up to ``max_batch`` slots. A work (one sequence's whole generation: a
+generator that asks for its model forwards, :mod:`marspec.forward_requests`) waits in a queue until a
+slot is free. Each :meth:`Scheduler.step` admits what fits, then runs one model's forwards for every live
+sequence waiting on that model as one forward (:mod:`marspec.batch.gather`): a draft model's while any
+sequence drafts, else the target's (every verification, and a chunk of each new prompt). Each sequence is
+then advanced, in the same thread, to its next forward: its drafting decisions, verification, stop
+strings and text are its own. So each step reads the target's weights once for the whole batch, and the
+draft's once per draft position. A work that ends (its sequence finished, was cancelled or failed) frees
+its slot for the next one at once: continuous batching, as servers call it.
 """
 
 from __future__ import annotations
@@ -13,21 +17,30 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 
 import torch
 
 from marspec.backends.hf import HFCausalLM
-from marspec.backends.threads import hold_thread_count
-from marspec.batch.batcher import BatchClosed, Batcher
+from marspec.batch.gather import Outcome, run_group
 from marspec.batch.slots import Slot, batched_form, check_batchable, make_slot
+from marspec.batch.views import SlotLM
 from marspec.defaults import MAX_K
 from marspec.errors import MarspecError
+from marspec.forward_requests import Forward, Request
 from marspec.interfaces import CausalLM, Drafter
 
 log = logging.getLogger("marspec.batch")
 
-Work = Callable[[Slot], None]
+# One sequence's whole generation on a slot: a generator that asks for its forwards (send back the
+# logits; a failed forward is thrown into it) and reports its text and end itself.
+Work = Callable[[Slot], Generator[Request, torch.Tensor, None]]
+
+
+class BatchClosed(MarspecError):
+    """The batch stopped (closed by its owner) before a sequence finished."""
+
 
 # The most prompt tokens a new sequence scores in one step. A chunk rides in the target forward of the
 # running sequences' verifications, so it bounds how much longer that step gets while a prompt comes in.
@@ -91,6 +104,12 @@ def batching_note(target: CausalLM, max_batch: int, option: str = "max_batch") -
     )
 
 
+def settle_max_batch(target: CausalLM, max_batch: object) -> int:
+    """The sequences to decode together on ``target``: ``max_batch`` checked, or where it is None the
+    target's default (:func:`default_max_batch`). The one place either is decided."""
+    return default_max_batch(target) if max_batch is None else check_max_batch(max_batch)
+
+
 def check_max_batch(max_batch: object) -> int:
     """``max_batch`` checked: an integer >= 1 (a one-line error otherwise)."""
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -100,141 +119,206 @@ def check_max_batch(max_batch: object) -> int:
     return max_batch
 
 
-class Scheduler:
-    """Decodes works side by side on up to ``max_batch`` slots of the pair ``target`` + ``drafter``.
+@dataclass(eq=False)
+class _Live:
+    """A sequence being decoded: its slot, its generation, and the forward it waits for."""
 
-    Thread use: :meth:`add` from any thread; :meth:`step` and :meth:`close` from one thread, the
-    dispatcher's, which runs every model forward.
+    slot: Slot
+    run: Generator[Request, torch.Tensor, None]
+    request: Request | None = None
+    chunks: int = 1  # forwards of the batch the request is scored in (a long prompt: chunks of it)
+    parts: list[torch.Tensor] = field(default_factory=list)  # the logits of its chunks scored so far
+
+
+class Scheduler:
+    """Decodes works side by side on up to ``max_batch`` slots of the pair ``target`` + ``drafter``
+    (None: the target's default, :func:`settle_max_batch`). Its queue is the one queue of works waiting
+    for a slot (a server's admission, withdrawal of a cancelled or timed-out request, shutdown).
+
+    Thread use: :meth:`add`, :meth:`poke` and :meth:`wait_for_work` from any thread; :meth:`step` and
+    :meth:`close` from one, which runs every model forward and every sequence's decode loop.
     """
 
     def __init__(
         self,
         target: HFCausalLM,
         drafter: Drafter | None,
-        max_batch: int,
+        max_batch: int | None,
         prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
-        self.max_batch = check_max_batch(max_batch)
+        self.max_batch = settle_max_batch(target, max_batch)
         # One at a time, a sequence runs on the pair itself, forwards called directly (any engine, the
         # fixed-shape path included); several need slots of their own (the eager engine).
         self._direct = self.max_batch == 1
         if not self._direct:
             check_batchable(target, drafter)
         self._target, self._drafter, self._chunk = target, drafter, prefill_chunk
-        self._batcher = Batcher(target.model)
+        self._target_model = getattr(target, "model", target)
         self._free: list[Slot] = []
         self._made = 0
+        self._live: list[_Live] = []
         self._queue: deque[Work] = deque()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._changed = threading.Condition()
+        self.peak = 0  # the most sequences one target forward has served
 
     @property
-    def peak(self) -> int:
-        """The most sequences one target forward has served so far."""
-        return self._batcher.peak
+    def live(self) -> int:
+        """Sequences being decoded now."""
+        return len(self._live)
 
-    def add(self, work: Work) -> None:
-        """Queue ``work``; it starts at a step when a slot is free."""
-        with self._lock:
+    @property
+    def queued(self) -> int:
+        """Works waiting for a slot."""
+        return len(self._queue)
+
+    def add(self, work: Work, room: int | None = None) -> bool:
+        """Queue ``work``; it starts at a step when a slot is free. With ``room``, only while fewer than
+        ``room`` works wait or decode: returns whether it was queued."""
+        with self._changed:
+            if room is not None and len(self._queue) + len(self._live) >= room:
+                return False
             self._queue.append(work)
-        self._batcher.poke()
+            self._changed.notify_all()
+        return True
 
-    def step(self, timeout: float = 0.1, wake: Callable[[], bool] | None = None) -> bool:
-        """Admit what fits, then run the next gathered forward once every sequence waits for one (at most
-        ``timeout`` seconds of waiting; ``wake``, when it turns true, ends the wait too: work the owner
-        holds for admission). Returns False when nothing is decoding and nothing is queued."""
+    def withdraw(self, work: Work) -> bool:
+        """Take ``work`` out of the queue; False if it is not there (it started, or ended)."""
+        with self._changed:
+            try:
+                self._queue.remove(work)
+            except ValueError:
+                return False
+        return True
+
+    def withdraw_all(self) -> list[Work]:
+        """Take every queued work out of the queue; returns them, in order."""
+        with self._changed:
+            never, self._queue = list(self._queue), deque()
+        return never
+
+    def step(self) -> bool:
+        """Admit what fits, then run the next model's gathered forwards and advance the sequences that
+        waited for them. Returns False when nothing is decoding and nothing is queued."""
         self._admit()
-        batcher = self._batcher
-        if not batcher.members:
+        if not self._live:
             return bool(self._queue)
-
-        def done_waiting() -> bool:
-            woken = wake is not None and wake()
-            return batcher.ready() or self._admissible() or not batcher.members or woken
-
-        batcher.wait_until(done_waiting, timeout)
-        if not self._admissible():
-            batcher.run_once()
+        self._run_next()
         return True
 
     def poke(self) -> None:
-        """Wake a :meth:`step` that waits, to check its ``wake`` again (call after it may have turned)."""
-        self._batcher.poke()
+        """Wake :meth:`wait_for_work` to check its ``wake`` again (call after it may have turned)."""
+        with self._changed:
+            self._changed.notify_all()
 
     def wait_for_work(self, timeout: float, wake: Callable[[], bool] | None = None) -> None:
         """Sleep until a work is queued, ``wake`` turns true (see :meth:`poke`) or ``timeout`` seconds
-        pass (for a dispatcher with nothing to do)."""
-        self._batcher.wait_until(lambda: bool(self._queue) or (wake is not None and wake()), timeout)
+        pass (for an owner with nothing to decode)."""
+        with self._changed:
+            self._changed.wait_for(lambda: bool(self._queue) or (wake is not None and wake()), timeout)
 
-    def close(self, timeout: float = 30.0) -> list[Work]:
-        """Stop: sequences waiting for a forward fail with :class:`BatchClosed` (works end at their next
-        forward), threads are joined, the slots given back; returns the works that never started."""
-        with self._lock:
-            never, self._queue = list(self._queue), deque()
-        self._batcher.close(BatchClosed("the batch was closed before this sequence finished"))
-        for thread in self._threads:
-            thread.join(timeout)
-        with self._lock:  # a slot whose thread outlived the wait stays held: its sequence may still write
-            done, self._free = self._free, []
+    def close(self) -> list[Work]:
+        """Stop: each live sequence gets :class:`BatchClosed` where it waits for a forward (its work ends
+        there), the slots are given back; returns the works that never started."""
+        never = self.withdraw_all()
+        closed = BatchClosed("the batch was closed before this sequence finished")
+        for live in list(self._live):
+            self._advance(live, closed)
+            if live in self._live:  # it asked for another forward: it ends here
+                live.run.close()
+                self._end(live)
+        done, self._free = self._free, []
         for slot in done:
             slot.release()
         return never
 
-    def _admissible(self) -> bool:
-        return bool(self._queue) and (bool(self._free) or self._made < self.max_batch)
-
     def _admit(self) -> None:
-        while self._admissible():
-            with self._lock:
+        joined = []
+        while True:
+            with self._changed:
+                if not (self._queue and (self._free or self._made < self.max_batch)):
+                    break
                 work = self._queue.popleft()
                 slot = self._free.pop() if self._free else None
-            if slot is None:
-                slot = self._new_slot()
-                self._made += 1
-            self._batcher.join()
-            if self._direct:  # one at a time: the sequence runs here, in the thread that runs forwards
-                self._run(work, slot)
-                continue
-            self._start_member(work, slot)
+                if slot is None:
+                    slot = self._new_slot()
+                    self._made += 1
+                live = _Live(slot, work(slot))
+                self._live.append(live)  # under the lock: add's room counts it as it leaves the queue
+            joined.append(live)
+        for live in joined:  # once all have joined: a draft bound reads the batch they make together
+            self._advance(live, None)
 
-    def _start_member(self, work: Work, slot: Slot) -> None:
-        """Run ``work`` in a thread of its own, on one torch thread: its torch work (verification,
-        drafting decisions) is small, and every thread that opens OpenMP parallel regions keeps a team of
-        worker threads of its own; once they outnumber the cores libgomp stops spinning between regions,
-        which made the dispatcher's forwards up to 2x slower (docs/results.md, "Several users at once").
-        Setting a count is also the process's default for threads yet to read theirs
-        (:mod:`marspec.backends.threads`), so the dispatcher's count is set back once the member holds its
-        own."""
-        dispatcher_threads = torch.get_num_threads()
-        holding = threading.Event()
+    def _run_next(self) -> None:
+        """Run the forwards of one model that sequences wait for: a drafting model's while any waits,
+        else the target's; then advance each of those sequences to its next forward."""
+        models = [_model_of(live.request) for live in self._live]
+        model = next((m for m in models if m is not self._target_model), models[0])
+        group = [live for live, m in zip(self._live, models, strict=True) if m is model]
+        outcomes = run_group([self._piece(live) for live in group])
+        if model is self._target_model:
+            self.peak = max(self.peak, len(group))
+        for live, outcome in zip(group, outcomes, strict=True):
+            self._take(live, outcome)
 
-        def member() -> None:
-            hold_thread_count(1)
-            holding.set()
-            self._run(work, slot)
+    def _piece(self, live: _Live) -> Request:
+        """The forward ``live`` runs at this step: its request, or the next chunk of a long one."""
+        request = live.request
+        assert request is not None
+        if live.chunks == 1:
+            return request
+        assert isinstance(request, Forward) and isinstance(request.lm, SlotLM)
+        chunk, at = request.lm.prefill_chunk, len(live.parts)
+        return Forward(request.lm, request.tokens[at * chunk : (at + 1) * chunk], request.last_only)
 
-        thread = threading.Thread(target=member, name="marspec-seq", daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
-        holding.wait()
-        torch.set_num_threads(dispatcher_threads)
+    def _take(self, live: _Live, outcome: Outcome) -> None:
+        """Hand ``outcome`` to ``live`` (once its last chunk is scored) and advance it."""
+        if isinstance(outcome, BaseException):
+            self._advance(live, outcome)
+            return
+        if len(live.parts) + 1 < live.chunks:
+            live.parts.append(outcome)
+            return
+        request = live.request
+        assert request is not None
+        if live.parts and not (isinstance(request, Forward) and request.last_only):
+            outcome = torch.cat([*live.parts, outcome])
+        self._advance(live, outcome)
+
+    def _advance(self, live: _Live, reply: Outcome | None) -> None:
+        """Run ``live``'s generation with ``reply`` (logits, or an error thrown into it) up to the next
+        forward it asks for; a generation that ends frees its slot."""
+        live.parts = []
+        try:
+            error = isinstance(reply, BaseException)
+            request = live.run.throw(reply) if error else live.run.send(reply)  # type: ignore[arg-type]
+        except StopIteration:
+            self._end(live)
+            return
+        except Exception:  # a work reports its own failures; this is a bug in one
+            log.exception("a batched sequence failed")
+            self._end(live)
+            return
+        live.request = request
+        lm = request.lm
+        chunked = isinstance(request, Forward) and isinstance(lm, SlotLM)
+        live.chunks = lm.chunks(request.tokens) if chunked else 1  # type: ignore[union-attr]
+
+    def _end(self, live: _Live) -> None:
+        self._live.remove(live)
+        self._free.append(live.slot)  # last: the most recently used slot is reused first
 
     def _new_slot(self) -> Slot:
         if self._direct:
             return Slot(self._target, self._drafter)
         # Shortened drafts leave an answer as it is only where rows are scored alone.
         cap = self._draft_cap if shares_forwards(self._target) else None
-        return make_slot(self._target, self._drafter, self._batcher, self._chunk, cap)
+        return make_slot(self._target, self._drafter, self._chunk, cap)
 
     def _draft_cap(self) -> int:
-        return batched_draft_len(self._batcher.members)
+        return batched_draft_len(len(self._live))
 
-    def _run(self, work: Work, slot: Slot) -> None:
-        try:
-            work(slot)
-        except BaseException:  # a work reports its own failures; this is a bug in one
-            log.exception("a batched sequence failed")
-        finally:
-            with self._lock:
-                self._free.append(slot)  # last: the most recently used slot is reused first
-            self._batcher.leave()
+
+def _model_of(request: Request | None) -> object:
+    """The model whose weights ``request``'s forward reads (what forwards are gathered by)."""
+    assert request is not None
+    return getattr(request.lm, "model", request.lm)

@@ -14,12 +14,9 @@ from marspec.backends.fixed_batch import HIDDEN_STATES_REFUSAL
 from marspec.backends.hf import HFCausalLM
 from marspec.backends.packed import rows_alone
 from marspec.backends.row_attention import ROW_ATTENTION
-from marspec.batch.batcher import Batcher, FixedSlotLM, SlotLM
-from marspec.drafters.eagle3 import Eagle3Drafter
-from marspec.drafters.hybrid import HybridDrafter
-from marspec.drafters.model import ModelDrafter
-from marspec.drafters.ngram import NgramDrafter
+from marspec.batch.views import FixedSlotLM, SlotLM
 from marspec.errors import MarspecError
+from marspec.forward_requests import cannot_batch
 from marspec.interfaces import CausalLM, Drafter
 
 
@@ -45,21 +42,20 @@ def check_batchable(target: HFCausalLM, drafter: Drafter | None) -> None:
     """Raise a one-line error unless sequences of this pair can be decoded together (before any work)."""
     if not isinstance(target, HFCausalLM):
         raise MarspecError(f"decoding several sequences together needs a transformers target, not {target!r}")
-    if batched_form(target) == "fixed" and target.captures_hidden_states:
+    if isinstance(target, FixedShapeLM) and target.captures_hidden_states:
         raise MarspecError(HIDDEN_STATES_REFUSAL)
-    _drafter_for(drafter, None, None, 0, check_only=True)
+    _drafter_for(drafter, target, _checked)  # its twin over the pair's own models: what it would refuse
 
 
 def make_slot(
     target: HFCausalLM,
     drafter: Drafter | None,
-    batcher: Batcher,
     prefill_chunk: int,
     draft_cap: Callable[[], int] | None = None,
 ) -> Slot:
-    """A new slot over the pair's models: caches of its own, forwards run by ``batcher``."""
-    view = _view(target, batcher, prefill_chunk)
-    return Slot(view, _drafter_for(drafter, view, batcher, prefill_chunk), draft_cap)
+    """A new slot over the pair's models: caches of its own, its forwards run by the batch."""
+    view = _view(target, prefill_chunk)
+    return Slot(view, _drafter_for(drafter, view, lambda lm: _view(lm, prefill_chunk)), draft_cap)
 
 
 def batched_form(lm: HFCausalLM) -> str:
@@ -76,48 +72,34 @@ def batched_form(lm: HFCausalLM) -> str:
     return "packed" if rows_alone(lm) else "alone"
 
 
-def _view(lm: HFCausalLM, batcher: Batcher, prefill_chunk: int) -> SlotLM | FixedSlotLM:
+def _view(lm: CausalLM, prefill_chunk: int) -> SlotLM:
     """One sequence's view of ``lm``'s model (:func:`batched_form`): a slot of its batched fixed-shape
     forwards, or a cache of its own in the batch's eager forwards."""
+    lm = _checked(lm)
     if batched_form(lm) == "fixed":
-        return FixedSlotLM(lm, batcher)
-    return SlotLM(lm, batcher, prefill_chunk)
+        return FixedSlotLM(lm)  # type: ignore[arg-type]
+    return SlotLM(lm, prefill_chunk)
+
+
+def _checked(lm: CausalLM) -> HFCausalLM:
+    """``lm``, which a batch can give each sequence a view of (a transformers model), or a one-line error."""
+    if not isinstance(lm, HFCausalLM):
+        raise MarspecError(
+            f"decoding several sequences together needs transformers models, and {lm.name!r} is not one: "
+            "decode one at a time (Decoder.generate)"
+        )
+    return lm
 
 
 def _drafter_for(
-    drafter: Drafter | None,
-    target: SlotLM | FixedSlotLM | None,
-    batcher: Batcher | None,
-    prefill_chunk: int,
-    check_only: bool = False,
+    drafter: Drafter | None, target: CausalLM, view: Callable[[CausalLM], CausalLM]
 ) -> Drafter | None:
-    """``drafter``'s twin for one slot: the same settings, its own state (a draft model's cache; an
-    EAGLE-3 head's cache, reading the slot's target states). ``check_only``: only refuse what has none."""
+    """``drafter``'s twin for one slot, which the drafter makes itself (its ``for_slot``): the same
+    settings, its own state (a draft model's cache through ``view``; an EAGLE-3 head's cache, reading the
+    slot's ``target``)."""
     if drafter is None:
         return None
-    if isinstance(drafter, NgramDrafter):
-        return NgramDrafter(drafter.max_ngram, drafter.min_ngram)
-    if isinstance(drafter, HybridDrafter):
-        model = _drafter_for(drafter.model, target, batcher, prefill_chunk, check_only)
-        if check_only:
-            return drafter
-        assert model is not None
-        return HybridDrafter(model, NgramDrafter(drafter.lookup.max_ngram, drafter.lookup.min_ngram))
-    if isinstance(drafter, ModelDrafter) and isinstance(drafter.draft_model, HFCausalLM):
-        if check_only:
-            return drafter
-        assert batcher is not None
-        view = _view(drafter.draft_model, batcher, prefill_chunk)
-        return ModelDrafter(view, drafter.target_vocab_size, drafter.min_confidence, drafter.stop_chunk)
-    if isinstance(drafter, Eagle3Drafter):
-        if isinstance(drafter.target, FixedShapeLM):
-            raise MarspecError(HIDDEN_STATES_REFUSAL)
-        if check_only:
-            return drafter
-        assert target is not None
-        head = drafter.draft_model
-        return Eagle3Drafter(head.head, target, drafter.layers, drafter.name, drafter.min_confidence)
-    raise MarspecError(
-        f"decoding several sequences together cannot give each its own {type(drafter).__name__}: decode them "
-        "one at a time (Decoder.generate)"
-    )
+    twin = getattr(drafter, "for_slot", None)
+    if twin is None:
+        raise MarspecError(cannot_batch(drafter))
+    return twin(target, view)

@@ -11,6 +11,8 @@ and the head recomputes them from the target's states, as EAGLE does).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from marspec.backends.timing import ForwardTimer
@@ -254,6 +256,11 @@ class Eagle3Drafter:
         if self.min_confidence <= 0.0:
             return False
         return float(torch.softmax(logits, dim=-1).max()) < self.min_confidence
+
+    def for_slot(self, target: CausalLM, view: Callable[[CausalLM], CausalLM]) -> Eagle3Drafter:
+        """Its twin for one sequence of a batch (:mod:`marspec.batch.slots`): a head cache of its own,
+        reading the hidden states of that sequence's view of the target, ``target``."""
+        return Eagle3Drafter(self.draft_model.head, target, self.layers, self.name, self.min_confidence)
 
     def rollback(self, valid_len: int) -> None:
         """The first ``valid_len`` context tokens are final: keep the positions that read only those."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from marspec.drafters.ngram import NgramDrafter
-from marspec.interfaces import Draft, Drafter
+from marspec.errors import MarspecError
+from marspec.forward_requests import Asks, cannot_batch, propose
+from marspec.interfaces import CausalLM, Draft, Drafter
 
 
 class HybridDrafter:
@@ -39,6 +43,29 @@ class HybridDrafter:
         if len(draft):
             return draft
         return self.model.propose(context, k, temperature, generator, alternatives, distributions)
+
+    def propose_steps(
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
+        distributions: bool = False,
+    ) -> Asks[Draft]:
+        """:meth:`propose`, asking for the model's forwards (:mod:`marspec.forward_requests`)."""
+        draft = self.lookup.propose(context, k, temperature, generator)
+        if len(draft):
+            return draft
+        model = propose(self.model, context, k, temperature, generator, alternatives, distributions)
+        return (yield from model)
+
+    def for_slot(self, target: CausalLM, view: Callable[[CausalLM], CausalLM]) -> HybridDrafter:
+        """Its twin for one sequence of a batch: the model drafter's twin and a lookup of its own."""
+        twin = getattr(self.model, "for_slot", None)
+        if twin is None:
+            raise MarspecError(cannot_batch(self.model))
+        return HybridDrafter(twin(target, view), self.lookup.for_slot(target, view))
 
     def rollback(self, valid_len: int) -> None:
         self.model.rollback(valid_len)

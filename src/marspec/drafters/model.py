@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from marspec.errors import MarspecError
+from marspec.forward_requests import Asks, Forward, run_alone
 from marspec.interfaces import CausalLM, Draft
 from marspec.verify.chain import sample_token
 from marspec.verify.top_tokens import argmax
@@ -56,10 +59,23 @@ class ModelDrafter:
         alternatives: int = 0,
         distributions: bool = False,
     ) -> Draft:
+        return run_alone(self.propose_steps(context, k, temperature, generator, alternatives, distributions))
+
+    def propose_steps(
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
+        distributions: bool = False,
+    ) -> Asks[Draft]:
+        """:meth:`propose`, asking for its draft model's forwards (:mod:`marspec.forward_requests`), so
+        that the forwards of many sequences' drafts can run together."""
         # The draft cache never holds the newest token (the target's last correction or bonus): feed it,
         # and any tokens the drafter did not score itself (accepted drafts of another drafter), at once.
         lm = self.draft_model
-        logits = lm.forward(context[lm.cached_len :], last_only=True)[-1]  # [V_draft]
+        logits = (yield Forward(lm, context[lm.cached_len :], last_only=True))[-1]  # [V_draft]
         base = lm.cached_len
         device = logits.device
         tokens = torch.empty(k, dtype=torch.long, device=device)
@@ -95,7 +111,7 @@ class ModelDrafter:
                     n = stopped + 1
                     break
                 read = n
-            logits = lm.forward(tokens[n - 1 : n])[-1]
+            logits = (yield Forward(lm, tokens[n - 1 : n]))[-1]
         # The last token's confidence never matters (no token follows it); the others' must be read.
         if sure is not None and n == k and read < k - 1:
             stopped = _first_unsure(sure, read, k - 1)
@@ -108,6 +124,12 @@ class ModelDrafter:
             probs=None if probs is None else probs[:n],
             alternatives=None if ranked is None else ranked[:n, 1:],
         )
+
+    def for_slot(self, target: CausalLM, view: Callable[[CausalLM], CausalLM]) -> ModelDrafter:
+        """Its twin for one sequence of a batch (:mod:`marspec.batch.slots`): the same settings over
+        ``view`` of its draft model (a cache of its own, its forwards run with the other sequences')."""
+        lm = view(self.draft_model)
+        return ModelDrafter(lm, self.target_vocab_size, self.min_confidence, self.stop_chunk)
 
     def _to_target_vocab(self, q: torch.Tensor) -> torch.Tensor:
         """Pad or cut q to the target's logit width (same tokenizer, but embeddings may be padded)."""

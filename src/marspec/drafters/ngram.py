@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from marspec.errors import MarspecError
-from marspec.interfaces import Draft
+from marspec.interfaces import CausalLM, Draft
 
 
 class NgramDrafter:
@@ -56,6 +58,11 @@ class NgramDrafter:
                 start = found - 1 + n
                 return Draft(tokens=context[start : start + k].clone())
         return Draft(tokens=context.new_empty(0))
+
+    def for_slot(self, target: CausalLM, view: Callable[[CausalLM], CausalLM]) -> NgramDrafter:
+        """Its twin for one sequence of a batch (:mod:`marspec.batch.slots`): the same sizes; a lookup
+        needs no model and no state, so a batch's lookups cost no forward."""
+        return NgramDrafter(self.max_ngram, self.min_ngram)
 
     def rollback(self, valid_len: int) -> None:
         """Stateless: nothing to forget."""

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marspec import __version__
 from marspec.api import Decoder
-from marspec.batch.scheduler import batching_note, default_max_batch
+from marspec.batch.scheduler import batching_note
 from marspec.errors import MarspecError, ModelOutputError, one_line
 from marspec.serve.auth import ApiKeyAuth
 from marspec.serve.body_limit import BodySizeLimit
@@ -44,17 +44,16 @@ def create_app(decoder: Decoder, settings: ServerSettings) -> FastAPI:
     """An app serving ``decoder`` under ``settings.model_name``. Its lifespan starts the engine's worker
     thread and, on shutdown, cancels what is left and joins it."""
     metrics = ServerMetrics()
-    max_batch = settings.max_batch or default_max_batch(decoder.target)
-    note = batching_note(decoder.target, max_batch, "--max-batch")
-    if note is not None:
-        log.warning(note)
     engine = Engine(
         decoder,
         max_queue=settings.max_queue,
         shutdown_grace=settings.shutdown_grace,
         metrics=metrics,
-        max_batch=max_batch,
+        max_batch=settings.max_batch,  # None: the pair's default, settled by the engine's scheduler
     )
+    note = batching_note(decoder.target, engine.max_batch, "--max-batch")
+    if note is not None:
+        log.warning(note)
     served = ServedModel(decoder, settings, engine, metrics)
 
     @asynccontextmanager

@@ -2,13 +2,15 @@
 
 The HTTP side never touches the model (or its tokenizer): it submits a :class:`Job` and reads the job's
 events (text deltas, then exactly one :class:`Finished` or :class:`Failed`) from an asyncio queue that
-the engine fills through the event loop. One worker thread (the dispatcher) admits queued jobs between
-decode steps, each into a slot of a :class:`marspec.batch.scheduler.Scheduler` (its own KV caches, its
-own thread running the ordinary decode loop), and runs the model forwards they gather, so a job joins
-and leaves the batch without disturbing the others (continuous batching). Stopping a job (client gone,
-time limit, shutdown) only sets a flag; its thread reads it between decode steps and ends the generation
-there with ``GenerationStream.close()``, so no cache is left midway through a step: the slot's next job
-keeps what it shares with the last one (``reuse_prefix``) and scores the rest.
+the engine fills through the event loop. A job is a work of the :class:`marspec.batch.scheduler.Scheduler`,
+whose queue is the only one: admission (429 when full), withdrawal of a job cancelled or timed out while
+it waits, and shutdown all act on it. One worker thread steps the scheduler: it admits queued jobs
+between decode steps, each into a slot (its own KV caches), runs the model forwards they gather and
+advances each job's decode loop, so a job joins and leaves the batch without disturbing the others
+(continuous batching). Stopping a running job (client gone, time limit, shutdown) only sets a flag; the
+job reads it after each text delta and ends its generation there, between two steps, so no cache is
+left midway through a step: the slot's next job keeps what it shares with the last one
+(``reuse_prefix``) and scores the rest.
 """
 
 from __future__ import annotations
@@ -19,19 +21,18 @@ import logging
 import math
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from marspec.api import Decoder, GenerationOptions, GenerationStream, TokenLogprob
-from marspec.backends.threads import hold_thread_count
-from marspec.batch.batcher import BatchClosed
-from marspec.batch.scheduler import Scheduler
+from marspec.api import Decoder, GenerationOptions, TokenLogprob
+from marspec.batch.many import relay
+from marspec.batch.scheduler import BatchClosed, Scheduler, Work
 from marspec.batch.slots import Slot
 from marspec.errors import ChatTemplateError, MarspecError, ModelOutputError
+from marspec.forward_requests import Request
 from marspec.prompting import Prompt, encode_prompt
 from marspec.serve.errors import ApiError
 from marspec.serve.logprobs import TokenEntry, token_entries
@@ -117,6 +118,7 @@ class Job:
         self._loop = asyncio.get_running_loop()
         # Set from any thread, read by the worker between decode steps: a plain attribute suffices.
         self.stop_reason: StopReason | None = None
+        self.work: Work | None = None  # what the engine's scheduler runs for it, once submitted
 
     def at_deadline(self, callback: Callable[[Job], None]) -> None:
         """Call ``callback(self)`` on the job's event loop once its deadline has passed; safe from any
@@ -138,8 +140,9 @@ class Job:
 
 
 class Engine:
-    """Serves :class:`Job` s, up to ``max_batch`` decoded together, from a worker thread that owns
-    ``decoder``'s models.
+    """Serves :class:`Job` s, up to ``max_batch`` decoded together (None: the pair's default,
+    :func:`marspec.batch.scheduler.settle_max_batch`), from a worker thread that owns ``decoder``'s
+    models.
 
     At most ``max_queue`` jobs wait while ``max_batch`` run; :meth:`submit` refuses more with a 429.
     After :meth:`begin_shutdown`, new jobs are refused (503) and queued or running ones may still finish
@@ -154,18 +157,15 @@ class Engine:
         max_queue: int,
         shutdown_grace: float,
         metrics: ServerMetrics | None = None,
-        max_batch: int = 1,
+        max_batch: int | None = None,
     ) -> None:
         self._decoder = decoder
         self._max_queue = max_queue
         self._grace = shutdown_grace
         self._metrics = metrics
         self._scheduler = Scheduler(decoder.target, decoder.drafter, max_batch)
-        self._torch_threads = torch.get_num_threads()
         self.max_batch = self._scheduler.max_batch
-        self._pending: deque[Job] = deque()
-        self._running: set[Job] = set()
-        self._cond = threading.Condition()
+        self._jobs: dict[Work, Job] = {}  # each submitted job's work, until it ends
         self._closed = False
         # Written by a signal handler, so without a lock (the interrupted thread may hold it).
         self._drain_deadline: float | None = None
@@ -184,18 +184,18 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
-        """Jobs waiting for the model (not counting the running one)."""
-        return len(self._pending)
+        """Jobs waiting for the model (not counting the running ones)."""
+        return self._scheduler.queued
 
     @property
     def busy(self) -> bool:
         """Whether some job is being decoded."""
-        return bool(self._running)
+        return self._scheduler.live > 0
 
     @property
     def batch_size(self) -> int:
         """Jobs being decoded together now."""
-        return len(self._running)
+        return self._scheduler.live
 
     @property
     def alive(self) -> bool:
@@ -217,42 +217,42 @@ class Engine:
             )
         if not self.alive:
             raise ApiError(503, "the generation worker is not running", code="worker_stopped")
-        with self._cond:
-            if len(self._pending) + len(self._running) >= self._max_queue + self.max_batch:
-                raise ApiError(
-                    429,
-                    f"the server is busy: {len(self._pending)} request(s) already wait for the model "
-                    f"beside the {len(self._running)} being decoded (--max-queue {self._max_queue}, "
-                    f"--max-batch {self.max_batch}); retry after the Retry-After header's seconds",
-                    code="queue_full",
-                    headers={"Retry-After": str(self.retry_after())},
-                )
-            self._pending.append(job)
+        work = job.work = self._work(job)
+        self._jobs[work] = job
+        if not self._scheduler.add(work, room=self._max_queue + self.max_batch):
+            del self._jobs[work]
+            job.work = None
+            raise ApiError(
+                429,
+                f"the server is busy: {self.queue_depth} request(s) already wait for the model "
+                f"beside the {self.batch_size} being decoded (--max-queue {self._max_queue}, "
+                f"--max-batch {self.max_batch}); retry after the Retry-After header's seconds",
+                code="queue_full",
+                headers={"Retry-After": str(self.retry_after())},
+            )
         if job.deadline is not None:
             job.at_deadline(self._expire_if_queued)
-        self._scheduler.poke()
 
     def cancel(self, job: Job, reason: StopReason) -> None:
         """Stop ``job``: at once if it is still queued, else at the worker's next decode step. A job that
         already ended is left alone."""
         if job.stop_reason is None:
             job.stop_reason = reason
-        with self._cond:
-            try:
-                self._pending.remove(job)
-            except ValueError:
-                return  # running (the worker will see the flag) or already done
-        self._stop(job, job.stop_reason)
+        if self._withdraw(job):  # else running (the job will see the flag) or already done
+            self._stop(job, job.stop_reason)
 
     def _expire_if_queued(self, job: Job) -> None:
         """At ``job``'s deadline: answer it (503) if it still waits in the queue, rather than when a slot
         frees (the worker may be busy with a long generation for minutes)."""
-        with self._cond:
-            try:
-                self._pending.remove(job)
-            except ValueError:
-                return  # running (the worker checks the deadline between steps) or already done
-        self._stop(job, "timeout")
+        if self._withdraw(job):  # else running (the job checks its deadline) or already done
+            self._stop(job, "timeout")
+
+    def _withdraw(self, job: Job) -> bool:
+        """Take ``job`` out of the queue if it still waits there; whether it did."""
+        if job.work is None or not self._scheduler.withdraw(job.work):
+            return False
+        self._jobs.pop(job.work, None)
+        return True
 
     def begin_shutdown(self) -> None:
         """Refuse new jobs; let current ones run for the grace period. Safe inside a signal handler."""
@@ -262,14 +262,9 @@ class Engine:
     def close(self, timeout: float = 30.0) -> None:
         """Cancel queued and running jobs and wait (up to ``timeout`` s) for the worker to exit."""
         self.begin_shutdown()
-        with self._cond:
-            self._closed = True
-            dropped = list(self._pending)
-            self._pending.clear()
+        self._closed = True
+        self._drop(self._scheduler.withdraw_all())
         self._scheduler.poke()
-        for job in dropped:
-            job.stop_reason = job.stop_reason or "shutdown"
-            self._stop(job, job.stop_reason)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -279,37 +274,28 @@ class Engine:
         """The dispatcher: admit jobs as slots free up and run the forwards the running ones gather,
         until closed with nothing left running."""
         scheduler = self._scheduler
-        # This thread runs the forwards: it takes the thread count the process was given (--threads),
-        # whatever the sequences' threads set for themselves (marspec.batch.scheduler).
-        hold_thread_count(self._torch_threads)
         try:
-            while True:
-                self._admit()
-                if self._closed and not self._running:
-                    return
-                if not scheduler.step(wake=self._admissible):
-                    scheduler.wait_for_work(0.5, wake=lambda: self._admissible() or self._closed)
+            while not (self._closed and not scheduler.live and not scheduler.queued):
+                if not scheduler.step():
+                    scheduler.wait_for_work(0.5, wake=lambda: self._closed)
         finally:
-            scheduler.close()
+            self._drop(scheduler.close())
 
-    def _admissible(self) -> bool:
-        return bool(self._pending) and len(self._running) < self.max_batch
+    def _drop(self, works: list[Work]) -> None:
+        """End the jobs of ``works``, which never started (the server shuts down)."""
+        for work in works:
+            job = self._jobs.pop(work, None)
+            if job is not None:
+                job.stop_reason = job.stop_reason or "shutdown"
+                self._stop(job, job.stop_reason)
 
-    def _admit(self) -> None:
-        while True:
-            with self._cond:
-                if not self._admissible():
-                    return
-                job = self._pending.popleft()
-                self._running.add(job)
-            self._scheduler.add(self._work(job))
+    def _work(self, job: Job) -> Work:
+        """What decodes ``job`` on a slot, advanced by the scheduler (every outcome ends in one final
+        event)."""
 
-    def _work(self, job: Job):
-        """What decodes ``job`` on a slot, in the slot's thread (every outcome ends in one final event)."""
-
-        def run(slot: Slot) -> None:
+        def run(slot: Slot) -> Generator[Request, torch.Tensor, None]:
             try:
-                self._serve(job, slot)
+                yield from self._serve(job, slot)
             except BatchClosed:
                 self._stop(job, "shutdown")
             except ModelOutputError as exc:  # the model's fault, not the request's: a 500 that says so
@@ -321,9 +307,7 @@ class Engine:
                 log.exception("generation failed")
                 self._finish(job, "failed", Failed(exc))
             finally:
-                with self._cond:
-                    self._running.discard(job)
-                self._scheduler.poke()
+                self._jobs.pop(run, None)
 
         return run
 
@@ -337,7 +321,7 @@ class Engine:
             return "shutdown"
         return None
 
-    def _serve(self, job: Job, slot: Slot) -> None:
+    def _serve(self, job: Job, slot: Slot) -> Generator[Request, torch.Tensor, None]:
         started = time.monotonic()
         queue_s = started - job.arrived
         if self._metrics is not None:
@@ -348,29 +332,27 @@ class Engine:
             return
         prompt_tokens = self._check_prompt(job)
         logprobs: list[TokenLogprob] = []
-        stream = GenerationStream(
-            self._decoder.decode_on(slot, job.prompt, job.options, True, logprobs), logprobs
-        )
         parts: list[str] = []
         entries: list[TokenEntry] = []  # the log probabilities sent so far, as text
-        try:
-            for delta in stream:
-                if not parts and self._metrics is not None:
-                    self._metrics.time_to_first_token.observe(time.monotonic() - job.arrived)
-                parts.append(delta)
-                new = token_entries(self._decoder.tokenizer, stream.logprobs[len(entries) :])
-                entries.extend(new)
-                job.post(Delta(delta, new))
-                reason = self._stop_reason(job)
-                if reason is not None:
-                    break
-        finally:
-            stream.close()  # ends the decode loop between steps, whatever happened above
+
+        def on_text(delta: str) -> bool:
+            nonlocal reason
+            if not parts and self._metrics is not None:
+                self._metrics.time_to_first_token.observe(time.monotonic() - job.arrived)
+            parts.append(delta)
+            new = token_entries(self._decoder.tokenizer, logprobs[len(entries) :])
+            entries.extend(new)
+            job.post(Delta(delta, new))
+            reason = self._stop_reason(job)
+            return reason is None
+
+        generation = self._decoder.decode_on(slot, job.prompt, job.options, True, logprobs)
+        # Stopped by ``on_text``, the generation ends between two steps (relay closes it).
+        result = yield from relay(generation, on_text)
         if reason in (None, "timeout"):  # the model was busy for a whole request: what a queue slot costs
             self._service_s = 0.8 * self._service_s + 0.2 * (time.monotonic() - started)
         if reason is None:
-            result = stream.result
-            assert result is not None  # iteration ran to its end
+            assert result is not None  # the generation ran to its end
             outcome = Outcome(
                 text=result.text,
                 finish_reason="length" if result.finish_reason == "length" else "stop",
@@ -380,16 +362,14 @@ class Engine:
                 relaxed_positions=result.relaxed_positions,
                 timed_out=False,
                 queue_s=queue_s,
-                logprobs=self._logprobs(job, entries, stream.logprobs),
+                logprobs=self._logprobs(job, entries, logprobs),
             )
             self._finish(job, "completed", Finished(outcome))
         elif reason == "timeout":
             text = "".join(parts)
             completion_tokens = len(self._decoder.tokenizer(text, add_special_tokens=False).input_ids)
-            logprobs = self._logprobs(job, entries, stream.logprobs)
-            outcome = Outcome(
-                text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s, logprobs
-            )
+            sent = self._logprobs(job, entries, logprobs)
+            outcome = Outcome(text, "length", prompt_tokens, completion_tokens, None, [], True, queue_s, sent)
             self._finish(job, "timed_out", Finished(outcome))
         else:
             self._stop(job, reason, prompt_tokens)

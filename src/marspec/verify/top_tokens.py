@@ -3,7 +3,7 @@
 A decode step reads its vocabulary-wide rows a few times: the verification takes the top two of every scored
 row (:func:`marspec.verify.margins.top2`), a draft model's step the argmax of its row. torch's CPU argmax
 reads a 150k-token row at ~2 G values a second, so on 2 cores these cost about 1 ms of a ~100 ms step alone
-and more in a batch, where each sequence's thread reads its own rows on one core while the others wait. The
+and more in a batch, where each sequence's rows are read one sequence after another between forwards. The
 kernels' ``vocab_argmax`` and ``vocab_top2`` (kernels/vocab.cpp) read a row once at the speed of memory and
 answer exactly as torch does, ties, -inf and NaN included (tests/test_top_tokens.py), so which one runs never
 changes a token. It is taken for float32 rows on the CPU once the kernels' library is loaded (the CPU engines
