@@ -250,8 +250,7 @@ def soak_request(url: str, body: dict[str, Any], mode: str) -> str | None:
         return "".join(parts)
 
 
-# Tiny models, loopback only, but ~1 minute on 2 shared cores: kept out of the fast suite with the slow tests.
-@pytest.mark.real
+# Tiny models, loopback only: ~5 s on a quiet 2-core machine (~1 minute on a loaded one).
 def test_a_soak_of_200_requests_from_8_clients_with_hang_ups_loses_and_reorders_nothing(decoder) -> None:
     """200 requests over loopback from 8 clients at once (greedy, seeded sampling and MARS mixed, whole
     answers, streams, and streams hung up after their first chunk) into a server decoding 4 together:
