@@ -98,8 +98,8 @@ def test_clocks_count_forwards_and_the_loop_reads_them(target, prompt):
     _, stats = decode_tokens(target, drafter, prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
     assert target.clock.calls - before[0] == stats.target_forwards + 1  # + the prefill
     assert drafter.draft_model.clock.calls - before[1] == stats.draft_forwards > 0
-    # timing-guard: the prefill is one of the forwards target_forward_s sums, the others take time too
-    assert stats.draft_forward_s > 0 and 0 < stats.prefill_s < stats.target_forward_s
+    # timing-guard: the prefill is one of the forwards target_forward_s sums (a part of it, not a speed)
+    assert stats.draft_forward_s > 0 and 0 < stats.prefill_s <= stats.target_forward_s
     _, lookup = decode_tokens(target, NgramDrafter(), prompt, rule=Rule("strict"), k=3, max_new_tokens=20)
     assert lookup.draft_forwards == 0 and lookup.draft_forward_s == 0.0
 

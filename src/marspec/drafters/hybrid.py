@@ -8,7 +8,7 @@ import torch
 
 from marspec.drafters.ngram import NgramDrafter
 from marspec.errors import MarspecError
-from marspec.forward_requests import Asks, cannot_batch, propose
+from marspec.forward_requests import Asks, cannot_batch, propose, run_alone
 from marspec.interfaces import CausalLM, Draft, Drafter
 
 
@@ -38,11 +38,7 @@ class HybridDrafter:
         alternatives: int = 0,
         distributions: bool = False,
     ) -> Draft:
-        # A lookup draft is deterministic (q one-hot), which sampling verification handles losslessly too.
-        draft = self.lookup.propose(context, k, temperature, generator)
-        if len(draft):
-            return draft
-        return self.model.propose(context, k, temperature, generator, alternatives, distributions)
+        return run_alone(self.propose_steps(context, k, temperature, generator, alternatives, distributions))
 
     def propose_steps(
         self,
@@ -54,6 +50,7 @@ class HybridDrafter:
         distributions: bool = False,
     ) -> Asks[Draft]:
         """:meth:`propose`, asking for the model's forwards (:mod:`marspec.forward_requests`)."""
+        # A lookup draft is deterministic (q one-hot), which sampling verification handles losslessly too.
         draft = self.lookup.propose(context, k, temperature, generator)
         if len(draft):
             return draft
