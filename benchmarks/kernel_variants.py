@@ -1,13 +1,17 @@
-r"""Tuning the AVX-512 path's linear kernels: builds of the same sources with other register blocking
-(rows kept in registers at once, ``MARSPEC_ROW_BLOCK``), another choice between reading a record's codes
-in each block of rows or unpacking them once (``MARSPEC_BLOCKS_FROM_RECORD``) and other weight requests
-(how many records ahead, ``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``),
-each loaded beside the others in one process (a namespace of its own), checked bit for bit against the
-shipped build, and timed in interleaved rounds on the 1.5B target's largest layer shapes at 1 and 13 rows.
-A variant is ROWBLOCK:FROMRECORD[:AHEAD:LEVEL] (6:3:2:2 ships; 6:3:1:1 the next record into every level).
+r"""Tuning a path's linear kernels (AVX-512 unless ``--path`` names another): builds of the same
+sources with other register blocking (rows kept in registers at once, ``MARSPEC_ROW_BLOCK``), another
+choice between reading a record's codes in each block of rows or unpacking them once
+(``MARSPEC_BLOCKS_FROM_RECORD``), other weight requests (how many records ahead,
+``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``) and, on AVX2, products
+summed in int16 pairs or not (``MARSPEC_PAIR_SUMS``), each loaded beside the others in one process (a
+namespace of its own), checked bit for bit against the shipped build, and timed in interleaved rounds on
+the 1.5B target's largest layer shapes at 1 and 13 rows. A variant is
+ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS]] (AVX-512 ships 6:3:2:2, AVX2 2:3:2:2:1; 6:3:1:1 the next record
+into every level).
 
     python benchmarks/kernel_variants.py --variants 6:3,7:3,6:1,4:1 --rows 1,13
     python benchmarks/kernel_variants.py --variants 6:3:2:2,6:3:1:1,6:3:1:2,6:3:3:2 --rows 1,4,13
+    python benchmarks/kernel_variants.py --path avx2 --variants 2:3:2:2:0,2:3:2:2:1,3:3:2:2:1 --rows 1,4,13
 """
 
 from __future__ import annotations
@@ -27,36 +31,41 @@ from marspec.backends.kernels.library import SOURCES, build_flags
 SHAPES = (("q4k", 8960, 1536), ("q4k", 1536, 8960), ("q6k", 1536, 8960), ("q6k", 151936, 1536))
 
 
-def variant_ops(row_block: int, from_record: int, ahead: int = 2, level: int = 2) -> Any:
-    """The AVX-512 path's operators built with ``row_block`` rows in registers, codes read from the
-    record by up to ``from_record`` blocks of rows, and the weights requested ``ahead`` records ahead
-    into cache level ``level`` (1: every level; 2: the second on)."""
-    name = f"marspec_v{row_block}_{from_record}_{ahead}_{level}"
-    flags = [f for f in build_flags(kernels.path_named("avx512_vnni")) if not f.startswith("-DMARSPEC_OPS=")]
+def variant_ops(
+    path: str, row_block: int, from_record: int, ahead: int = 2, level: int = 2, pairs: int = 1
+) -> Any:
+    """``path``'s operators built with ``row_block`` rows in registers, codes read from the record by up
+    to ``from_record`` blocks of rows, the weights requested ``ahead`` records ahead into cache level
+    ``level`` (1: every level; 2: the second on) and, on AVX2, products summed in int16 pairs (``pairs``)."""
+    name = f"marspec_v_{path}_{row_block}_{from_record}_{ahead}_{level}_{pairs}"
+    flags = [f for f in build_flags(kernels.path_named(path)) if not f.startswith("-DMARSPEC_OPS=")]
     flags += [
         f"-DMARSPEC_OPS={name}",
         f"-DMARSPEC_ROW_BLOCK={row_block}",
         f"-DMARSPEC_BLOCKS_FROM_RECORD={from_record}",
         f"-DMARSPEC_RECORDS_AHEAD={ahead}",
         f"-DMARSPEC_PREFETCH_LEVEL={level}",
+        f"-DMARSPEC_PAIR_SUMS={pairs}",
     ]
-    load_library(name, SOURCES, flags, label=f"variant {row_block}:{from_record}:{ahead}:{level} kernels")
+    label = f"{path} variant {row_block}:{from_record}:{ahead}:{level}:{pairs} kernels"
+    load_library(name, SOURCES, flags, label=label)
     return getattr(torch.ops, name)
 
 
 def main() -> None:
     parser = script_parser(__doc__)
     add_threads(parser)
+    parser.add_argument("--path", default="avx512_vnni", help="the kernel path the variants are built for")
     parser.add_argument(
-        "--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL],... (6:3:2:2 ships)"
+        "--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS]],..."
     )
     parser.add_argument("--rows", default="1,13")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    variants = {v: variant_ops(*map(int, v.split(":"))) for v in args.variants.split(",")}
-    shipped = kernels.library_ops(kernels.path_named("avx512_vnni"))
+    variants = {v: variant_ops(args.path, *map(int, v.split(":"))) for v in args.variants.split(",")}
+    shipped = kernels.library_ops(kernels.path_named(args.path))
     all_rows = [int(m) for m in args.rows.split(",")]
     torch.manual_seed(0)
     layers = {shape: packed(*shape) for shape in SHAPES}
@@ -71,8 +80,9 @@ def main() -> None:
             assert torch.equal(
                 op(x, blocks[form, n, k][0], n, None), ref(x, blocks[form, n, k][0], n, None)
             ), v
-        for _ in range(args.rounds):
-            for case in cases:
+        for round_ in range(args.rounds):
+            # The variants in turn first: builds of the same code measured 10-30% apart in a fixed order.
+            for case in cases[round_ % len(variants) :] + cases[: round_ % len(variants)]:
                 v, (form, n, k), m = case
                 op, held, x = getattr(variants[v], f"{form}_linear"), blocks[form, n, k], inputs[m, k]
                 start, calls = time.perf_counter(), 0

@@ -12,14 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_q6k import random_blocks  # valid random Q6_K bytes
 
 from marspec.backends import kernels
 from marspec.backends.kernels import library, paths
-from marspec.backends.q4k import Q4KLinear
-from marspec.backends.q6k import Q6KLinear
+from marspec.backends.q4k import BLOCK_BYTES as Q4K_BLOCK_BYTES
+from marspec.backends.q4k import Q4KLinear, dequantize_q4k
+from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear, dequantize_q6k
 from marspec.errors import MarspecError
 
 needs_kernels = pytest.mark.skipif(
@@ -61,6 +63,38 @@ def test_every_path_gives_the_linear_kernels_bits(
         x[0] *= 200.0
         reference = layer(x)  # this process's path
         assert torch.equal(linear_on(path, layer, x), reference), f"{name}, {rows} rows on {path}"
+
+
+def extreme_blocks(rows: int, cols: int, block_bytes: int, d_bytes: slice, scale_bytes: slice, scale: int):
+    """GGUF blocks whose every code is the format's largest (all code bits set), its scales ``scale``
+    (a byte) and its d (and dmin) 1/1024."""
+    blocks = np.full((rows, cols // 256, block_bytes), 0xFF, dtype=np.uint8)
+    blocks[..., scale_bytes] = scale
+    blocks[..., d_bytes] = (
+        np.full((rows, cols // 256, 1), 1 / 1024, dtype=np.float16)
+        .view(np.uint8)
+        .repeat((d_bytes.stop - d_bytes.start) // 2, axis=-1)
+    )
+    return blocks.reshape(rows, -1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("path", [p.name for p in RUNNABLE])
+def test_the_largest_codes_against_the_largest_activations_sum_exactly_on_every_path(path: str) -> None:
+    """Where a path adds products in int16 before widening them (AVX2's pair sums), the worst case fits:
+    every code at its largest against activation rows at +-127 in every position, whose products add up
+    with one sign, give the float64 reference's outputs (an int16 overflow would be off by 65536 units)."""
+    q6k_raw = extreme_blocks(32, 512, Q6K_BLOCK_BYTES, slice(208, 210), slice(192, 208), 0x81)  # sc -127
+    q4k_raw = extreme_blocks(32, 512, Q4K_BLOCK_BYTES, slice(0, 4), slice(4, 16), 0xFF)  # sc, m 63
+    x = torch.ones(3, 512)
+    x[1] = -1.0
+    x[2, ::2] = -1.0  # +-1: quantised to +-127 exactly
+    for name, layer, weight in (
+        ("q6k", Q6KLinear.from_gguf_blocks(q6k_raw), dequantize_q6k(q6k_raw)),
+        ("q4k", Q4KLinear.from_gguf_blocks(q4k_raw), dequantize_q4k(q4k_raw)),
+    ):
+        expected = x.double() @ weight.double().T
+        torch.testing.assert_close(linear_on(path, layer, x).double(), expected, rtol=1e-5, atol=1e-3), name
 
 
 @needs_kernels

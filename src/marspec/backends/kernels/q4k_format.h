@@ -96,6 +96,10 @@ struct Q4K {
   }
 
   static I32 group_start(int16_t) { return zero(); }
+  // Steps of 4 weights whose products add up in int16 pairs where a path sums so (kPairSums): a whole
+  // sub-block, 8 steps of |pair| <= 2 * 15 * 127, from its start, zero.
+  static constexpr int kPairSteps = 8;
+  static_assert(kPairSteps * 2 * 15 * 127 <= INT16_MAX);
 
   // acc += d * scaled, then acc -= dmin * mins, mins = sum_g m_g * sum(x_g) (exact int32).
   template <class H>

@@ -11,6 +11,8 @@
 //   dot_u8s8(acc, u, s): acc + the sum of the 4 products of u's unsigned and s's signed bytes in each
 //     lane, exact where each pair of products fits in int16 (the kernels' codes: at most 63 * 127 * 2),
 //   dot_i16(acc, a, b): acc + the 2 products of a's and b's int16 pairs in each lane,
+//   pairs_u8s8(u, s): each int16 of the result the sum of 2 products of u's unsigned and s's signed bytes
+//     (byte pairs 2i, 2i + 1), exact where that fits in int16; add16 (int16 lanes, wrapping),
 //   widen_u8 / widen_i8 (16 bytes -> 16 lanes), reduce_add (exact integer sum);
 //   zerof, loadf, storef, set1f, to_float (int32 -> float, rounded to nearest), halfs (16 fp16 -> float),
 //   addf, subf, mulf, divf, maxf (no NaN lanes), absf, fmadd(a, b, c) = a * b + c and fnmadd(a, b, c) =
@@ -19,6 +21,8 @@
 //   16 bytes stored; the int32s returned), reduce_addf (the fixed tree: lanes i and i + 8, then i and
 //   i + 4, then i and i + 2, then the last two), reduce_maxf (no NaN lanes).
 // kRowBlock: how many activation rows a kernel keeps in registers at once (speed only).
+// kPairSums: whether the kernels add products in int16 pairs (pairs_u8s8, add16) over several steps and
+//   widen them once (dot_i16), rather than dot_u8s8 each step (speed only: the sums are the same integers).
 // kPathName: the path's name, as marspec calls it (backends/kernels/paths.py).
 
 #pragma once

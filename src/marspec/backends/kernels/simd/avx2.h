@@ -4,7 +4,9 @@
 //
 // Without VNNI, dot_u8s8 is maddubs (pairs of u8 x s8 into saturating int16) then madd by ones (pairs of
 // int16 into int32). It is exact wherever the kernels use it: a pair of products is at most
-// 2 * 63 * 127 = 16002 in magnitude (Q6_K's 6-bit codes; Q4_K's 4-bit: 3810), inside int16.
+// 2 * 63 * 127 = 16002 in magnitude (Q6_K's 6-bit codes; Q4_K's 4-bit: 3810), inside int16. So the
+// kernels rather add several steps' pairs in int16 first (kPairSums) and widen them once, by the
+// sub-block scale, in one madd: the same exact sums with about half the multiplies on Q4_K.
 
 #pragma once
 
@@ -20,7 +22,18 @@ constexpr const char* kPathName = "avx_vnni";
 constexpr const char* kPathName = "avx2";
 #endif
 // 16 ymm registers: one row's sums (both halves) and the codes fit.
+#ifdef MARSPEC_ROW_BLOCK  // a build that tries another (benchmarks/kernel_variants.py)
+constexpr int kRowBlock = MARSPEC_ROW_BLOCK;
+#else
 constexpr int kRowBlock = 2;
+#endif
+#if defined(MARSPEC_AVX_VNNI)
+constexpr bool kPairSums = false;
+#elif defined(MARSPEC_PAIR_SUMS)  // a build that tries the other (benchmarks/kernel_variants.py)
+constexpr bool kPairSums = MARSPEC_PAIR_SUMS;
+#else
+constexpr bool kPairSums = true;
+#endif
 
 struct I32 {
   __m256i lo, hi;
@@ -63,6 +76,8 @@ inline __m256i dot_half(__m256i acc, __m256i u, __m256i s) {
 }
 inline __m256i dot16_half(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 #endif
+inline I32 pairs_u8s8(I32 u, I32 s) { return {_mm256_maddubs_epi16(u.lo, s.lo), _mm256_maddubs_epi16(u.hi, s.hi)}; }
+inline I32 add16(I32 a, I32 b) { return {_mm256_add_epi16(a.lo, b.lo), _mm256_add_epi16(a.hi, b.hi)}; }
 inline I32 dot_u8s8(I32 acc, I32 u, I32 s) { return {dot_half(acc.lo, u.lo, s.lo), dot_half(acc.hi, u.hi, s.hi)}; }
 inline I32 dot_i16(I32 acc, I32 a, I32 b) { return {dot16_half(acc.lo, a.lo, b.lo), dot16_half(acc.hi, a.hi, b.hi)}; }
 inline I32 widen_u8(const uint8_t* p) {

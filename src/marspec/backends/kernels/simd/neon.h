@@ -15,6 +15,8 @@ namespace marspec_simd {
 
 constexpr const char* kPathName = "neon";
 constexpr int kRowBlock = 2;
+// sdot sums four products straight into int32: no int16 pair sums.
+constexpr bool kPairSums = false;
 
 struct I32 {
   int32x4_t q[4];
@@ -80,6 +82,23 @@ inline I32 dot_i16(I32 acc, I32 a, I32 b) {
     const int32x4_t odd_b = vshrq_n_s32(vreinterpretq_s32_s16(y), 16);
     r.q[i] = vaddq_s32(acc.q[i], vaddq_s32(vmulq_s32(even, even_b), vmulq_s32(odd, odd_b)));
   }
+  return r;
+}
+// Products of u's unsigned and s's signed bytes (each fits int16), added in pairs (exact where a pair fits).
+inline I32 pairs_u8s8(I32 u, I32 s) {
+  I32 r;
+  for (int i = 0; i < 4; ++i) {
+    const uint8x16_t a = vreinterpretq_u8_s32(u.q[i]);
+    const int8x16_t b = vreinterpretq_s8_s32(s.q[i]);
+    const int16x8_t lo = vmulq_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(a))), vmovl_s8(vget_low_s8(b)));
+    const int16x8_t hi = vmulq_s16(vreinterpretq_s16_u16(vmovl_u8(vget_high_u8(a))), vmovl_s8(vget_high_s8(b)));
+    r.q[i] = vreinterpretq_s32_s16(vpaddq_s16(lo, hi));
+  }
+  return r;
+}
+inline I32 add16(I32 a, I32 b) {
+  I32 r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vreinterpretq_s32_s16(vaddq_s16(vreinterpretq_s16_s32(a.q[i]), vreinterpretq_s16_s32(b.q[i])));
   return r;
 }
 inline I32 widen_u8(const uint8_t* p) {
