@@ -33,7 +33,10 @@ from marspec.stats import GenerationStats
 
 MAX_ROWS = 16  # the longest verification measured: drafts of up to 15 tokens
 CONTEXT = 128  # cached tokens under each timed forward, about a demo prompt and part of its answer
-REPEATS = 3  # timed rounds (each size's median is kept), after one round of warm-up
+# Timed rounds (each size's median is kept), after one round of warm-up: a round costs ~1.5 s on the
+# default pair; with 3, three measurements of the same AVX-512 kernels on a quiet 2-core Zen 4 put the
+# one-row cost, the choice's unit, at 33.8, 43.3 and 48.2 ms (and k at 4 or 5).
+REPEATS = 7
 NEW_TOKENS = 64  # the continuation decoded after each calibration prompt
 
 
