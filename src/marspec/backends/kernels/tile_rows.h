@@ -25,75 +25,12 @@
 
 namespace marspec_kernels {
 
-// A chunk's codes for both halves: read from the record, or from the Halves unpacked before.
-template <class F, bool kFromRecord>
-inline void chunk_codes(const typename F::Half* w, const uint8_t* record, int64_t used, int64_t g, int ch,
-                        I32 codes[2][F::kChunkSteps]) {
-  for (int c = 0; c < 2; ++c) {
-    if constexpr (kFromRecord) {
-      F::chunk_codes(record, c, used, g, ch, codes[c]);
-    } else {
-      for (int i = 0; i < F::kChunkSteps; ++i) codes[c][i] = load(w[c].codes[g][ch * F::kChunkSteps + i]);
-    }
-  }
-}
-
-// Sub-block g of R rows added to scaled: each step's sums into int32 (dot_u8s8) from the sub-block's
-// start, then times its scale.
-template <class F, int R, bool kFromRecord>
-inline void group_dots(const typename F::Half* w, const uint8_t* record, const int8_t* xq, int64_t k,
-                       const int16_t* xsums, int64_t groups, int64_t used, int64_t g, I32 scaled[R][2]) {
-  I32 s[R][2];
-  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = F::group_start(xsums[r * groups + g]);
-  for (int ch = 0; ch < F::kChunks; ++ch) {
-    I32 codes[2][F::kChunkSteps];  // [half][step]
-    chunk_codes<F, kFromRecord>(w, record, used, g, ch, codes);
-    for (int i = 0; i < F::kChunkSteps; ++i) {
-      for (int r = 0; r < R; ++r) {
-        const I32 x = broadcast4(xq + r * k + g * F::kGroup + (ch * F::kChunkSteps + i) * 4);
-        s[r][0] = dot_u8s8(s[r][0], codes[0][i], x);
-        s[r][1] = dot_u8s8(s[r][1], codes[1][i], x);
-      }
-    }
-  }
-  for (int c = 0; c < 2; ++c) {
-    const I32 sc = load(w[c].sc[g]);
-    for (int r = 0; r < R; ++r) scaled[r][c] = add(scaled[r][c], mullo(s[r][c], sc));
-  }
-}
-
-// The same sums by int16 pairs (kPairSums, a format of kPairSteps > 0, whose sub-blocks start from zero):
-// F::kPairSteps steps' pairs added in int16, then widened by the scale in one dot_i16.
-template <class F, int R, bool kFromRecord>
-inline void group_pairs(const typename F::Half* w, const uint8_t* record, const int8_t* xq, int64_t k, int64_t used,
-                        int64_t g, I32 scaled[R][2]) {
-  I32 sc[2];  // the scale in both int16 of each lane
-  for (int c = 0; c < 2; ++c) {
-    const I32 v = load(w[c].sc[g]);
-    sc[c] = or_(and_(v, set1(0xFFFF)), slli32<16>(v));
-  }
-  I32 s[R][2];
-  for (int ch = 0; ch < F::kChunks; ++ch) {
-    I32 codes[2][F::kChunkSteps];
-    chunk_codes<F, kFromRecord>(w, record, used, g, ch, codes);
-    for (int i = 0; i < F::kChunkSteps; ++i) {
-      const int step = ch * F::kChunkSteps + i;
-      for (int r = 0; r < R; ++r) {
-        const I32 x = broadcast4(xq + r * k + g * F::kGroup + step * 4);
-        for (int c = 0; c < 2; ++c) {
-          const I32 pairs = pairs_u8s8(codes[c][i], x);
-          s[r][c] = step % F::kPairSteps == 0 ? pairs : add16(s[r][c], pairs);
-        }
-      }
-      if (step % F::kPairSteps == F::kPairSteps - 1) {
-        for (int r = 0; r < R; ++r) {
-          for (int c = 0; c < 2; ++c) scaled[r][c] = dot_i16(scaled[r][c], s[r][c], sc[c]);
-        }
-      }
-    }
-  }
-}
-
+// R rows against one record, sub-block after sub-block. Each 4-weight step's products go into int32
+// (dot_u8s8) from the sub-block's start, then times its scale (mullo); or, where the path sums in int16
+// pairs (kPairSums) and the format allows it (kPairSteps > 0, sub-blocks starting from zero), F::kPairSteps
+// steps' pairs are added in int16 and widened by the scale in one dot_i16: the same integers. One body,
+// not helpers: split into functions taking the sums by pointer, an AVX2 build kept them on the stack (its
+// Q6_K layers 20-30% slower), and always inlined, the AVX-512 build's 13-row calls ran ~10% slower.
 template <class F, int R, bool kFromRecord>
 void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* xq, int64_t k, const int16_t* xsums,
                 int64_t groups, int64_t used, float* acc) {
@@ -102,10 +39,53 @@ void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* 
   I32 scaled[R][2];
   for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = zero();
   for (int64_t g = 0; g < used; ++g) {
+    I32 s[R][2];
+    I32 sc[2];  // kPairs: the scale in both int16 of each lane
     if constexpr (kPairs) {
-      group_pairs<F, R, kFromRecord>(w, record, xq, k, used, g, scaled);
+      for (int c = 0; c < 2; ++c) {
+        const I32 v = load(w[c].sc[g]);
+        sc[c] = or_(and_(v, set1(0xFFFF)), slli32<16>(v));
+      }
     } else {
-      group_dots<F, R, kFromRecord>(w, record, xq, k, xsums, groups, used, g, scaled);
+      for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = F::group_start(xsums[r * groups + g]);
+    }
+    for (int ch = 0; ch < F::kChunks; ++ch) {
+      I32 codes[2][F::kChunkSteps];  // [half][step]
+      for (int c = 0; c < 2; ++c) {
+        if constexpr (kFromRecord) {
+          F::chunk_codes(record, c, used, g, ch, codes[c]);
+        } else {
+          for (int i = 0; i < F::kChunkSteps; ++i) codes[c][i] = load(w[c].codes[g][ch * F::kChunkSteps + i]);
+        }
+      }
+      for (int i = 0; i < F::kChunkSteps; ++i) {
+        const int step = ch * F::kChunkSteps + i;
+        for (int r = 0; r < R; ++r) {
+          const I32 x = broadcast4(xq + r * k + g * F::kGroup + step * 4);
+          if constexpr (kPairs) {
+            for (int c = 0; c < 2; ++c) {
+              const I32 pairs = pairs_u8s8(codes[c][i], x);
+              s[r][c] = step % F::kPairSteps == 0 ? pairs : add16(s[r][c], pairs);
+            }
+          } else {
+            s[r][0] = dot_u8s8(s[r][0], codes[0][i], x);
+            s[r][1] = dot_u8s8(s[r][1], codes[1][i], x);
+          }
+        }
+        if constexpr (kPairs) {
+          if (step % F::kPairSteps == F::kPairSteps - 1) {
+            for (int r = 0; r < R; ++r) {
+              for (int c = 0; c < 2; ++c) scaled[r][c] = dot_i16(scaled[r][c], s[r][c], sc[c]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (!kPairs) {
+      for (int c = 0; c < 2; ++c) {
+        const I32 scale = load(w[c].sc[g]);
+        for (int r = 0; r < R; ++r) scaled[r][c] = add(scaled[r][c], mullo(s[r][c], scale));
+      }
     }
   }
   for (int c = 0; c < 2; ++c) {
