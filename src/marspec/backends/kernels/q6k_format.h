@@ -96,8 +96,8 @@ struct Q6K {
   // Each sub-block's dot product starts from -32 * sum(x_j) (rather than a chain of offsets after the
   // record's last dot product: 11% faster at 13 rows): |q_j . x_j - 32 * sum(x_j)| <= 16 * 32 * 127.
   static I32 group_start(int16_t xsum) { return set1(-kOffset * xsum); }
-  // Its dot products go into int32 each step on every path (kPairSteps 0): summed in int16 pairs (two
-  // steps at most fit: 2 * 2 * 63 * 127) they measured 11-56% slower on AVX2 (kernel_variants.py).
+  // Its dot products go into int32 each step on every path (kPairSteps 0): two steps at most would fit
+  // in int16 pairs (2 * 2 * 63 * 127), and no measurement yet says that pays on AVX2.
   static constexpr int kPairSteps = 0;
 
   template <class H>
