@@ -11,7 +11,7 @@ is thrown into the generator that asked for it, where it fails that sequence alo
 from __future__ import annotations
 
 import functools
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -85,6 +85,24 @@ def solo(work: Generator[Request | T, torch.Tensor | None, R]) -> Generator[T, N
                 yield item
     finally:
         work.close()
+
+
+class ProposesInSteps:
+    """A drafter whose ``propose`` is its ``propose_steps`` with each forward run at once (one sequence
+    on its own), so that it writes the proposal once, as forwards asked for."""
+
+    propose_steps: Callable[..., Asks[Draft]]
+
+    def propose(
+        self,
+        context: torch.Tensor,
+        k: int,
+        temperature: float,
+        generator: torch.Generator | None,
+        alternatives: int = 0,
+        distributions: bool = False,
+    ) -> Draft:
+        return run_alone(self.propose_steps(context, k, temperature, generator, alternatives, distributions))
 
 
 def propose(

@@ -8,11 +8,11 @@ import torch
 
 from marspec.drafters.ngram import NgramDrafter
 from marspec.errors import MarspecError
-from marspec.forward_requests import Asks, cannot_batch, propose, run_alone
+from marspec.forward_requests import Asks, ProposesInSteps, cannot_batch, propose
 from marspec.interfaces import CausalLM, Draft, Drafter
 
 
-class HybridDrafter:
+class HybridDrafter(ProposesInSteps):
     """Copies from the context when its tail recurs there (free), asks the draft model (or an EAGLE-3
     head) when it does not.
 
@@ -28,17 +28,6 @@ class HybridDrafter:
         self.lookup = lookup if lookup is not None else NgramDrafter(max_ngram=4, min_ngram=3)
         self.draft_model = model.draft_model
         self.name = f"{self.lookup.name}+{model.name}"
-
-    def propose(
-        self,
-        context: torch.Tensor,
-        k: int,
-        temperature: float,
-        generator: torch.Generator | None,
-        alternatives: int = 0,
-        distributions: bool = False,
-    ) -> Draft:
-        return run_alone(self.propose_steps(context, k, temperature, generator, alternatives, distributions))
 
     def propose_steps(
         self,

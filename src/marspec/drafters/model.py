@@ -7,13 +7,13 @@ from collections.abc import Callable
 import torch
 
 from marspec.errors import MarspecError
-from marspec.forward_requests import Asks, Forward, run_alone
+from marspec.forward_requests import Asks, Forward, ProposesInSteps
 from marspec.interfaces import CausalLM, Draft
 from marspec.verify.chain import sample_token
 from marspec.verify.top_tokens import argmax
 
 
-class ModelDrafter:
+class ModelDrafter(ProposesInSteps):
     """Drafts autoregressively with a smaller causal LM, one cheap forward per drafted token.
 
     Its KV cache follows the committed sequence: after each verification the loop rolls it back to the
@@ -49,17 +49,6 @@ class ModelDrafter:
         self.target_vocab_size = target_vocab_size
         self.min_confidence = min_confidence
         self.stop_chunk = stop_chunk
-
-    def propose(
-        self,
-        context: torch.Tensor,
-        k: int,
-        temperature: float,
-        generator: torch.Generator | None,
-        alternatives: int = 0,
-        distributions: bool = False,
-    ) -> Draft:
-        return run_alone(self.propose_steps(context, k, temperature, generator, alternatives, distributions))
 
     def propose_steps(
         self,
