@@ -9,13 +9,14 @@ llama.cpp side, run in an environment of its own) could still import this module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,29 @@ def add_scheduler_ab_args(parser: argparse.ArgumentParser, rounds: int = 4, toke
         parser.add_argument(flag, type=int, default=default, help=f"default {default}")
 
 
+@contextlib.contextmanager
+def forwards_timed() -> Iterator[list[float]]:
+    """The batch scheduler's gathered forwards timed while inside: yields a one-item list whose item adds
+    up their seconds (set it to 0 to start a count)."""
+    import marspec.batch.scheduler as batch_scheduler
+
+    run_group = batch_scheduler.run_group
+    seconds = [0.0]
+
+    def timed(requests: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return run_group(requests)
+        finally:
+            seconds[0] += time.perf_counter() - start
+
+    batch_scheduler.run_group = timed  # type: ignore[assignment]
+    try:
+        yield seconds
+    finally:
+        batch_scheduler.run_group = run_group
+
+
 def scheduler_ab(
     arms: dict[str, Callable[[], None]], clients: int, rounds: int, max_new_tokens: int
 ) -> dict[str, Any]:
@@ -134,7 +158,6 @@ def scheduler_ab(
     sequences' own work between forwards); the medians per arm; whether every prompt got one answer
     across all runs."""
     import marspec
-    import marspec.batch.scheduler as batch_scheduler
     from marspec.batch.many import relay
     from marspec.batch.scheduler import Scheduler
     from marspec.demo import DEMO_PROMPTS
@@ -143,14 +166,7 @@ def scheduler_ab(
     decoder = marspec.Decoder(threads=2)
     prompts = [[{"role": "user", "content": text}] for _, text in DEMO_PROMPTS]
     decoder.generate(prompts[0], max_new_tokens=8)  # warm-up, and the kernels' library loaded
-    forwards, tokens = [0.0], [0]
-    run_group = batch_scheduler.run_group
-
-    def timed(requests: Any) -> Any:
-        start = time.perf_counter()
-        outcomes = run_group(requests)
-        forwards[0] += time.perf_counter() - start
-        return outcomes
+    tokens = [0]
 
     runs: dict[str, list[dict[str, float]]] = defaultdict(list)
     answers: dict[int, set[tuple[int, ...]]] = defaultdict(set)
@@ -166,8 +182,7 @@ def scheduler_ab(
 
         return run
 
-    batch_scheduler.run_group = timed  # type: ignore[assignment]
-    try:
+    with forwards_timed() as forwards:
         for round_ in range(rounds):
             for arm in list(arms) if round_ % 2 == 0 else list(arms)[::-1]:
                 arms[arm]()
@@ -183,8 +198,6 @@ def scheduler_ab(
                 run = {"tok_s": tokens[0] / wall, "forwards_s": forwards[0], "rest_s": wall - forwards[0]}
                 runs[arm].append(run)
                 print(arm, {k: round(v, 2) for k, v in runs[arm][-1].items()}, flush=True)
-    finally:
-        batch_scheduler.run_group = run_group
     summary = {arm: {k: statistics.median(r[k] for r in v) for k in v[0]} for arm, v in runs.items()}
     return {
         "clients": clients,

@@ -14,12 +14,10 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
-from _common import machine, script_parser, write_json
+from _common import forwards_timed, machine, script_parser, write_json
 
-import marspec.batch.scheduler as batch_scheduler
 from marspec.api import Decoder
 from marspec.selftest.tiny import tiny_decoder
 
@@ -27,23 +25,13 @@ from marspec.selftest.tiny import tiny_decoder
 def host_cost(batches: list[int], rounds: int, new_tokens: int) -> list[dict]:
     """Per batch size, the median wall ms per sequence and step, and the ms of it outside forwards."""
     logging.getLogger("marspec.batch").setLevel(logging.ERROR)  # the fixed path's note, once per call
-    forwards = [0.0]
-    run_group = batch_scheduler.run_group
-
-    def timed(requests: Any) -> Any:
-        start = time.perf_counter()
-        outcomes = run_group(requests)
-        forwards[0] += time.perf_counter() - start
-        return outcomes
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         pair = tiny_decoder(Path(tmp), torch.device("cpu"), graphs="on")
         decoder = Decoder(pair.target, None, device="cpu", graphs="on")
         prompts = [f"case {i}: " + "ab " * 5 for i in range(max(batches))]
         options = dict(rule="plain", max_new_tokens=new_tokens, chat=False)
-        batch_scheduler.run_group = timed  # type: ignore[assignment]
-        try:
+        with forwards_timed() as forwards:
             for b in batches:
                 decoder.generate_many(prompts[:b], max_batch=b, **{**options, "max_new_tokens": 8})
                 wall, host = [], []
@@ -59,8 +47,6 @@ def host_cost(batches: list[int], rounds: int, new_tokens: int) -> list[dict]:
                 print(
                     f"B={b:3d} ms a sequence and step {row['ms']:.3f}, outside forwards {row['host_ms']:.3f}"
                 )
-        finally:
-            batch_scheduler.run_group = run_group
     return rows
 
 
