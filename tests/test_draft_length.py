@@ -134,3 +134,22 @@ def test_a_measurement_on_a_busy_machine_says_so(monkeypatch) -> None:
         "\nthe machine was busy while measuring (load 9.0 on 2 cores): run again with "
         f"{ENV}=again when it is quiet"
     )
+
+
+def test_the_calibration_scores_the_drafts_rows_a_few_at_a_time_with_the_same_outcome(
+    pair_folder, monkeypatch
+) -> None:
+    """The draft's confidences are read in forwards of a few rows (a row's logits are the vocabulary
+    wide): the same tokens guessed as one forward over the whole continuation, and one entry per token."""
+    decoder = load(pair_folder)
+    drafter = decoder.drafter.model if hasattr(decoder.drafter, "model") else decoder.drafter
+    prompt = decoder.prompt_ids("def f(x):", GenerationOptions(chat=False))
+    prompts = [prompt, prompt[:1]]  # a one-token prompt leaves no row before its continuation
+    monkeypatch.setattr(measure, "NEW_TOKENS", 12)
+    record = {}
+    for rows in (3, 1000):
+        monkeypatch.setattr(measure, "ROWS_AT_ONCE", rows)
+        record[rows] = measure.draft_record(decoder.target, drafter, prompts, decoder.eos_token_ids)
+    (few, few_ok), (all_, all_ok) = record[3], record[1000]
+    assert few_ok == all_ok and len(few) == 24
+    assert few == pytest.approx(all_, abs=1e-5)
