@@ -257,12 +257,23 @@ def test_greedy_exact_tie() -> None:
 
 
 def test_greedy_k0_is_plain_greedy() -> None:
+    """An empty draft (a plain step, a batch's sequence drafting nothing) takes the short way: the
+    target's top token, ties and NaN as top-2's first, and empty flags, margins and top-1 of the
+    general path's types, whatever the rule."""
     gen = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        logits = torch.randn(1, 11, generator=gen)
-        out = verify_greedy(logits, tok(), MARS)
-        assert (out.n_accepted, out.next_token) == (0, int(logits[0].argmax()))
-        assert out.relaxed.shape == out.margins.shape == (0,)
+    tied, nan = rows([1.0, 3.0, 3.0, 0.0]), rows([1.0, math.nan, 3.0, 0.0])
+    cases = [torch.randn(1, 11, generator=gen) for _ in range(20)] + [tied, nan]
+    for logits in cases:
+        for rule in (MARS, STRICT, Rule("pthresh", 0.3), Rule("typical", 0.2)):
+            out = verify_greedy(logits, tok(), rule)
+            assert (out.n_accepted, out.next_token, out.tokens) == (0, int(top2(logits)[1][0, 0]), ())
+            assert out.next_token == int(logits[0].argmax())
+            assert out.relaxed.shape == out.margins.shape == out.top1.shape == (0,)
+            assert (out.relaxed.dtype, out.margins.dtype, out.top1.dtype) == (
+                torch.bool,
+                torch.float32,
+                torch.long,
+            )
 
 
 def test_greedy_all_accepted_gives_bonus_from_last_row() -> None:

@@ -16,6 +16,7 @@ from marspec.verify.chain import Verification, _check_block, _leading_true, _rea
 from marspec.verify.ensemble import ensemble_choices
 from marspec.verify.margins import margin_measure, top2
 from marspec.verify.relax import guarded, rule_relaxes
+from marspec.verify.top_tokens import argmax
 
 if TYPE_CHECKING:
     from marspec.thinking import ThinkingSpan
@@ -41,6 +42,8 @@ def verify_greedy(
     decoding.
     """
     k = _check_block(target_logits, draft_tokens)
+    if k == 0 and not (rule.family.needs_draft_probs and rule.relaxes and draft_probs is not None):
+        return _no_draft(target_logits)
     values, tokens = top2(target_logits)  # [K+1, 2], [K+1, 2]
     values = values.float()
     z1, z2 = values[:k, 0], values[:k, 1]  # [K]
@@ -58,3 +61,16 @@ def verify_greedy(
     relaxed = guarded(relaxed, draft, v1[:k], rule, relaxable, span)
     n = _leading_true(exact | relaxed)  # 0-dim long
     return _read_back(n, v1.index_select(0, n.view(1)), draft, relaxed, margins, v1[:k])
+
+
+def _no_draft(target_logits: torch.Tensor) -> Verification:
+    """The verdict on an empty draft (a plain step, or a batch's sequence drafting nothing): the target's
+    top token, what the general path takes there (its top-2's first is the argmax), without the ~20
+    operators and the six-part read-back that a draft's positions need: one argmax, one host read."""
+    return Verification(
+        n_accepted=0,
+        next_token=int(argmax(target_logits[0]).cpu()),  # the step's one read of the device
+        relaxed=torch.zeros(0, dtype=torch.bool),
+        margins=torch.zeros(0, dtype=torch.float32),
+        top1=torch.zeros(0, dtype=torch.long),
+    )
