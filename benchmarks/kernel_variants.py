@@ -2,16 +2,17 @@ r"""Tuning a path's linear kernels (AVX-512 unless ``--path`` names another): bu
 sources with other register blocking (rows kept in registers at once, ``MARSPEC_ROW_BLOCK``), another
 choice between reading a record's codes in each block of rows or unpacking them once
 (``MARSPEC_BLOCKS_FROM_RECORD``), other weight requests (how many records ahead,
-``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``) and, on AVX2, products
-summed in int16 pairs or not (``MARSPEC_PAIR_SUMS``), each loaded beside the others in one process (a
-namespace of its own), checked bit for bit against the shipped build, and timed in interleaved rounds on
-the 1.5B target's largest layer shapes at 1 and 13 rows. A variant is
-ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS]] (AVX-512 ships 6:3:2:2, AVX2 2:3:2:2:1; 6:3:1:1 the next record
-into every level).
+``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``, all at a record's start
+or spread over its sub-blocks, ``MARSPEC_SPREAD_REQUESTS``) and, on AVX2, products summed in int16 pairs
+or not (``MARSPEC_PAIR_SUMS``), each loaded beside the others in one process (a namespace of its own),
+checked bit for bit against the shipped build, and timed in interleaved rounds on the 1.5B target's
+largest layer shapes at 1 and 13 rows. A variant is ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD]]]
+(AVX-512 ships 6:3:2:2:1:1, AVX2 2:3:2:2:1:1; 6:3:1:1 the next record into every level).
 
     python benchmarks/kernel_variants.py --variants 6:3,7:3,6:1,4:1 --rows 1,13
     python benchmarks/kernel_variants.py --variants 6:3:2:2,6:3:1:1,6:3:1:2,6:3:3:2 --rows 1,4,13
     python benchmarks/kernel_variants.py --path avx2 --variants 2:3:2:2:0,2:3:2:2:1,3:3:2:2:1 --rows 1,4,13
+    python benchmarks/kernel_variants.py --variants 6:3:2:2:1:0,6:3:2:2:1:1 --rows 1,4,13 --rounds 10
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ SHAPES = (("q4k", 8960, 1536), ("q4k", 1536, 8960), ("q6k", 1536, 8960), ("q6k",
 
 
 def variant_ops(
-    path: str, row_block: int, from_record: int, ahead: int = 2, level: int = 2, pairs: int = 1
+    path: str,
+    row_block: int,
+    from_record: int,
+    ahead: int = 2,
+    level: int = 2,
+    pairs: int = 1,
+    spread: int = 1,
 ) -> Any:
     """``path``'s operators built with ``row_block`` rows in registers, codes read from the record by up
     to ``from_record`` blocks of rows, the weights requested ``ahead`` records ahead into cache level
-    ``level`` (1: every level; 2: the second on) and, on AVX2, products summed in int16 pairs (``pairs``)."""
-    name = f"marspec_v_{path}_{row_block}_{from_record}_{ahead}_{level}_{pairs}"
+    ``level`` (1: every level; 2: the second on), spread over a record's sub-blocks or not (``spread``),
+    and, on AVX2, products summed in int16 pairs (``pairs``)."""
+    name = f"marspec_v_{path}_{row_block}_{from_record}_{ahead}_{level}_{pairs}_{spread}"
     flags = [f for f in build_flags(kernels.path_named(path)) if not f.startswith("-DMARSPEC_OPS=")]
     flags += [
         f"-DMARSPEC_OPS={name}",
@@ -46,8 +54,9 @@ def variant_ops(
         f"-DMARSPEC_RECORDS_AHEAD={ahead}",
         f"-DMARSPEC_PREFETCH_LEVEL={level}",
         f"-DMARSPEC_PAIR_SUMS={pairs}",
+        f"-DMARSPEC_SPREAD_REQUESTS={spread}",
     ]
-    label = f"{path} variant {row_block}:{from_record}:{ahead}:{level}:{pairs} kernels"
+    label = f"{path} variant {row_block}:{from_record}:{ahead}:{level}:{pairs}:{spread} kernels"
     load_library(name, SOURCES, flags, label=label)
     return getattr(torch.ops, name)
 
@@ -57,7 +66,7 @@ def main() -> None:
     add_threads(parser)
     parser.add_argument("--path", default="avx512_vnni", help="the kernel path the variants are built for")
     parser.add_argument(
-        "--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS]],..."
+        "--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD]]],..."
     )
     parser.add_argument("--rows", default="1,13")
     parser.add_argument("--rounds", type=int, default=9)

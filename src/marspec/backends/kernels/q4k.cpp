@@ -133,10 +133,10 @@ class Q4KWorker {
     marspec_kernels::all_rows<Q4K>(w_, record, xq, m_rows, k_, s, used, acc);
   }
 
-  // The AMX path's records take long enough that requesting the next one all at their start stalls
-  // them (measured: 14-28% slower on the default target's layers at 12-16 rows); it spreads the
-  // requests over its sub-blocks.
-  bool requests_next_record() const { return block_rows_ > 0; }
+  // Requesting the next records all at a record's start stalls the work behind them (the AMX path:
+  // 14-28% slower on the default target's layers at 12-16 rows; the vector path: rows.h's
+  // kSpreadRequests); both spread the requests over their sub-blocks.
+  bool requests_next_record() const { return marspec_kernels::kSpreadRequests || block_rows_ > 0; }
 
  private:
   int64_t k_, supers_, last_used_, block_rows_;

@@ -143,10 +143,9 @@ class Q6KWorker {
     marspec_kernels::all_rows<Q6K>(w_, record, xq, m_rows, k_, s, Q6K::kGroups, acc);
   }
 
-  // The AMX path's records take long enough that requesting the next one all at their start stalls
-  // them (measured: 14-28% slower on the default target's layers at 12-16 rows); it spreads the
-  // requests over its sub-blocks.
-  bool requests_next_record() const { return block_rows_ > 0; }
+  // Requested all at a record's start, the next records stall the work behind them (see Q4KWorker's):
+  // the AMX and the vector paths spread the requests over their sub-blocks.
+  bool requests_next_record() const { return marspec_kernels::kSpreadRequests || block_rows_ > 0; }
 
  private:
   int64_t k_, block_rows_;

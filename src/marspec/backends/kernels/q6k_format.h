@@ -39,6 +39,7 @@ struct Q6K {
   static constexpr int64_t kScaleBytes = kGroups * kHalf;           // a half's sc
   static constexpr int64_t kDBytes = kHalf * 2;                     // a half's d (fp16)
   static constexpr int64_t kRecord = 2 * (kCodeBytes + kScaleBytes + kDBytes);
+  static constexpr int64_t record_bytes(int64_t) { return kRecord; }  // every record holds all its sub-blocks
   static_assert(kRecord == 32 * 210, "a record holds the GGUF's bytes of its 32 columns");
   static constexpr int32_t kOffset = 32;  // a weight is sc * (q - 32)
 

@@ -110,5 +110,36 @@ inline void prefetch_part(const uint8_t* p, int64_t bytes, int64_t part, int64_t
   const int64_t lines = (bytes + 63) / 64;
   for (int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) prefetch_line(p + 64 * i);
 }
+// The same into the core's second level on.
+inline void prefetch_part_l2(const uint8_t* p, int64_t bytes, int64_t part, int64_t parts) {
+  const int64_t lines = (bytes + 63) / 64;
+  for (int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) prefetch_line_l2(p + 64 * i);
+}
+
+// How far ahead of its work a thread requests its weights, in records, and into which cache level.
+// Requests for the next record into the first level, all at its start, made a many-row call's work wait
+// for them; two records ahead into the second level, it runs while they arrive (benchmarks/
+// kernel_variants.py). MARSPEC_RECORDS_AHEAD / MARSPEC_PREFETCH_LEVEL: a build that tries others.
+#ifdef MARSPEC_RECORDS_AHEAD
+constexpr int64_t kRecordsAhead = MARSPEC_RECORDS_AHEAD;
+#else
+constexpr int64_t kRecordsAhead = 2;
+#endif
+#ifdef MARSPEC_PREFETCH_LEVEL
+constexpr int kPrefetchLevel = MARSPEC_PREFETCH_LEVEL;
+#else
+constexpr int kPrefetchLevel = 2;
+#endif
+// The vector path spreads those requests over a record's sub-blocks (a part each, by the first block of
+// rows), as the AMX path does: made all at the record's start, they filled the core's line-fill buffers
+// and its work waited behind them. Spread, on AMD EPYC Zen 4 (benchmarks/kernel_variants.py), one-row
+// calls took 0.66-0.76x the time on the LM head's Q6_K, 0.67-0.87x on the other Q6_K layers and
+// 0.83-0.96x on Q4_K, on AVX-512 and AVX2 alike. MARSPEC_SPREAD_REQUESTS=0: a build that requests at
+// the start.
+#ifdef MARSPEC_SPREAD_REQUESTS
+constexpr bool kSpreadRequests = MARSPEC_SPREAD_REQUESTS != 0;
+#else
+constexpr bool kSpreadRequests = true;
+#endif
 
 }  // namespace marspec_kernels

@@ -33,12 +33,18 @@ namespace marspec_kernels {
 // Q6_K layers 20-30% slower), and always inlined, the AVX-512 build's 13-row calls ran ~10% slower.
 template <class F, int R, bool kFromRecord>
 void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* xq, int64_t k, const int16_t* xsums,
-                int64_t groups, int64_t used, float* acc) {
+                int64_t groups, int64_t used, float* acc, bool requests) {
   constexpr bool kPairs = kPairSums && F::kPairSteps > 0;
   static_assert(!kPairs || (F::kChunks * F::kChunkSteps) % F::kPairSteps == 0);
   I32 scaled[R][2];
   for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = zero();
+  const int64_t record_bytes = F::record_bytes(used);
   for (int64_t g = 0; g < used; ++g) {
+    if (kSpreadRequests && requests) {  // the stream kRecordsAhead records on, a part a sub-block
+      const uint8_t* ahead = record + kRecordsAhead * record_bytes;
+      if constexpr (kPrefetchLevel == 1) prefetch_part(ahead, record_bytes, g, used);
+      else prefetch_part_l2(ahead, record_bytes, g, used);
+    }
     I32 s[R][2];
     I32 sc[2];  // kPairs: the scale in both int16 of each lane
     if constexpr (kPairs) {
@@ -95,7 +101,7 @@ void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* 
 
 template <class F>
 using RowsBlockFn = void (*)(const typename F::Half*, const uint8_t*, const int8_t*, int64_t, const int16_t*, int64_t,
-                             int64_t, float*);
+                             int64_t, float*, bool);
 
 template <class F, bool kFromRecord, int... R>
 constexpr std::array<RowsBlockFn<F>, sizeof...(R) + 1> rows_blocks(std::integer_sequence<int, R...>) {
@@ -127,7 +133,7 @@ void all_rows(typename F::Half* w, const uint8_t* record, const QuantisedRows& x
   for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
     const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
     fns[rows](w, record, xq.q.data() + m0 * k + s * F::kSuper, k,
-              xq.sums.data() + m0 * groups + s * F::kGroups, groups, used, acc + m0 * kTileColumns);
+              xq.sums.data() + m0 * groups + s * F::kGroups, groups, used, acc + m0 * kTileColumns, b == 0);
     m0 += rows;
   }
 }

@@ -18,21 +18,6 @@
 
 namespace marspec_kernels {
 
-// How far ahead of its work a thread requests its weights, in records, and into which cache level.
-// Requests for the next record into the first level, all at its start, made a many-row call's work wait
-// for them; two records ahead into the second level, it runs while they arrive (benchmarks/
-// kernel_variants.py). MARSPEC_RECORDS_AHEAD / MARSPEC_PREFETCH_LEVEL: a build that tries others.
-#ifdef MARSPEC_RECORDS_AHEAD
-constexpr int64_t kRecordsAhead = MARSPEC_RECORDS_AHEAD;
-#else
-constexpr int64_t kRecordsAhead = 2;
-#endif
-#ifdef MARSPEC_PREFETCH_LEVEL
-constexpr int kPrefetchLevel = MARSPEC_PREFETCH_LEVEL;
-#else
-constexpr int kPrefetchLevel = 2;
-#endif
-
 // y = x @ W.T (+ bias) for float32 x [M, k_in] and weights packed in blocks [T, ...] (T tiles of 32
 // output columns, each a sequential stream of S records: S - 1 of record_bytes, then the last of
 // last_record_bytes, which is shorter where the layer's width leaves the last super-block part empty),
@@ -42,9 +27,9 @@ constexpr int kPrefetchLevel = 2;
 // rows, acc) for its records s = 0..S-1 in turn, and its output from them, add_record = make_worker()
 // made once per thread's share of the tiles (what it holds, such as tile registers, lives as long). The
 // stream kRecordsAhead records on is requested from memory while a record is added (the hardware
-// prefetcher alone left a thread reading well below the memory's bandwidth): here, at the record's start,
-// into the second-level cache, unless the worker's requests_next_record() says it requests its next
-// record itself, spread over its own work.
+// prefetcher alone left a thread reading well below the memory's bandwidth; rows.h): by the worker,
+// spread over its work, where its requests_next_record() says so (the vector path's kSpreadRequests,
+// the AMX path), else here, at the record's start.
 template <int64_t kGroup, class MakeWorker>
 at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t supers,
                         int64_t record_bytes, int64_t last_record_bytes, int64_t out_features,
