@@ -135,8 +135,11 @@ class Q4KWorker {
 
   // Requesting the next records all at a record's start stalls the work behind them (the AMX path:
   // 14-28% slower on the default target's layers at 12-16 rows; the vector path: rows.h's
-  // kSpreadRequests); both spread the requests over their sub-blocks.
-  bool requests_next_record() const { return marspec_kernels::kSpreadRequests || block_rows_ > 0; }
+  // kSpreadRequests): the AMX path spreads them over its sub-blocks, the vector path up to 16 rows
+  // (tile_rows.h's spreads_requests).
+  bool requests_next_record(int64_t m_rows) const {
+    return block_rows_ > 0 || marspec_kernels::spreads_requests(m_rows);
+  }
 
  private:
   int64_t k_, supers_, last_used_, block_rows_;

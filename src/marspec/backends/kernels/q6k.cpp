@@ -144,8 +144,10 @@ class Q6KWorker {
   }
 
   // Requested all at a record's start, the next records stall the work behind them (see Q4KWorker's):
-  // the AMX and the vector paths spread the requests over their sub-blocks.
-  bool requests_next_record() const { return marspec_kernels::kSpreadRequests || block_rows_ > 0; }
+  // the AMX path spreads them over its sub-blocks, the vector path up to 16 rows.
+  bool requests_next_record(int64_t m_rows) const {
+    return block_rows_ > 0 || marspec_kernels::spreads_requests(m_rows);
+  }
 
  private:
   int64_t k_, block_rows_;

@@ -40,7 +40,7 @@ void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* 
   for (int r = 0; r < R; ++r) scaled[r][0] = scaled[r][1] = zero();
   const int64_t record_bytes = F::record_bytes(used);
   for (int64_t g = 0; g < used; ++g) {
-    if (kSpreadRequests && requests) {  // the stream kRecordsAhead records on, a part a sub-block
+    if (requests) {  // the stream kRecordsAhead records on, a part a sub-block (spreads_requests)
       const uint8_t* ahead = record + kRecordsAhead * record_bytes;
       if constexpr (kPrefetchLevel == 1) prefetch_part(ahead, record_bytes, g, used);
       else prefetch_part_l2(ahead, record_bytes, g, used);
@@ -116,6 +116,18 @@ constexpr int64_t kBlocksFromRecord = MARSPEC_BLOCKS_FROM_RECORD;
 constexpr int64_t kBlocksFromRecord = 3;
 #endif
 
+// Whether all_rows reads m_rows rows' codes from the record in each block of rows (a few rows), rather
+// than unpacking them once into a buffer (many: a prompt's chunk).
+inline bool codes_from_record(int64_t m_rows) { return (m_rows + kRowBlock - 1) / kRowBlock <= kBlocksFromRecord; }
+
+// Whether all_rows requests the weights kRecordsAhead records on itself, spread over the first block of
+// rows' sub-blocks (rows.h's kSpreadRequests): for a step's or a verification's rows (up to 16, the
+// longest verification the draft length is chosen from). For a prompt's chunk a record's work is long;
+// spread over its first block there, the requests measured 1.1-1.2x slower than all at the record's
+// start on Q6_K layers at 64-256 rows (kernel_variants.py).
+constexpr int64_t kSpreadRows = 16;
+inline bool spreads_requests(int64_t m_rows) { return kSpreadRequests && m_rows <= kSpreadRows; }
+
 // Every row (m_rows of them, quantised in xq, rows k apart) against one record (super-block s, its first
 // `used` sub-blocks holding weights), in as few blocks as fit the registers, of sizes that differ by one
 // at most (13 rows in blocks of 6: 5, 4, 4); the sums added to acc [m_rows, 32]. w: a thread's two Halves.
@@ -126,14 +138,15 @@ void all_rows(typename F::Half* w, const uint8_t* record, const QuantisedRows& x
   static constexpr auto kUnpackedRows = rows_blocks<F, false>(std::make_integer_sequence<int, kRowBlock>{});
   const int64_t groups = k / F::kGroup;
   const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
-  const bool from_record = blocks <= kBlocksFromRecord;
+  const bool from_record = codes_from_record(m_rows);
+  const bool requests = spreads_requests(m_rows);
   F::unpack(record, 0, used, w[0], !from_record);
   F::unpack(record, 1, used, w[1], !from_record);
   const RowsBlockFn<F>* fns = from_record ? kFromRecordRows.data() : kUnpackedRows.data();
   for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
     const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
     fns[rows](w, record, xq.q.data() + m0 * k + s * F::kSuper, k,
-              xq.sums.data() + m0 * groups + s * F::kGroups, groups, used, acc + m0 * kTileColumns, b == 0);
+              xq.sums.data() + m0 * groups + s * F::kGroups, groups, used, acc + m0 * kTileColumns, requests && b == 0);
     m0 += rows;
   }
 }

@@ -28,8 +28,8 @@ namespace marspec_kernels {
 // made once per thread's share of the tiles (what it holds, such as tile registers, lives as long). The
 // stream kRecordsAhead records on is requested from memory while a record is added (the hardware
 // prefetcher alone left a thread reading well below the memory's bandwidth; rows.h): by the worker,
-// spread over its work, where its requests_next_record() says so (the vector path's kSpreadRequests,
-// the AMX path), else here, at the record's start.
+// spread over its work, where its requests_next_record(rows) says so (the AMX path; the vector path up
+// to 16 rows), else here, at the record's start.
 template <int64_t kGroup, class MakeWorker>
 at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks, int64_t supers,
                         int64_t record_bytes, int64_t last_record_bytes, int64_t out_features,
@@ -68,7 +68,7 @@ at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* record = blocks_p + t * tile_bytes + s * record_bytes;
-        if (!add_record.requests_next_record()) {
+        if (!add_record.requests_next_record(m_rows)) {
           const uint8_t* ahead = record + kRecordsAhead * record_bytes;
           if constexpr (kPrefetchLevel == 1) prefetch(ahead, record_bytes);
           else prefetch_l2(ahead, record_bytes);
