@@ -1,5 +1,5 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
-// (rows.h, tile_rows.h, the formats, attention_core.h), on inputs made by a fixed generator, so that
+// (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h), on inputs made by a fixed generator, so that
 // paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine) are compared bit
 // for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
 // if a row's output differs between a call of many rows and a call of its own.
@@ -11,6 +11,7 @@
 #include "q4k_format.h"
 #include "q6k_format.h"
 #include "tile_rows.h"
+#include "vocab_core.h"
 
 #include <cmath>
 #include <cstdint>
@@ -145,6 +146,44 @@ void check_attention(Generator& g) {
   std::printf("attention %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
+// Rows of several lengths (whole vectors and not), with repeated maxima, -inf and a NaN: each row's
+// best two against a plain loop's (the first maximum, then the first maximum of the others), hashed.
+void check_vocab(Generator& g) {
+  Hash hash;
+  for (const int64_t n : {1, 2, 15, 16, 17, 100, 1000, 4099}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = kind == 1 ? static_cast<float>(g.next() % 4) : g.uniform();  // kind 1: many ties
+      if (kind == 2) x[g.next() % n] = -std::numeric_limits<float>::infinity();
+      if (kind == 3) std::fill(x.begin(), x.end(), -std::numeric_limits<float>::infinity());
+      if (kind == 4) x[g.next() % n] = std::numeric_limits<float>::quiet_NaN();
+      const RowTop top = row_top<true>(x.data(), n);
+      const RowTop best = row_top<false>(x.data(), n);
+      int64_t i1 = -1, i2 = -1;
+      bool nan = false;
+      for (int64_t j = 0; j < n; ++j) {
+        nan = nan || std::isnan(x[j]);
+        if (x[j] > (i1 < 0 ? -std::numeric_limits<float>::infinity() : x[i1])) i1 = j;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        if (j != i1 && x[j] > (i2 < 0 ? -std::numeric_limits<float>::infinity() : x[i2])) i2 = j;
+      }
+      const bool same = top.nan == nan && best.nan == nan &&
+                        (nan || (top.i1 == i1 && best.i1 == i1 && (i1 < 0 || top.v1 == x[i1]) && top.i2 == i2 &&
+                                 (i2 < 0 || top.v2 == x[i2])));
+      if (!same) {
+        std::printf("vocab: row of %lld (kind %d) gave %lld, %lld; a plain loop %lld, %lld\n",
+                    static_cast<long long>(n), kind, static_cast<long long>(top.i1), static_cast<long long>(top.i2),
+                    static_cast<long long>(i1), static_cast<long long>(i2));
+        failed = true;
+      }
+      const int64_t answer[] = {top.i1, top.i2, best.i1, top.nan};
+      hash.add(answer, sizeof answer);
+    }
+  }
+  std::printf("vocab %016llx\n", static_cast<unsigned long long>(hash.h));
+}
+
 }  // namespace
 
 int main() {
@@ -157,5 +196,6 @@ int main() {
   const auto q6k = q6k_tile(g, 3);
   check_linear<Q6K>("q6k", g, q6k, 768, 3, Q6K::kGroups, Q6K::kRecord);
   check_attention(g);
+  check_vocab(g);
   return failed ? 1 : 0;
 }

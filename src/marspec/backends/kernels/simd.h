@@ -20,6 +20,9 @@
 //   (a * 2^n, n whole in [-126, 127]), store_int8 (rounded to int32 as round_even, saturated to int8,
 //   16 bytes stored; the int32s returned), reduce_addf (the fixed tree: lanes i and i + 8, then i and
 //   i + 4, then i and i + 2, then the last two), reduce_maxf (no NaN lanes).
+// Mask: a true or false per lane. greaterf(a, b): a > b (false where either is NaN), unorderedf(a): the NaN
+//   lanes, or_mask, any (whether a lane is true), selectf / select(m, a, b): a's lane where m, else b's
+//   (F32 / I32), lane_indices: the I32 0, 1, ..., 15.
 // kRowBlock: how many activation rows a kernel keeps in registers at once (speed only).
 // kPairSums: whether the kernels add products in int16 pairs (pairs_u8s8, add16) over several steps and
 //   widen them once (dot_i16), rather than dot_u8s8 each step (speed only: the sums are the same integers).

@@ -89,4 +89,15 @@ inline float reduce_addf(F32 a) {
 // The largest lane (no lane a NaN).
 inline float reduce_maxf(F32 a) { return _mm512_reduce_max_ps(a.v); }
 
+struct Mask {
+  __mmask16 m;
+};
+inline Mask greaterf(F32 a, F32 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ)}; }
+inline Mask unorderedf(F32 a) { return {_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q)}; }
+inline Mask or_mask(Mask a, Mask b) { return {static_cast<__mmask16>(a.m | b.m)}; }
+inline bool any(Mask a) { return a.m != 0; }
+inline F32 selectf(Mask m, F32 a, F32 b) { return {_mm512_mask_blend_ps(m.m, b.v, a.v)}; }
+inline I32 select(Mask m, I32 a, I32 b) { return {_mm512_mask_blend_epi32(m.m, b.v, a.v)}; }
+inline I32 lane_indices() { return {_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
+
 }  // namespace marspec_simd

@@ -191,5 +191,39 @@ inline float reduce_maxf(F32 a) {
   return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.q[0], a.q[2]), vmaxq_f32(a.q[1], a.q[3])));
 }
 
+struct Mask {  // all ones in a true lane
+  uint32x4_t q[4];
+};
+inline Mask greaterf(F32 a, F32 b) {
+  Mask r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vcgtq_f32(a.q[i], b.q[i]);
+  return r;
+}
+inline Mask unorderedf(F32 a) {
+  Mask r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vmvnq_u32(vceqq_f32(a.q[i], a.q[i]));
+  return r;
+}
+inline Mask or_mask(Mask a, Mask b) {
+  Mask r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vorrq_u32(a.q[i], b.q[i]);
+  return r;
+}
+inline bool any(Mask a) { return vmaxvq_u32(vorrq_u32(vorrq_u32(a.q[0], a.q[1]), vorrq_u32(a.q[2], a.q[3]))) != 0; }
+inline F32 selectf(Mask m, F32 a, F32 b) {
+  F32 r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vbslq_f32(m.q[i], a.q[i], b.q[i]);
+  return r;
+}
+inline I32 select(Mask m, I32 a, I32 b) {
+  I32 r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vbslq_s32(m.q[i], a.q[i], b.q[i]);
+  return r;
+}
+inline I32 lane_indices() {
+  alignas(16) static constexpr int32_t kIndices[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return load(kIndices);
+}
+
 
 }  // namespace marspec_simd
