@@ -3,16 +3,19 @@ sources with other register blocking (rows kept in registers at once, ``MARSPEC_
 choice between reading a record's codes in each block of rows or unpacking them once
 (``MARSPEC_BLOCKS_FROM_RECORD``), other weight requests (how many records ahead,
 ``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``, all at a record's start
-or spread over its sub-blocks, ``MARSPEC_SPREAD_REQUESTS``) and, on AVX2, products summed in int16 pairs
-or not (``MARSPEC_PAIR_SUMS``), each loaded beside the others in one process (a namespace of its own),
-checked bit for bit against the shipped build, and timed in interleaved rounds on the 1.5B target's
-largest layer shapes at 1 and 13 rows. A variant is ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD]]]
-(AVX-512 ships 6:3:2:2:1:1, AVX2 2:3:2:2:1:1; 6:3:1:1 the next record into every level).
+or spread over its sub-blocks, ``MARSPEC_SPREAD_REQUESTS``), on AVX2 products summed in int16 pairs or
+not (``MARSPEC_PAIR_SUMS``), and Q6_K's codes, costly to unpack, read from the record by another number of
+blocks (``MARSPEC_COSTLY_BLOCKS_FROM_RECORD``), each loaded beside the others in one process (a namespace
+of its own), checked bit for bit against the shipped build, and timed in interleaved rounds on the 1.5B
+target's largest layer shapes at 1 and 13 rows. A variant is
+ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD[:COSTLY]]]] (AVX-512 ships 6:3:2:2:1:1:3, AVX2
+2:3:2:2:1:1:1; without COSTLY, the path's own; 6:3:1:1 the next record into every level).
 
     python benchmarks/kernel_variants.py --variants 6:3,7:3,6:1,4:1 --rows 1,13
     python benchmarks/kernel_variants.py --variants 6:3:2:2,6:3:1:1,6:3:1:2,6:3:3:2 --rows 1,4,13
     python benchmarks/kernel_variants.py --path avx2 --variants 2:3:2:2:0,2:3:2:2:1,3:3:2:2:1 --rows 1,4,13
     python benchmarks/kernel_variants.py --variants 6:3:2:2:1:0,6:3:2:2:1:1 --rows 1,4,13 --rounds 10
+    python benchmarks/kernel_variants.py --path avx2 --variants 2:3:2:2:1:1:3,2:3:2:2:1:1:1 --rows 1,3,5,8
 """
 
 from __future__ import annotations
@@ -40,12 +43,17 @@ def variant_ops(
     level: int = 2,
     pairs: int = 1,
     spread: int = 1,
+    costly_from_record: int | None = None,
 ) -> Any:
     """``path``'s operators built with ``row_block`` rows in registers, codes read from the record by up
     to ``from_record`` blocks of rows, the weights requested ``ahead`` records ahead into cache level
     ``level`` (1: every level; 2: the second on), spread over a record's sub-blocks or not (``spread``),
-    and, on AVX2, products summed in int16 pairs (``pairs``)."""
-    name = f"marspec_v_{path}_{row_block}_{from_record}_{ahead}_{level}_{pairs}_{spread}"
+    on AVX2, products summed in int16 pairs (``pairs``), and Q6_K's codes read from the record by up to
+    ``costly_from_record`` blocks (None: the path's own choice)."""
+    fields = f"{row_block}:{from_record}:{ahead}:{level}:{pairs}:{spread}"
+    if costly_from_record is not None:
+        fields += f":{costly_from_record}"
+    name = "marspec_v_" + path + "_" + fields.replace(":", "_")
     flags = [f for f in build_flags(kernels.path_named(path)) if not f.startswith("-DMARSPEC_OPS=")]
     flags += [
         f"-DMARSPEC_OPS={name}",
@@ -56,7 +64,9 @@ def variant_ops(
         f"-DMARSPEC_PAIR_SUMS={pairs}",
         f"-DMARSPEC_SPREAD_REQUESTS={spread}",
     ]
-    label = f"{path} variant {row_block}:{from_record}:{ahead}:{level}:{pairs}:{spread} kernels"
+    if costly_from_record is not None:
+        flags.append(f"-DMARSPEC_COSTLY_BLOCKS_FROM_RECORD={costly_from_record}")
+    label = f"{path} variant {fields} kernels"
     load_library(name, SOURCES, flags, label=label)
     return getattr(torch.ops, name)
 
@@ -66,7 +76,9 @@ def main() -> None:
     add_threads(parser)
     parser.add_argument("--path", default="avx512_vnni", help="the kernel path the variants are built for")
     parser.add_argument(
-        "--variants", default="6:3,7:3,6:1,4:1", help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD]]],..."
+        "--variants",
+        default="6:3,7:3,6:1,4:1",
+        help="ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD[:COSTLY]]]],...",
     )
     parser.add_argument("--rows", default="1,13")
     parser.add_argument("--rounds", type=int, default=9)

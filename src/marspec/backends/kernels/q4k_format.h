@@ -35,6 +35,7 @@ struct Q4K {
   static constexpr int64_t kGroups = kSuper / kGroup;
   static constexpr int kChunks = 4;      // 64-byte code vectors a half's sub-block
   static constexpr int kChunkSteps = 2;  // each gives two steps of 4 weights: low nibbles, high nibbles
+  static constexpr bool kCostlyCodes = false;  // a step's codes: an AND, and a shift for every other
   static constexpr int64_t kGroupCodeBytes = kGroup * kHalf / 2;  // a half's codes of one sub-block
   static constexpr int64_t kScaleBytes = 2 * kGroups * kHalf;      // a half's sc and m
   static constexpr int64_t kDBytes = 2 * kHalf * 4;                // a half's d and dmin

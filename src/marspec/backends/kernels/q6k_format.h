@@ -42,6 +42,7 @@ struct Q6K {
   static constexpr int64_t record_bytes(int64_t) { return kRecord; }  // every record holds all its sub-blocks
   static_assert(kRecord == 32 * 210, "a record holds the GGUF's bytes of its 32 columns");
   static constexpr int32_t kOffset = 32;  // a weight is sc * (q - 32)
+  static constexpr bool kCostlyCodes = true;  // a step's codes from three vectors: 4-5 operations
 
   struct Half {
     alignas(64) uint8_t codes[kGroups][kChunkSteps][64];  // [sub-block][4-weight step][16 columns x 4 codes]

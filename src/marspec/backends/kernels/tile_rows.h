@@ -7,6 +7,7 @@
 // and kChunkSteps (a sub-block's codes come in kChunks chunks of kChunkSteps steps of 4 weights), Half
 // (a record's half unpacked: codes[g][step][64 bytes], sc[g][16] and its own fields), and
 //   unpack(record, half, used, out, with_codes): a half's scales (and codes) into a Half;
+//   kCostlyCodes: whether unpacking its codes takes many operations a step (codes_from_record);
 //   chunk_codes(record, half, used, g, chunk, out[kChunkSteps]): a chunk's codes read from the record;
 //   group_start(xsum): a sub-block's dot product's start from its activations' sum;
 //   finish(half, scaled, xsums, acc): the 16 columns' floats after the record, from the exact int32
@@ -116,9 +117,24 @@ constexpr int64_t kBlocksFromRecord = MARSPEC_BLOCKS_FROM_RECORD;
 constexpr int64_t kBlocksFromRecord = 3;
 #endif
 
+// A format whose codes are costly to unpack (F::kCostlyCodes: Q6_K's, ~4 operations a step from three
+// vectors, against Q4_K's 1.5) on a path of two-row blocks (AVX2, NEON): a block's rows do too little work
+// to hide the unpacking, so past the first block the rows share the codes unpacked once into the buffer
+// (AVX2 on AMD EPYC Zen 4, Q6_K layers at 3-5 rows: 0.80-0.93x the time). With blocks of 6 rows (AVX-512)
+// the two measured level.
+#ifdef MARSPEC_COSTLY_BLOCKS_FROM_RECORD  // a build that tries another (benchmarks/kernel_variants.py)
+constexpr int64_t kCostlyBlocksFromRecord = MARSPEC_COSTLY_BLOCKS_FROM_RECORD;
+#else
+constexpr int64_t kCostlyBlocksFromRecord = kRowBlock <= 2 ? 1 : kBlocksFromRecord;
+#endif
+
 // Whether all_rows reads m_rows rows' codes from the record in each block of rows (a few rows), rather
 // than unpacking them once into a buffer (many: a prompt's chunk).
-inline bool codes_from_record(int64_t m_rows) { return (m_rows + kRowBlock - 1) / kRowBlock <= kBlocksFromRecord; }
+template <class F>
+inline bool codes_from_record(int64_t m_rows) {
+  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  return blocks <= (F::kCostlyCodes ? kCostlyBlocksFromRecord : kBlocksFromRecord);
+}
 
 // Whether all_rows requests the weights kRecordsAhead records on itself, spread over the first block of
 // rows' sub-blocks (rows.h's kSpreadRequests): for a step's or a verification's rows (up to 16, the
@@ -138,7 +154,7 @@ void all_rows(typename F::Half* w, const uint8_t* record, const QuantisedRows& x
   static constexpr auto kUnpackedRows = rows_blocks<F, false>(std::make_integer_sequence<int, kRowBlock>{});
   const int64_t groups = k / F::kGroup;
   const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
-  const bool from_record = codes_from_record(m_rows);
+  const bool from_record = codes_from_record<F>(m_rows);
   const bool requests = spreads_requests(m_rows);
   F::unpack(record, 0, used, w[0], !from_record);
   F::unpack(record, 1, used, w[1], !from_record);
