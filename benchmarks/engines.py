@@ -11,10 +11,15 @@ benchmarks/llama_cpp_engine.py in an environment with llama-cpp-python (no marsp
 pair's own packaged Q4_K_M GGUFs, fed the very token ids marspec encodes. Peak memory is each process's own
 VmHWM. Tokens per second (per-prompt means, as the demo's) count the prompt's prefill, as marspec's
 statistics do. The machine's load average is recorded before and after: ratios inside one run are what
-count.
+count. With ``--rounds N`` the engines run N times in turn, llama.cpp first in odd rounds and last in even
+ones, so that a drift of a shared machine between them does not land on one side of every ratio: each
+row's tok/s is then its median over the rounds, and each round's ratio to llama.cpp's plain rate in that
+round is kept beside it (the table gives their median and range).
 
     python benchmarks/engines.py --llama-python .venv-llamacpp/bin/python \
         --out docs/results/engines-2026-12-02.json
+    python benchmarks/engines.py --llama-python .venv-llamacpp/bin/python --only llama.cpp,default \
+        --rounds 3 --out engines-rounds.json
 
 A timing: run it alone on the machine (``--only`` picks rows to rerun: llama.cpp,default,int8,int4;
 "int8" is the int8 target with torch's 4-bit draft, the default where the Q4_K kernel does not run).
@@ -153,6 +158,31 @@ def marspec_rows(name: str, flags: list[str], threads: int, n: int) -> dict[str,
     }
 
 
+LLAMA_PLAIN = "llama.cpp Q4_K_M plain"
+
+
+def combine_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row per engine from several rounds' rows: its median tok/s, each round's tok/s and (where the
+    round has llama.cpp's plain row) its ratio to that round's llama.cpp plain rate, the largest peak
+    memory; the rest of the row (outputs, tau, ...) from its first round."""
+    combined: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in rounds for k in r):
+        present = [r for r in rounds if key in r]
+        rates = [r[key]["tokens_per_s"] for r in present]
+        ratios = [
+            r[key]["tokens_per_s"] / r[LLAMA_PLAIN]["tokens_per_s"] for r in present if LLAMA_PLAIN in r
+        ]
+        peaks = [r[key]["peak_gib"] for r in present if r[key].get("peak_gib") is not None]
+        combined[key] = {
+            **present[0][key],
+            "tokens_per_s": statistics.median(rates),
+            "rounds_tokens_per_s": rates,
+            "rounds_vs_llama_plain": ratios,
+            "peak_gib": max(peaks) if peaks else None,
+        }
+    return combined
+
+
 def main() -> int:
     parser = script_parser(__doc__)
     parser.add_argument("--llama-python", help="a Python with llama-cpp-python (omit: no llama.cpp rows)")
@@ -160,25 +190,40 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="llama.cpp's draft length")
     parser.add_argument("--only", default="llama.cpp,default,int8")
+    parser.add_argument("--rounds", type=int, default=1, help="run the engines this many times in turn")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     only = args.only.split(",")
     load_before = os.getloadavg()
     rows: dict[str, Any] = {}
     if args.out and args.out.exists():
         rows = json.loads(args.out.read_text())["rows"]  # rows not rerun are kept
+    runs = [name for name in MARSPEC_ROWS if name in only]
     if "llama.cpp" in only and args.llama_python:
-        rows.update(llama_cpp_rows(args.llama_python, args.threads, args.max_new_tokens, args.k))
-    for name, flags in MARSPEC_ROWS.items():
-        if name in only:
-            rows.update(marspec_rows(name, flags, args.threads, args.max_new_tokens))
+        runs.insert(0, "llama.cpp")
+    rounds: list[dict[str, Any]] = []
+    for number in range(args.rounds):
+        this_round: dict[str, Any] = {}
+        rounds.append(this_round)
+        for name in runs if number % 2 == 0 else reversed(runs):
+            n = args.max_new_tokens
+            if name == "llama.cpp":
+                this_round.update(llama_cpp_rows(args.llama_python, args.threads, n, args.k))
+            else:
+                this_round.update(marspec_rows(name, MARSPEC_ROWS[name], args.threads, n))
             if args.out:  # each finished row is kept, should a later one fail
-                write_json(args.out, {"rows": rows})
-    base = next((r["tokens_per_s"] for k, r in rows.items() if k.endswith("Q4_K_M plain")), None)
+                write_json(args.out, {"rows": {**rows, **combine_rounds(rounds)}})
+    rows.update(combine_rounds(rounds))
+    base = rows.get(LLAMA_PLAIN, {}).get("tokens_per_s")
     print("| engine | tok/s (mean of prompts) | vs llama.cpp plain | same as its plain | peak memory |")
     print("|---|---|---|---|---|")
     for key, r in rows.items():
         ratio = "—" if base is None else f"{r['tokens_per_s'] / base:.2f}x"
+        if len(r.get("rounds_vs_llama_plain", [])) > 1:  # the rounds' own ratios: median and range
+            each = r["rounds_vs_llama_plain"]
+            ratio = f"{statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})"
         peak = "—" if r.get("peak_gib") is None else f"{r['peak_gib'] * 2**30 / 1e9:.2f} GB"
         same = f"{r['same_as_plain']}/{len(DEMO_PROMPTS)}"
         print(f"| {key} | {r['tokens_per_s']:.2f} | {ratio} | {same} | {peak} |")
@@ -192,6 +237,7 @@ def main() -> int:
             "threads": args.threads,
             "max_new_tokens": args.max_new_tokens,
             "k": args.k,
+            "rounds": args.rounds,
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
             "command": " ".join(["python", *sys.argv]),
