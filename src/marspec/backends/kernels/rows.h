@@ -132,10 +132,10 @@ constexpr int kPrefetchLevel = 2;
 #endif
 // The vector path spreads those requests over a record's sub-blocks (a part each, by the first block of
 // rows) for up to 16 rows (tile_rows.h's spreads_requests), as the AMX path does: made all at the
-// record's start, they filled the core's line-fill buffers and its work waited behind them. Spread, on AMD EPYC Zen 4 (benchmarks/kernel_variants.py), one-row
-// calls took 0.66-0.76x the time on the LM head's Q6_K, 0.67-0.87x on the other Q6_K layers and
-// 0.83-0.96x on Q4_K, on AVX-512 and AVX2 alike. MARSPEC_SPREAD_REQUESTS=0: a build that requests at
-// the start.
+// record's start, they filled the core's line-fill buffers and its work waited behind them. Spread, on
+// AMD EPYC Zen 4 (benchmarks/kernel_variants.py), one-row calls took 0.66-0.76x the time on the LM head's
+// Q6_K, 0.67-0.87x on the other Q6_K layers and 0.83-0.96x on Q4_K, on AVX-512 and AVX2 alike.
+// MARSPEC_SPREAD_REQUESTS=0: a build that requests at the start.
 #ifdef MARSPEC_SPREAD_REQUESTS
 constexpr bool kSpreadRequests = MARSPEC_SPREAD_REQUESTS != 0;
 #else

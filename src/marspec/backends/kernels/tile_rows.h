@@ -128,12 +128,14 @@ constexpr int64_t kCostlyBlocksFromRecord = MARSPEC_COSTLY_BLOCKS_FROM_RECORD;
 constexpr int64_t kCostlyBlocksFromRecord = kRowBlock <= 2 ? 1 : kBlocksFromRecord;
 #endif
 
+// The blocks of rows that m_rows rows take (as few as fit the registers).
+inline int64_t row_blocks(int64_t m_rows) { return (m_rows + kRowBlock - 1) / kRowBlock; }
+
 // Whether all_rows reads m_rows rows' codes from the record in each block of rows (a few rows), rather
 // than unpacking them once into a buffer (many: a prompt's chunk).
 template <class F>
 inline bool codes_from_record(int64_t m_rows) {
-  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
-  return blocks <= (F::kCostlyCodes ? kCostlyBlocksFromRecord : kBlocksFromRecord);
+  return row_blocks(m_rows) <= (F::kCostlyCodes ? kCostlyBlocksFromRecord : kBlocksFromRecord);
 }
 
 // Whether all_rows requests the weights kRecordsAhead records on itself, spread over the first block of
@@ -153,7 +155,7 @@ void all_rows(typename F::Half* w, const uint8_t* record, const QuantisedRows& x
   static constexpr auto kFromRecordRows = rows_blocks<F, true>(std::make_integer_sequence<int, kRowBlock>{});
   static constexpr auto kUnpackedRows = rows_blocks<F, false>(std::make_integer_sequence<int, kRowBlock>{});
   const int64_t groups = k / F::kGroup;
-  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  const int64_t blocks = row_blocks(m_rows);
   const bool from_record = codes_from_record<F>(m_rows);
   const bool requests = spreads_requests(m_rows);
   F::unpack(record, 0, used, w[0], !from_record);
@@ -161,8 +163,8 @@ void all_rows(typename F::Half* w, const uint8_t* record, const QuantisedRows& x
   const RowsBlockFn<F>* fns = from_record ? kFromRecordRows.data() : kUnpackedRows.data();
   for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
     const int64_t rows = m_rows / blocks + (b < m_rows % blocks ? 1 : 0);
-    fns[rows](w, record, xq.q.data() + m0 * k + s * F::kSuper, k,
-              xq.sums.data() + m0 * groups + s * F::kGroups, groups, used, acc + m0 * kTileColumns, requests && b == 0);
+    fns[rows](w, record, xq.q.data() + m0 * k + s * F::kSuper, k, xq.sums.data() + m0 * groups + s * F::kGroups,
+              groups, used, acc + m0 * kTileColumns, requests && b == 0);
     m0 += rows;
   }
 }

@@ -155,15 +155,24 @@ inline float reduce_maxf(F32 a) {
 struct Mask {  // all ones in a true lane
   __m256 lo, hi;
 };
-inline Mask greaterf(F32 a, F32 b) { return {_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)}; }
-inline Mask unorderedf(F32 a) { return {_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)}; }
+inline Mask greaterf(F32 a, F32 b) {
+  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)};
+}
+inline Mask unorderedf(F32 a) {
+  return {_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)};
+}
 inline Mask or_mask(Mask a, Mask b) { return {_mm256_or_ps(a.lo, b.lo), _mm256_or_ps(a.hi, b.hi)}; }
 inline bool any(Mask a) { return _mm256_movemask_ps(_mm256_or_ps(a.lo, a.hi)) != 0; }
-inline F32 selectf(Mask m, F32 a, F32 b) { return {_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)}; }
-inline I32 select(Mask m, I32 a, I32 b) {
-  return {_mm256_blendv_epi8(b.lo, a.lo, _mm256_castps_si256(m.lo)), _mm256_blendv_epi8(b.hi, a.hi, _mm256_castps_si256(m.hi))};
+inline F32 selectf(Mask m, F32 a, F32 b) {
+  return {_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)};
 }
-inline I32 lane_indices() { return {_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)}; }
+inline I32 select(Mask m, I32 a, I32 b) {
+  return {_mm256_blendv_epi8(b.lo, a.lo, _mm256_castps_si256(m.lo)),
+          _mm256_blendv_epi8(b.hi, a.hi, _mm256_castps_si256(m.hi))};
+}
+inline I32 lane_indices() {
+  return {_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)};
+}
 
 
 }  // namespace marspec_simd
