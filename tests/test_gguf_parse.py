@@ -24,6 +24,7 @@ from marspec.models.loading import load_model
 from marspec.models.tokenizers import read_tokenizer
 
 READER = gguf.GGUFReader
+NAME_MAP = gguf.get_tensor_name_map
 
 
 @pytest.fixture
@@ -38,7 +39,8 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Path]]:
 
     monkeypatch.setattr(READER, "__init__", counted)
     yield seen
-    assert gguf.GGUFReader is READER  # no block left the package's name changed
+    assert gguf.GGUFReader is READER  # no block left the package's names changed
+    assert gguf.get_tensor_name_map is NAME_MAP
 
 
 @pytest.fixture
@@ -199,3 +201,39 @@ def test_a_gguf_whose_private_get_changed_gets_its_own_reader(
         gguf_parse._fast_reader.cache_clear()
     assert gguf_parse._fast_reader() is not READER
     _same_reading(gguf_reader(path), READER(path))
+
+
+def test_a_block_builds_ggufs_name_map_once_per_architecture_and_layer_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformers' get_gguf_hf_weights_map asks gguf for a model's name map once per module of the model
+    (~340 for a Qwen2.5, ~10 ms each); within a block the first build answers."""
+    builds: list[tuple[object, int]] = []
+
+    def counted(arch: gguf.MODEL_ARCH, n_blocks: int) -> gguf.TensorNameMap:
+        builds.append((arch, n_blocks))
+        return NAME_MAP(arch, n_blocks)
+
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted)
+    from transformers import Qwen2Config
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    from marspec.models.gguf_weights import _skeleton
+
+    config = Qwen2Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    skeleton = _skeleton(config)
+    outside = get_gguf_hf_weights_map(skeleton, TensorProcessor())
+    assert len(builds) > 10  # transformers' own: one a module
+    builds.clear()
+    with one_parse_per_gguf():
+        inside = get_gguf_hf_weights_map(skeleton, TensorProcessor())
+    assert inside == outside and "blk.2.ffn_down.weight" in inside
+    assert builds == [(gguf.MODEL_ARCH.QWEN2, 3)]
+    assert gguf.get_tensor_name_map is counted  # the name is the one before the block again

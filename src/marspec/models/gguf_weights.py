@@ -54,15 +54,17 @@ def gguf_tensors_keeping(
         load_gguf_checkpoint,
     )
 
-    with one_parse_per_gguf():  # transformers' read of the configuration and ours of the tensors
+    # transformers' read of the configuration and ours of the tensors, and the weights' names (one build
+    # of gguf's name map, :mod:`marspec.models.gguf_parse`)
+    with one_parse_per_gguf():
         parsed: dict[str, Any] = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
         reader = gguf_reader(gguf_path)
-    # The processor of the file's own architecture, as transformers' loader picks it: a Mistral's GGUF is
-    # a "llama" whose q and k rows llama.cpp permuted, whatever model type transformers then names.
-    architecture = reader_field(reader, "general.architecture")[0]
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
-    skeleton = _skeleton(config)
-    key_mapping = get_gguf_hf_weights_map(skeleton, processor)
+        # The processor of the file's own architecture, as transformers' loader picks it: a Mistral's GGUF
+        # is a "llama" whose q and k rows llama.cpp permuted, whatever model type transformers then names.
+        architecture = reader_field(reader, "general.architecture")[0]
+        processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+        skeleton = _skeleton(config)
+        key_mapping = get_gguf_hf_weights_map(skeleton, processor)
     # A GGUF may carry an output layer the model ties to its input embedding: the model does not load it.
     wanted = {name for name, _ in skeleton.named_parameters()}
     # Processors of mixture-of-experts models put the experts they assemble here instead of returning
@@ -154,14 +156,15 @@ def missing_weights(gguf_path: Path, config: PretrainedConfig) -> list[str]:
         get_gguf_hf_weights_map,
     )
 
-    reader = gguf_reader(gguf_path)
-    architecture = reader_field(reader, "general.architecture")[0]
-    skeleton = _skeleton(config)
-    wanted = {name for name, _ in skeleton.named_parameters()}
-    if any(".experts." in name for name in wanted):
-        return []
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    key_mapping = get_gguf_hf_weights_map(skeleton, processor)
+    with one_parse_per_gguf():  # one build of gguf's name map for the weights' names
+        reader = gguf_reader(gguf_path)
+        architecture = reader_field(reader, "general.architecture")[0]
+        skeleton = _skeleton(config)
+        wanted = {name for name, _ in skeleton.named_parameters()}
+        if any(".experts." in name for name in wanted):
+            return []
+        processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+        key_mapping = get_gguf_hf_weights_map(skeleton, processor)
     found = {key_mapping.get(tensor.name) for tensor in reader.tensors}
     return sorted(wanted - found)
 
