@@ -12,6 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import TINY_SIZES
 from test_gguf_int4 import register_known
 from test_models import write_tiny_gguf
 
@@ -220,15 +221,7 @@ def test_a_block_builds_ggufs_name_map_once_per_architecture_and_layer_count(
 
     from marspec.models.gguf_weights import _skeleton
 
-    config = Qwen2Config(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    skeleton = _skeleton(config)
+    skeleton = _skeleton(Qwen2Config(**TINY_SIZES, num_hidden_layers=3))
     outside = get_gguf_hf_weights_map(skeleton, TensorProcessor())
     assert len(builds) > 10  # transformers' own: one a module
     builds.clear()
