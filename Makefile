@@ -11,8 +11,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test install install-dev install-eval install-vllm install-vllm-old install-browser install-cross lint loadtest \
-	test-vllm test-vllm-old compat compat-fast compat-real install-compat compat-models newest newest-fast \
-	newest-real install-newest lock
+	test-vllm test-vllm-old compat install-compat compat-models newest install-newest lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -159,10 +158,6 @@ FAST_TESTS = -m "not real" -n $(TEST_WORKERS) --dist loadfile
 # lock if it gets there first. Their output goes to a log, shown if they fail. The suite's exit status
 # is kept and reported after they finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
-# The vLLM plugin's tests keep about one of two cores busy (their time is mostly engine start-ups in one
-# process: 48% idle, 6 Dec.), so the version passes' fast tests run beside them, at a lower priority, and
-# the passes' real-weights tests (each loads the float32 pair, 8 GB, beside vLLM's engines) after them.
-TEST_VLLM_LOG := runs/test-vllm.log
 # Each stage's start, so that a CI log shows where its time went.
 stage = @echo "== $$(date -u +%T) UTC: $(1)"
 test: lint install-browser install-cross
@@ -175,14 +170,12 @@ test: lint install-browser install-cross
 	tail -n 1 $(TEST_INSTALLS_LOG); exit $$suite
 	$(call stage,the load test)
 	$(MAKE) loadtest
-	$(call stage,the vLLM plugin's tests beside the version passes' fast tests)
-	@echo "the vLLM plugin's tests in the background (log: $(TEST_VLLM_LOG))"; \
-	$(MAKE) --no-print-directory test-vllm > $(TEST_VLLM_LOG) 2>&1 & vllm=$$!; \
-	nice -n 10 $(MAKE) --no-print-directory compat-fast newest-fast; passes=$$?; \
-	wait $$vllm; plugin=$$?; cat $(TEST_VLLM_LOG); \
-	[ $$plugin = 0 ] || echo "the vLLM plugin's tests failed (log above: $(TEST_VLLM_LOG))"; exit $$(( passes || plugin ))
-	$(call stage,the version passes' real-weights tests)
-	$(MAKE) compat-real newest-real
+	$(call stage,the vLLM plugin's tests)
+	$(MAKE) test-vllm
+	$(call stage,the compatibility pass)
+	$(MAKE) compat
+	$(call stage,the newest pass)
+	$(MAKE) newest
 	$(call stage,done)
 
 # Two version passes beside the locked suite, each in its own environment and from its own lock: the
@@ -212,13 +205,13 @@ endef
 # versions keep them (two prompts and the trees fewer save ~5 minutes of decoding).
 PASS_REAL_TESTS := test_strict_and_mars_theta_one_reproduce_plain and prompt_code
 
-# A pass's fast tests, after the versions it runs on: $(1) the venv, $(2) the pass's name, $(3) its fast
-# tests (files or test ids; empty: the whole fast suite). Its real-weights tests: pass_real_tests.
-define pass_fast_tests
+# A pass's tests, after the versions it runs on: $(1) the venv, $(2) the pass's name, $(3) its fast tests
+# (files or test ids; empty: the whole fast suite).
+define pass_tests
 	$(1)/bin/python -c 'import sys, numpy, torch, transformers; print("$(2) pass: Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "numpy", numpy.__version__)'
 	$(1)/bin/pytest -q -p no:cacheprovider $(FAST_TESTS) --durations=10 $(3)
+	$(1)/bin/pytest -v -p no:cacheprovider tests/test_real.py -k "$(PASS_REAL_TESTS)"
 endef
-pass_real_tests = $(1)/bin/pytest -v -p no:cacheprovider tests/test_real.py -k "$(PASS_REAL_TESTS)"
 
 compat-models: install
 	$(BIN)/python -c 'from marspec.models import DEFAULT_DRAFT as d, DEFAULT_TARGET as t, float_model_dir as f; f(t); f(d)'
@@ -244,11 +237,8 @@ COMPAT_TESTS = $(NEWEST_TESTS) tests/test_fixed.py tests/test_fixed_batch.py tes
 	tests/test_ensemble.py tests/test_thinking.py tests/test_rules.py tests/test_fly.py tests/test_api.py \
 	tests/test_server.py tests/test_cli.py tests/test_progress.py tests/test_intervals.py tests/test_tokenizer_check.py
 
-compat: compat-fast compat-real
-compat-fast: install-compat compat-models
-	$(call pass_fast_tests,$(COMPAT_VENV),compat,$(COMPAT_TESTS))
-compat-real: install-compat compat-models
-	$(call pass_real_tests,$(COMPAT_VENV))
+compat: install-compat compat-models
+	$(call pass_tests,$(COMPAT_VENV),compat,$(COMPAT_TESTS))
 
 # The newest pass: Python 3.12 with the newest release of every dependency on PyPI (torch 2.15.0 and
 # transformers 5.24.0 among them; constraints/py3.12-newest.txt, which `make lock` re-makes with
@@ -278,12 +268,9 @@ $(NEWEST_VENV)/.installed: pyproject.toml $(NEWEST_LOCK) Makefile
 install-newest: $(NEWEST_VENV)/.installed
 
 # The selftest first, as a user would run it after installing.
-newest: newest-fast newest-real
-newest-fast: install-newest compat-models
+newest: install-newest compat-models
 	$(NEWEST_VENV)/bin/marspec selftest --device cpu
-	$(call pass_fast_tests,$(NEWEST_VENV),newest,$(NEWEST_TESTS))
-newest-real: install-newest compat-models
-	$(call pass_real_tests,$(NEWEST_VENV))
+	$(call pass_tests,$(NEWEST_VENV),newest,$(NEWEST_TESTS))
 
 # Re-make the lock files from pyproject.toml's ranges with uv's resolver (needs PyPI): for Python 3.11 the
 # locked suite's versions (pins that still fit are kept; `make lock LOCK_FLAGS=--upgrade` takes the newest
