@@ -19,6 +19,7 @@ from marspec.decode import DecodeConfig, decode
 from marspec.defaults import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_DRAFT_QUANT, DEFAULT_LOOKUP
 from marspec.eval.bench import BenchConfig
 from marspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from marspec.models.cache import cache_dir
 from marspec.rules import Rule
 from marspec.stats import GenerationStats
 
@@ -132,8 +133,14 @@ def fp32_pair() -> Decoder:
 
 @pytest.fixture(scope="session")
 def gguf_only_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model cache of its own for the real pairs on the CPU engines, as fresh as a new user's."""
-    return tmp_path_factory.mktemp("gguf-only-cache")
+    """A model cache of its own for the real pairs on the CPU engines, its models as fresh as a new
+    user's. Its kernels are the session's cache's (a link): the processes that force another kernel path
+    on it would otherwise build that path's library again (~30 s each), which the fast tests test."""
+    cache = tmp_path_factory.mktemp("gguf-only-cache")
+    kernels = cache_dir() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    (cache / "kernels").symlink_to(kernels, target_is_directory=True)
+    return cache
 
 
 @pytest.fixture(scope="session")
