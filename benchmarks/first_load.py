@@ -1,12 +1,17 @@
-"""A new user's first 4-bit load of the default pair, and a later one: seconds, and how many of them went to
-parsing GGUF headers (gguf's ``GGUFReader``, ~13 s a Qwen2.5 header on a 2-core CPU).
+"""A new user's first load of the default pair, and a later one: seconds, and how many of them went to
+parsing GGUF headers (gguf's ``GGUFReader``).
 
-    python benchmarks/first_load.py
+    python benchmarks/first_load.py                                   # the default engine (q4k on a CPU)
+    MARSPEC_DRAFT_COSTS=off python benchmarks/first_load.py --built-kernels   # the load alone
+    python benchmarks/first_load.py --engine int4                     # the 4-bit target and draft
     PYTHONPATH=/path/to/other/marspec/src python benchmarks/first_load.py   # another version, to compare
 
 The first load prepares a fresh model cache (in a temporary folder, removed afterwards) from the packaged
-GGUFs, as a new user's first ``Decoder(..., target_quant="int4", draft_quant="int4")`` does; the second
-loads from that cache. Run versions one after another on a quiet machine.
+GGUFs, as a new user's first ``Decoder(DEFAULT_TARGET, DEFAULT_DRAFT)`` does (``--engine int4``:
+``target_quant="int4", draft_quant="int4"``), building the CPU kernels too unless ``--built-kernels``
+copies the ones this user's cache holds; the second loads from that cache. Where the draft length is
+chosen from the machine's costs, the first load measures them unless ``MARSPEC_DRAFT_COSTS=off``. Run
+versions one after another on a quiet machine.
 """
 
 from __future__ import annotations
@@ -21,8 +26,13 @@ from _common import script_parser  # this folder's shared helpers
 
 
 def main() -> None:
-    script_parser(__doc__).parse_args()
+    parser = script_parser(__doc__)
+    parser.add_argument("--engine", choices=["default", "int4"], default="default")
+    parser.add_argument("--built-kernels", action="store_true", help="copy this cache's built kernels first")
+    args = parser.parse_args()
     import gguf
+
+    from marspec.models.cache import cache_dir
 
     parses = {"count": 0, "seconds": 0.0}
     parse = gguf.GGUFReader.__init__
@@ -35,6 +45,10 @@ def main() -> None:
 
     gguf.GGUFReader.__init__ = counted  # this script's own process: it measures, nothing else runs here
     cache = Path(tempfile.mkdtemp(prefix="marspec-first-load-"))
+    if args.built_kernels and (cache_dir() / "kernels").is_dir():
+        shutil.copytree(cache_dir() / "kernels", cache / "kernels")
+    int4 = {"dtype": "fp32", "target_quant": "int4", "draft_quant": "int4"}
+    options = int4 if args.engine == "int4" else {}
     os.environ["MARSPEC_CACHE_DIR"] = str(cache)
     try:
         import marspec
@@ -45,7 +59,7 @@ def main() -> None:
         for which in ("first load (fresh cache)", "later load"):
             before = dict(parses)
             started = time.perf_counter()
-            Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32", target_quant="int4", draft_quant="int4")
+            Decoder(DEFAULT_TARGET, DEFAULT_DRAFT, **options)
             seconds = time.perf_counter() - started
             count, parsing = parses["count"] - before["count"], parses["seconds"] - before["seconds"]
             print(f"{which}: {seconds:.1f} s, of which {count} GGUF header parses took {parsing:.1f} s")
