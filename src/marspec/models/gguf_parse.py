@@ -41,8 +41,8 @@ from collections.abc import Iterator
 from typing import Any
 
 _blocks = threading.local()  # .readers: this thread's open block's readers by file, or absent
-_install_lock = threading.Lock()  # guards the two below, held only to swap the name
-_open_blocks = 0  # blocks open in all threads; the name is swapped while there are any
+_install_lock = threading.Lock()  # guards the three below, held only to swap the names
+_open_blocks = 0  # blocks open in all threads; the names are swapped while there are any
 _parse: Any = None  # gguf's own GGUFReader while the name is swapped
 _name_map: Any = None  # gguf's own get_tensor_name_map while it is swapped
 
@@ -63,7 +63,7 @@ def one_parse_per_gguf() -> Iterator[None]:
 
 
 def _swap_name(change: int) -> None:
-    """Count a block opening (+1) or ending (-1): the first swaps gguf's name, the last restores it."""
+    """Count a block opening (+1) or ending (-1): the first swaps gguf's two names, the last restores them."""
     global _open_blocks, _parse, _name_map
     import gguf
 
