@@ -1,7 +1,7 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
 // (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h), on inputs made by a fixed
-// generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine) are compared bit
-// for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
+// generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
+// are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
 // if a row's output differs between a call of many rows and a call of its own.
 //
 // Build: c++ -std=c++17 -O2 -ffp-contract=off <path's flags> -D<path's ISA macro> harness.cpp
