@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_gguf_dequantize import HALVES
+from test_gguf_dequantize import random_blocks as dequantize_blocks
 from test_q6k import random_blocks  # valid random Q6_K bytes
 
 from marspec.backends import kernels
@@ -162,6 +164,15 @@ def test_a_forced_path_runs_the_engine_in_a_process_of_its_own() -> None:
         pytest.skip("this CPU does not run the AVX2 path")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"CPU kernels: avx2 (AVX2, forced by {paths.PATH_VARIABLE})"
+
+
+@needs_kernels
+@pytest.mark.parametrize("path", [p.name for p in RUNNABLE])
+def test_every_path_dequantizes_gguf_blocks_alike(path: str) -> None:
+    ops, mine = path_ops(path), kernels.ops()
+    for qtype in HALVES:
+        blocks = torch.from_numpy(dequantize_blocks(qtype, (9, 2), seed=int(qtype)))
+        assert torch.equal(ops.gguf_dequantize(blocks, int(qtype)), mine.gguf_dequantize(blocks, int(qtype)))
 
 
 @needs_kernels

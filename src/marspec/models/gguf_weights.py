@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import warnings
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,6 +137,9 @@ def dequantized(data: np.ndarray, qtype: Any, rows_per_chunk: int = 4096) -> np.
 
     if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         return dequantize(data, qtype)  # a view or one conversion: nothing held twice
+    native = native_dequantized(data, qtype)
+    if native is not None:
+        return native
     if data.ndim < 2 or data.shape[0] <= rows_per_chunk:
         return dequantize(data, qtype)
     first = dequantize(data[:rows_per_chunk], qtype)
@@ -144,6 +148,26 @@ def dequantized(data: np.ndarray, qtype: Any, rows_per_chunk: int = 4096) -> np.
     for start in range(rows_per_chunk, data.shape[0], rows_per_chunk):
         out[start : start + rows_per_chunk] = dequantize(data[start : start + rows_per_chunk], qtype)
     return out
+
+
+# The formats marspec's kernels dequantize (kernels/dequant_core.h), by ggml type number.
+NATIVE_DEQUANTIZED = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+
+
+def native_dequantized(data: np.ndarray, qtype: Any) -> np.ndarray | None:
+    """``gguf.dequantize(data, qtype)``'s values, bit for bit, from marspec's kernels (~50x faster than
+    gguf's numpy), where they take ``qtype`` and run here without a compile (loaded, or built already);
+    else None."""
+    from marspec.backends.kernels import library_ready, ops
+
+    if int(qtype) not in NATIVE_DEQUANTIZED or data.ndim < 1 or data.dtype != np.uint8 or not library_ready():
+        return None
+    import torch
+
+    with warnings.catch_warnings():  # a GGUF's tensors are read-only views of the file; the kernel only reads
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        blocks = torch.from_numpy(data)
+    return ops().gguf_dequantize(blocks, int(qtype)).numpy()
 
 
 def missing_weights(gguf_path: Path, config: PretrainedConfig) -> list[str]:

@@ -1,5 +1,5 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
-// (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h), on inputs made by a fixed
+// (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h, dequant_core.h), on inputs made by a fixed
 // generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
 // are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
 // if a row's output differs between a call of many rows and a call of its own.
@@ -8,6 +8,7 @@
 // (tests/test_cpu_paths.py builds it for every path and compares the hashes).
 
 #include "attention_core.h"
+#include "dequant_core.h"
 #include "q4k_format.h"
 #include "q6k_format.h"
 #include "tile_rows.h"
@@ -184,6 +185,21 @@ void check_vocab(Generator& g) {
   std::printf("vocab %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
+// Random blocks of every GGUF format dequant_core.h takes (their halves random bits: subnormals,
+// infinities and NaNs among them), dequantized and hashed.
+void check_dequant(Generator& g) {
+  Hash hash;
+  for (const int type : {2, 3, 6, 7, 8, 12, 13, 14}) {
+    const BlockFormat format = block_format(type);
+    std::vector<uint8_t> blocks(3 * format.bytes);
+    for (auto& b : blocks) b = static_cast<uint8_t>(g.next() >> 24);
+    std::vector<float> out(3 * format.weights);
+    dequantize_row(type, blocks.data(), 3, out.data());
+    hash.add(out.data(), out.size() * sizeof(float));
+  }
+  std::printf("dequant %016llx\n", static_cast<unsigned long long>(hash.h));
+}
+
 }  // namespace
 
 int main() {
@@ -197,5 +213,6 @@ int main() {
   check_linear<Q6K>("q6k", g, q6k, 768, 3, Q6K::kGroups, Q6K::kRecord);
   check_attention(g);
   check_vocab(g);
+  check_dequant(g);
   return failed ? 1 : 0;
 }

@@ -2,10 +2,11 @@
 this process may call.
 
 Each path's library (:mod:`.paths`) holds every operator (``q4k_linear``, ``q6k_linear``,
-``attention_rows``, ``attention_segments``, ``vocab_argmax``, ``vocab_top2``, ``amx_available``,
-``amx_set_min_rows``, ``path``) in a namespace of its own, ``torch.ops.marspec_<library>``, so that tests
-can load several paths' libraries in one process and compare them bit for bit. The process's own path
-(:func:`~.paths.chosen_path`) is what the engines call, through :func:`ops`.
+``attention_rows``, ``attention_segments``, ``vocab_argmax``, ``vocab_top2``, ``gguf_dequantize``,
+``amx_available``, ``amx_set_min_rows``, ``path``) in a namespace of its own,
+``torch.ops.marspec_<library>``, so that tests can load several paths' libraries in one process and
+compare them bit for bit. The process's own path (:func:`~.paths.chosen_path`) is what the engines call,
+through :func:`ops`.
 
 Whether the kernels run here is decided once per process, with the reason when they do not
 (:func:`unavailable_reason`): no path for this CPU, no compiler, a failed build (its first error line),
@@ -31,7 +32,7 @@ from marspec.errors import MarspecError, one_line
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp", "amx.cpp", "layer.cpp")
+    for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp", "amx.cpp", "layer.cpp", "dequant.cpp")
 )
 # -ffp-contract=off: the compiler fuses no multiply-add the source does not spell, so every row runs the
 # same float operations on every path. -fvisibility=hidden: each library keeps its own functions (the
@@ -130,15 +131,35 @@ def build_id(path: CpuPath) -> str:
     """What ``path``'s library is built from (its sources, flags, torch and Python), as a short hash: what
     the kernels' speed depends on beside the CPU, so that costs measured with other kernels are not
     taken for these."""
+    return _library_file(path).stem.rpartition("-")[2]
+
+
+def _library_file(path: CpuPath) -> Path:
+    """Where ``path``'s library is cached, built or not."""
     from marspec.backends.kernels.build import library_path
 
-    return library_path(f"marspec_kernels_{path.library}", SOURCES, build_flags(path)).stem.rpartition("-")[2]
+    return library_path(f"marspec_kernels_{path.library}", SOURCES, build_flags(path))
 
 
 def library_loaded() -> bool:
     """Whether this process's kernels are loaded already (by a layer or row attention), without building
     or loading anything: for operators not worth a build of their own (the vocabulary's)."""
     return _process_path.cache_info().currsize > 0 and kernels_available()
+
+
+def library_ready() -> bool:
+    """Whether this process's kernels run here without a compile: loaded already, or built into the cache
+    (loading takes milliseconds). For work the kernels only speed up (a conversion's dequantizing), which
+    should never wait minutes for a build."""
+    if library_loaded():
+        return True
+    try:
+        path = chosen_path()
+    except MarspecError:  # MARSPEC_CPU_PATH names a path this CPU lacks: process_path says so
+        return False
+    if path is None:
+        return False
+    return _library_file(path).is_file() and kernels_available()
 
 
 def amx_available() -> bool:
