@@ -1,8 +1,9 @@
 // attention_rows: attention of query rows of one sequence, each row against its own prefix of the keys
 // and values; attention_segments: the same for the rows of several sequences packed one after the other.
 //
-// Every (row, head) is computed alone, by one thread (attention_core.h), in an order that depends only on
-// its own prefix length: a row's output is the same bits whatever other rows the call holds, so a
+// Every (row, head) is computed as if alone (attention_core.h; the query heads that share a key head by one
+// thread together, so their keys and values are read once), in an order that depends only on its own
+// prefix length: a row's output is the same bits whatever other rows the call holds, so a
 // verification forward scores each token as the one-token step does (marspec/backends/row_attention.py),
 // and on every instruction set. One call attends all rows and heads of a layer; torch's SDPA called once
 // per row costs ~30 us a call here.
@@ -15,7 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include "attention_core.h"
+#include "attention_tasks.h"
 #include "ops.h"
 
 #include <cstdint>
@@ -25,13 +26,29 @@
 
 namespace {
 
-using marspec_kernels::attend_one;
+using marspec_kernels::attend_rows;
 using marspec_kernels::check_cpu;
 using marspec_kernels::kMaxHeadDim;
+using marspec_kernels::RowKeys;
 using marspec_simd::kLanes;
 
 void check_head_size(int64_t d) {
   TORCH_CHECK(d > 0 && d % kLanes == 0 && d <= kMaxHeadDim, "head size ", d, " is not a multiple of 16 from 16 to 256");
+}
+
+// The rows of query [H, Q, D] attended (attend_rows), row i reading keys_of(i, key head): out [Q, H, D].
+template <typename Keys>
+at::Tensor attend(const at::Tensor& query, int64_t kv_heads, int64_t longest, double scale, Keys keys_of) {
+  const int64_t heads = query.size(0), q_rows = query.size(1), d = query.size(2);
+  at::Tensor out = at::empty({q_rows, heads, d}, query.options());
+  const float* q_p = query.data_ptr<float>();
+  float* out_p = out.data_ptr<float>();
+  const int64_t head_stride = query.stride(0), row_stride = query.stride(1);
+  attend_rows(
+      q_rows, heads, kv_heads, d, longest, static_cast<float>(scale),
+      [&](int64_t i, int64_t h) { return q_p + h * head_stride + i * row_stride; },
+      [&](int64_t i, int64_t h) { return out_p + (i * heads + h) * d; }, keys_of);
+  return out;
 }
 
 at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
@@ -62,24 +79,12 @@ at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tenso
                 " positions of ", keys.size(1));
     longest = length_p[i] > longest ? length_p[i] : longest;
   }
-  at::Tensor out = at::empty({q_rows, heads, d}, query.options());
-  const float* q_p = query.data_ptr<float>();
   const float* k_p = keys.data_ptr<float>();
   const float* v_p = values.data_ptr<float>();
-  float* out_p = out.data_ptr<float>();
-  const int64_t group = heads / kv_heads;
   const int64_t kv_head_stride = keys.stride(0), position_stride = keys.stride(1);
-  const float scale_f = static_cast<float>(scale);
-  at::parallel_for(0, q_rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(longest + kLanes);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / heads, h = task % heads;
-      const int64_t offset = (h / group) * kv_head_stride;
-      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k_p + offset, v_p + offset, position_stride,
-                 length_p[i], d, scale_f, scores.data(), out_p + (i * heads + h) * d);
-    }
+  return attend(query, kv_heads, longest, scale, [&](int64_t i, int64_t kv) {
+    return RowKeys{k_p + kv * kv_head_stride, v_p + kv * kv_head_stride, position_stride, length_p[i]};
   });
-  return out;
 }
 
 // The rows of several sequences packed one after the other (a packed forward, marspec/backends/packed.py):
@@ -157,21 +162,10 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
       std::memcpy(v_ptrs[s] + to, nv_p + h * new_values.stride(0) + i * new_values.stride(1), d * sizeof(float));
     }
   }
-  at::Tensor out = at::empty({q_rows, heads, d}, query.options());
-  const float* q_p = query.data_ptr<float>();
-  float* out_p = out.data_ptr<float>();
-  const int64_t group = heads / kv_heads;
-  const float scale_f = static_cast<float>(scale);
-  at::parallel_for(0, q_rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(longest + kLanes);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / heads, h = task % heads, s = sequence_of[i];
-      const int64_t offset = (h / group) * head_strides[s];
-      attend_one(q_p + h * query.stride(0) + i * query.stride(1), k_ptrs[s] + offset, v_ptrs[s] + offset,
-                 position_strides[s], length_p[i], d, scale_f, scores.data(), out_p + (i * heads + h) * d);
-    }
+  return attend(query, kv_heads, longest, scale, [&](int64_t i, int64_t kv) {
+    const int64_t s = sequence_of[i], offset = kv * head_strides[s];
+    return RowKeys{k_ptrs[s] + offset, v_ptrs[s] + offset, position_strides[s], length_p[i]};
   });
-  return out;
 }
 
 }  // namespace

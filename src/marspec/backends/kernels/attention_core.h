@@ -21,50 +21,90 @@ using namespace marspec_simd;
 
 constexpr int64_t kMaxHeadDim = 256;
 
-// One (row, head): q [d], keys and values of `length` positions (position stride `stride`), out [d];
-// scores: room for length + 16 floats.
-inline void attend_one(const float* q, const float* keys, const float* values, int64_t stride, int64_t length,
-                       int64_t d, float scale, float* scores, float* out) {
+constexpr int64_t kMaxGroup = 16;  // query heads one call of attend_heads takes
+constexpr int64_t kBlock = 32;     // positions a block: its keys (then values) stay in L1 while each head reads them
+
+// Query heads sharing one key/value head, each computed exactly as attend_one computes it alone (the same
+// operations in the same order per head; only the order in which heads take turns differs), so that the
+// keys and values are read from memory once for all of them rather than once per head.
+// q[h], out[h]: head h's query and output [d], h < heads <= kMaxGroup; keys and values of `length`
+// positions (position stride `stride`); scores: room for heads * (length + 16) floats; sums: heads * d.
+inline void attend_heads(const float* const* q, int64_t heads, const float* keys, const float* values, int64_t stride,
+                         int64_t length, int64_t d, float scale, float* scores, float* sums, float* const* out) {
   const int64_t chunks = d / kLanes;
-  F32 qv[kMaxHeadDim / kLanes];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = loadf(q + c * kLanes);
-  float peak = -INFINITY;
-  for (int64_t j = 0; j < length; ++j) {
-    const float* k = keys + j * stride;
-    F32 acc = mulf(qv[0], loadf(k));
-    for (int64_t c = 1; c < chunks; ++c) acc = fmadd(qv[c], loadf(k + c * kLanes), acc);
-    const float s = reduce_addf(acc) * scale;
-    scores[j] = s;
-    peak = s > peak ? s : peak;
-  }
-  // The weights, 16 at a time (past the end: zeros), and their sum lane by lane.
-  const F32 top = set1f(peak);
-  F32 total = zerof();
-  const int64_t whole = length / kLanes * kLanes;
-  for (int64_t j = 0; j < length; j += kLanes) {
-    float window[kLanes] = {};
-    const int64_t width = std::min<int64_t>(length - j, kLanes);
-    std::copy(scores + j, scores + j + width, window);
-    F32 p = exp_clamped(subf(loadf(window), top));
-    if (j >= whole) {
-      float kept[kLanes] = {};
-      storef(window, p);
-      std::copy(window, window + width, kept);
-      p = loadf(kept);
+  const int64_t row = length + kLanes;  // a head's scores in `scores`
+  float peak[kMaxGroup];
+  for (int64_t h = 0; h < heads; ++h) peak[h] = -INFINITY;
+  // s_j = (q . k_j) * scale, block by block, each head in turn over the block's keys.
+  for (int64_t j0 = 0; j0 < length; j0 += kBlock) {
+    const int64_t j1 = std::min(length, j0 + kBlock);
+    for (int64_t h = 0; h < heads; ++h) {
+      F32 qv[kMaxHeadDim / kLanes];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = loadf(q[h] + c * kLanes);
+      float* head_scores = scores + h * row;
+      float top = peak[h];
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* k = keys + j * stride;
+        F32 acc = mulf(qv[0], loadf(k));
+        for (int64_t c = 1; c < chunks; ++c) acc = fmadd(qv[c], loadf(k + c * kLanes), acc);
+        const float s = reduce_addf(acc) * scale;
+        head_scores[j] = s;
+        top = s > top ? s : top;
+      }
+      peak[h] = top;
     }
-    storef(window, p);
-    std::copy(window, window + width, scores + j);
-    total = addf(total, p);
   }
-  F32 acc[kMaxHeadDim / kLanes];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = zerof();
-  for (int64_t j = 0; j < length; ++j) {
-    const F32 p = set1f(scores[j]);
-    const float* v = values + j * stride;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = fmadd(p, loadf(v + c * kLanes), acc[c]);
+  // Each head's weights, 16 at a time (past the end: zeros), and their sum lane by lane.
+  float inverse[kMaxGroup];
+  const int64_t whole = length / kLanes * kLanes;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* head_scores = scores + h * row;
+    const F32 top = set1f(peak[h]);
+    F32 total = zerof();
+    for (int64_t j = 0; j < length; j += kLanes) {
+      float window[kLanes] = {};
+      const int64_t width = std::min<int64_t>(length - j, kLanes);
+      std::copy(head_scores + j, head_scores + j + width, window);
+      F32 p = exp_clamped(subf(loadf(window), top));
+      if (j >= whole) {
+        float kept[kLanes] = {};
+        storef(window, p);
+        std::copy(window, window + width, kept);
+        p = loadf(kept);
+      }
+      storef(window, p);
+      std::copy(window, window + width, head_scores + j);
+      total = addf(total, p);
+    }
+    inverse[h] = 1.0f / reduce_addf(total);
   }
-  const F32 inv = set1f(1.0f / reduce_addf(total));
-  for (int64_t c = 0; c < chunks; ++c) storef(out + c * kLanes, mulf(acc[c], inv));
+  // sum_j p_j v_j in position order, block by block, each head's sums kept in `sums` between blocks.
+  for (int64_t i = 0; i < heads * d; i += kLanes) storef(sums + i, zerof());
+  for (int64_t j0 = 0; j0 < length; j0 += kBlock) {
+    const int64_t j1 = std::min(length, j0 + kBlock);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* head_scores = scores + h * row;
+      F32 acc[kMaxHeadDim / kLanes];
+      for (int64_t c = 0; c < chunks; ++c) acc[c] = loadf(sums + h * d + c * kLanes);
+      for (int64_t j = j0; j < j1; ++j) {
+        const F32 p = set1f(head_scores[j]);
+        const float* v = values + j * stride;
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = fmadd(p, loadf(v + c * kLanes), acc[c]);
+      }
+      for (int64_t c = 0; c < chunks; ++c) storef(sums + h * d + c * kLanes, acc[c]);
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const F32 inv = set1f(inverse[h]);
+    for (int64_t c = 0; c < chunks; ++c) storef(out[h] + c * kLanes, mulf(loadf(sums + h * d + c * kLanes), inv));
+  }
+}
+
+// One (row, head): q [d], keys and values of `length` positions (position stride `stride`), out [d];
+// scores: room for length + 16 floats; sums: d floats.
+inline void attend_one(const float* q, const float* keys, const float* values, int64_t stride, int64_t length,
+                       int64_t d, float scale, float* scores, float* sums, float* out) {
+  attend_heads(&q, 1, keys, values, stride, length, d, scale, scores, sums, &out);
 }
 
 }  // namespace marspec_kernels

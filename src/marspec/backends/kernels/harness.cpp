@@ -134,13 +134,30 @@ void check_linear(const char* name, Generator& g, const std::vector<uint8_t>& ti
 void check_attention(Generator& g) {
   Hash hash;
   for (const int64_t d : {16, 64, 128}) {
-    for (const int64_t length : {1, 5, 16, 17, 40}) {
-      std::vector<float> q(d), keys(length * d), values(length * d), scores(length + kLanes), out(d);
+    for (const int64_t length : {1, 5, 16, 17, 40, 100}) {
+      // Three query heads sharing the keys: each alone, then the three together (the same bits).
+      constexpr int64_t kHeads = 3;
+      std::vector<float> q(kHeads * d), keys(length * d), values(length * d), scores(kHeads * (length + kLanes));
+      std::vector<float> sums(kHeads * d), out(kHeads * d), together(kHeads * d);
       for (auto& v : q) v = g.uniform() * 4.0f;
       for (auto& v : keys) v = g.uniform() * 4.0f;
       for (auto& v : values) v = g.uniform();
-      attend_one(q.data(), keys.data(), values.data(), d, length, d, 1.0f / std::sqrt(static_cast<float>(d)),
-                 scores.data(), out.data());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const float* queries[kHeads];
+      float* outputs[kHeads];
+      for (int64_t h = 0; h < kHeads; ++h) {
+        attend_one(q.data() + h * d, keys.data(), values.data(), d, length, d, scale, scores.data(), sums.data(),
+                   out.data() + h * d);
+        queries[h] = q.data() + h * d;
+        outputs[h] = together.data() + h * d;
+      }
+      attend_heads(queries, kHeads, keys.data(), values.data(), d, length, d, scale, scores.data(), sums.data(),
+                   outputs);
+      if (std::memcmp(out.data(), together.data(), out.size() * sizeof(float)) != 0) {
+        std::printf("attention: heads of length %lld and size %lld differ taken together\n",
+                    static_cast<long long>(length), static_cast<long long>(d));
+        failed = true;
+      }
       hash.add(out.data(), out.size() * sizeof(float));
     }
   }

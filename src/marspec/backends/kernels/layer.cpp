@@ -24,7 +24,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/record_function.h>
 
-#include "attention_core.h"
+#include "attention_tasks.h"
 #include "linears.h"
 #include "ops.h"
 #include "vector_math.h"
@@ -230,18 +230,16 @@ at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, do
   at::Tensor attended = at::empty({rows, heads * d}, h.q.options());
   const float* q = h.q.data_ptr<float>();
   float* out = attended.data_ptr<float>();
-  const int64_t group = heads / kv_heads;
-  const auto scale_f = static_cast<float>(scale);
   {  // the attention kernel's work, named to a profiler
     RECORD_FUNCTION("attention_rows", std::vector<c10::IValue>());
-    at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(start + rows + kLanes);
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t i = task / heads, head = task % heads, offset = (head / group) * head_stride;
-        attend_one(q + (i * heads + head) * d, k_cache + offset, v_cache + offset, position_stride, start + i + 1, d,
-                   scale_f, scores.data(), out + (i * heads + head) * d);
-      }
-    });
+    attend_rows(
+        rows, heads, kv_heads, d, start + rows, static_cast<float>(scale),
+        [&](int64_t i, int64_t head) { return q + (i * heads + head) * d; },
+        [&](int64_t i, int64_t head) { return out + (i * heads + head) * d; },
+        [&](int64_t i, int64_t kv) {
+          const int64_t offset = kv * head_stride;
+          return RowKeys{k_cache + offset, v_cache + offset, position_stride, start + i + 1};
+        });
   }
   return mlp_half(hidden, attended, mlp_norm, mlp_eps, mlp);
 }
