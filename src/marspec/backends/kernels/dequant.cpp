@@ -1,6 +1,6 @@
 // gguf_dequantize: a GGUF tensor's quantised rows to float32, the bits gguf-py's numpy dequantizers give
-// (dequant_core.h), ~50x faster: converting a model (its float32 checkpoint, the int8 engine's rows, the
-// 4-bit draft) spent most of its first load there.
+// (dequant_core.h), 7-14x faster on two cores: converting a model (its float32 checkpoint, the int8
+// engine's rows, the 4-bit draft) spent most of its first load there.
 //
 // data uint8 [..., B] (each row B bytes of whole blocks), type a ggml type number block_format takes;
 // out float32 [..., B / bytes * weights]. Rows are split among threads; each row is computed alone.
