@@ -148,32 +148,35 @@ install-cross:
 # (they take minutes each). --durations lists the slowest.
 TEST_WORKERS ?= 2
 FAST_TESTS = -m "not real" -n $(TEST_WORKERS) --dist loadfile
-# The vLLM, compatibility and newest environments install one after another while the suite runs (pip
-# with nothing cached, mostly downloading: 8 min for the three on a fast day, 29 Nov., ~11 min for the
-# newest alone on a slow one; beside them the suite took 27 min from a clean clone, model conversions
-# included: the fast tests 8, the real-weights ones 18.5), then the pair's float32 checkpoints are
-# written (compat-models: the real-weights suite, vLLM and the version passes read them; ~1.5 min, mostly
-# writing 8 GB). All of it at the lowest CPU priority (nice), so that it takes the cores only where the
-# fast tests leave them idle, and has the fast suite's minutes to finish; the suite waits on a model's
-# lock if it gets there first. Their output goes to a log, shown if they fail. The suite's exit status
-# is kept and reported after they finish.
+# The vLLM and compatibility environments install one after another while the suite runs (pip with
+# nothing cached, mostly downloading), then the pair's float32 checkpoints are written (compat-models: the
+# real-weights suite, vLLM and the version passes read them; ~1.5 min, mostly writing 8 GB). The newest
+# environment installs after the suite, beside the load test and the vLLM tests, where the suite's own
+# converted models (5.6 GB) are gone: at the suite's end all three environments with every model held
+# ~35 GB of disk (7 Dec., AMD EPYC Zen 4), more than a CI machine had free once. All of it at the lowest
+# CPU priority (nice), so that it takes the cores only where the tests leave them idle; the suite waits
+# on a model's lock if it gets there first. Their output goes to a log, shown if they fail. Each stage's
+# exit status is kept and reported after the installs beside it finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
+NEWEST_INSTALL_LOG := runs/newest-install.log
 # Each stage's start, so that a CI log shows where its time went.
-stage = @echo "== $$(date -u +%T) UTC: $(1)"
+stage_line = echo "== $$(date -u +%T) UTC: $(1)"
+stage = @$(call stage_line,$(1))
 test: lint install-browser install-cross
 	$(call stage,the suite)
-	@mkdir -p runs; echo "installing $(VLLM_VENV), $(COMPAT_VENV) and $(NEWEST_VENV) and converting the pair in the background (log: $(TEST_INSTALLS_LOG))"; \
-	{ nice -n 19 $(MAKE) --no-print-directory install-vllm install-compat install-newest compat-models && echo "== $$(date -u +%T) UTC: installed"; } > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
+	@mkdir -p runs; echo "installing $(VLLM_VENV) and $(COMPAT_VENV) and converting the pair in the background (log: $(TEST_INSTALLS_LOG))"; \
+	{ nice -n 19 $(MAKE) --no-print-directory install-vllm install-compat compat-models && $(call stage_line,installed); } > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
 	MARSPEC_REQUIRE_BROWSER=1 MARSPEC_REQUIRE_QEMU=1 $(BIN)/pytest -q $(FAST_TESTS) --durations=15; fast=$$?; \
-	echo "== $$(date -u +%T) UTC: the real-weights tests"; $(BIN)/pytest -v -m real --durations=15; real=$$?; suite=$$(( fast || real )); \
-	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM, compatibility or newest environment, or converting the pair, failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
+	$(call stage_line,the real-weights tests); $(BIN)/pytest -v -m real --durations=15; real=$$?; suite=$$(( fast || real )); \
+	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM or compatibility environment, or converting the pair, failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
 	tail -n 1 $(TEST_INSTALLS_LOG); exit $$suite
-	$(call stage,the load test)
-	$(MAKE) loadtest
-	$(call stage,the vLLM plugin's tests)
-	$(MAKE) test-vllm
-	$(call stage,the compatibility pass)
-	$(MAKE) compat
+	@echo "installing $(NEWEST_VENV) in the background (log: $(NEWEST_INSTALL_LOG))"; \
+	{ nice -n 19 $(MAKE) --no-print-directory install-newest && $(call stage_line,installed); } > $(NEWEST_INSTALL_LOG) 2>&1 & installs=$$!; \
+	$(call stage_line,the load test); $(MAKE) --no-print-directory loadtest && \
+	$(call stage_line,the vLLM plugin's tests) && $(MAKE) --no-print-directory test-vllm && \
+	$(call stage_line,the compatibility pass) && $(MAKE) --no-print-directory compat; passes=$$?; \
+	if ! wait $$installs; then tail -n 40 $(NEWEST_INSTALL_LOG); echo "installing the newest environment failed (log: $(NEWEST_INSTALL_LOG))"; exit 1; fi; \
+	tail -n 1 $(NEWEST_INSTALL_LOG); exit $$passes
 	$(call stage,the newest pass)
 	$(MAKE) newest
 	$(call stage,done)
