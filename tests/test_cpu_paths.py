@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_gguf_dequantize import HALVES
+from test_gguf_dequantize import HALVES, Q
 from test_gguf_dequantize import random_blocks as dequantize_blocks
 from test_q6k import random_blocks  # valid random Q6_K bytes
 
@@ -173,6 +173,15 @@ def test_every_path_dequantizes_gguf_blocks_alike(path: str) -> None:
     for qtype in HALVES:
         blocks = torch.from_numpy(dequantize_blocks(qtype, (9, 2), seed=int(qtype)))
         assert torch.equal(ops.gguf_dequantize(blocks, int(qtype)), mine.gguf_dequantize(blocks, int(qtype)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("path", [p.name for p in RUNNABLE])
+def test_every_path_packs_gguf_blocks_alike(path: str) -> None:
+    ops, mine = path_ops(path), kernels.ops()
+    for qtype in (Q.Q4_K, Q.Q6_K):
+        blocks = torch.from_numpy(dequantize_blocks(qtype, (35, 2), seed=int(qtype)))
+        assert torch.equal(ops.gguf_pack_tiles(blocks, int(qtype)), mine.gguf_pack_tiles(blocks, int(qtype)))
 
 
 @needs_kernels

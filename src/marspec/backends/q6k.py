@@ -30,6 +30,7 @@ from marspec.backends.q4k import (
     quantised_rows_product,
 )
 
+GGML_Q6_K = 14  # ggml's type number
 Q6K_BLOCK_BYTES = 210  # a super-block in the GGUF: ql[128], qh[64], scales[16] (int8), d (fp16)
 _SUB_BLOCK = 16  # weights per scale
 _SUBS = SUPER_BLOCK // _SUB_BLOCK
@@ -82,7 +83,7 @@ def dequantize_q6k(raw: np.ndarray, rows_per_chunk: int = _ROWS_PER_CHUNK) -> to
 def _pack(raw: np.ndarray) -> torch.Tensor:
     """The kernel's blocks for raw Q6_K bytes [N, K / 256 * 210]: uint8 [ceil(N / 32), K / 256, 6720],
     the last tile's missing columns zero (layout: kernels/q6k.cpp)."""
-    return packed_tiles(raw, Q6K_BLOCK_BYTES, _RECORD_BYTES, _pack_tiles)
+    return packed_tiles(raw, GGML_Q6_K, Q6K_BLOCK_BYTES, _RECORD_BYTES, _pack_tiles)
 
 
 def _pack_tiles(chunk: np.ndarray) -> np.ndarray:

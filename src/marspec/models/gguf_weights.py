@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import warnings
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,16 +157,11 @@ def native_dequantized(data: np.ndarray, qtype: Any) -> np.ndarray | None:
     """``gguf.dequantize(data, qtype)``'s values, bit for bit, from marspec's kernels (7-14x faster than
     gguf's numpy on a 2-core machine), where they take ``qtype`` and run here without a compile (loaded,
     or built already); else None."""
-    from marspec.backends.kernels import library_ready, ops
+    from marspec.backends.kernels import library_ready, ops, read_only_tensor
 
     if int(qtype) not in NATIVE_DEQUANTIZED or data.ndim < 1 or data.dtype != np.uint8 or not library_ready():
         return None
-    import torch
-
-    with warnings.catch_warnings():  # a GGUF's tensors are read-only views of the file; the kernel only reads
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-        blocks = torch.from_numpy(data)
-    return ops().gguf_dequantize(blocks, int(qtype)).numpy()
+    return ops().gguf_dequantize(read_only_tensor(data), int(qtype)).numpy()
 
 
 def missing_weights(gguf_path: Path, config: PretrainedConfig) -> list[str]:

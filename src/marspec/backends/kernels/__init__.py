@@ -13,6 +13,7 @@ from marspec.backends.kernels.library import (
     library_ready,
     ops,
     process_path,
+    read_only_tensor,
     unavailable_reason,
 )
 from marspec.backends.kernels.paths import (
@@ -40,6 +41,7 @@ __all__ = [
     "ops",
     "path_named",
     "process_path",
+    "read_only_tensor",
     "runnable_paths",
     "unavailable_reason",
 ]

@@ -1,6 +1,6 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
-// (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h, dequant_core.h), on inputs made by a fixed
-// generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
+// (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h, dequant_core.h, pack_core.h), on
+// inputs made by a fixed generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
 // are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
 // if a row's output differs between a call of many rows and a call of its own.
 //
@@ -9,11 +9,13 @@
 
 #include "attention_core.h"
 #include "dequant_core.h"
+#include "pack_core.h"
 #include "q4k_format.h"
 #include "q6k_format.h"
 #include "tile_rows.h"
 #include "vocab_core.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -217,6 +219,27 @@ void check_dequant(Generator& g) {
   std::printf("dequant %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
+// Random Q4_K and Q6_K rows (35: a whole tile and a part one, 2 super-blocks) packed into records, hashed.
+void check_pack(Generator& g) {
+  Hash hash;
+  for (const int type : {12, 14}) {
+    const int64_t rows = 35, supers = 2, row_bytes = supers * block_format(type).bytes;
+    std::vector<uint8_t> raw(rows * row_bytes);
+    for (auto& b : raw) b = static_cast<uint8_t>(g.next() >> 24);
+    const int64_t record = packed_record_bytes(type);
+    std::vector<uint8_t> out(2 * supers * record);
+    for (int64_t tile = 0; tile < 2; ++tile) {
+      for (int64_t s = 0; s < supers; ++s) {
+        const int64_t present = std::min<int64_t>(kPackTile, rows - tile * kPackTile);
+        pack_record(type, raw.data() + tile * kPackTile * row_bytes, present, row_bytes, s,
+                    out.data() + (tile * supers + s) * record);
+      }
+    }
+    hash.add(out.data(), out.size());
+  }
+  std::printf("pack %016llx\n", static_cast<unsigned long long>(hash.h));
+}
+
 }  // namespace
 
 int main() {
@@ -231,5 +254,6 @@ int main() {
   check_attention(g);
   check_vocab(g);
   check_dequant(g);
+  check_pack(g);
   return failed ? 1 : 0;
 }

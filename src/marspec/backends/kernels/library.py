@@ -3,7 +3,7 @@ this process may call.
 
 Each path's library (:mod:`.paths`) holds every operator (``q4k_linear``, ``q6k_linear``,
 ``attention_rows``, ``attention_segments``, ``vocab_argmax``, ``vocab_top2``, ``gguf_dequantize``,
-``amx_available``, ``amx_set_min_rows``, ``path``) in a namespace of its own,
+``gguf_pack_tiles``, ``amx_available``, ``amx_set_min_rows``, ``path``) in a namespace of its own,
 ``torch.ops.marspec_<library>``, so that tests can load several paths' libraries in one process and
 compare them bit for bit. The process's own path (:func:`~.paths.chosen_path`) is what the engines call,
 through :func:`ops`.
@@ -21,10 +21,12 @@ import os
 import shutil
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from marspec.backends.kernels.paths import PATH_VARIABLE, CpuPath, chosen_path, path_named, runs
@@ -32,7 +34,16 @@ from marspec.errors import MarspecError, one_line
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("q4k.cpp", "q6k.cpp", "attention.cpp", "vocab.cpp", "amx.cpp", "layer.cpp", "dequant.cpp")
+    for name in (
+        "q4k.cpp",
+        "q6k.cpp",
+        "attention.cpp",
+        "vocab.cpp",
+        "amx.cpp",
+        "layer.cpp",
+        "dequant.cpp",
+        "pack.cpp",
+    )
 )
 # -ffp-contract=off: the compiler fuses no multiply-add the source does not spell, so every row runs the
 # same float operations on every path. -fvisibility=hidden: each library keeps its own functions (the
@@ -160,6 +171,14 @@ def library_ready() -> bool:
     if path is None:
         return False
     return _library_file(path).is_file() and kernels_available()
+
+
+def read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor sharing its memory, for an operator that only reads it: a GGUF's tensors are
+    read-only views of the file, which torch would warn of on every one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(array)
 
 
 def amx_available() -> bool:
