@@ -153,10 +153,11 @@ FAST_TESTS = -m "not real" -n $(TEST_WORKERS) --dist loadfile
 # real-weights suite, vLLM and the version passes read them; ~1.5 min, mostly writing 8 GB). The newest
 # environment installs after the suite, beside the load test and the vLLM tests, where the suite's own
 # converted models (5.6 GB) are gone: at the suite's end all three environments with every model held
-# ~35 GB of disk (7 Dec., AMD EPYC Zen 4), more than a CI machine had free once. All of it at the lowest
-# CPU priority (nice), so that it takes the cores only where the tests leave them idle; the suite waits
-# on a model's lock if it gets there first. Their output goes to a log, shown if they fail. Each stage's
-# exit status is kept and reported after the installs beside it finish.
+# ~35 GB of disk (7 Dec., AMD EPYC Zen 4), more than a CI machine had free once; now ~30 GB at either
+# peak (32 while pip unpacks the newest environment). All of it at the lowest CPU priority (nice), so
+# that it takes the cores only where the tests leave them idle; the suite waits on a model's lock if it
+# gets there first. Their output goes to a log, shown if they fail. Each stage's exit status is kept and
+# reported after the installs beside it finish.
 TEST_INSTALLS_LOG := runs/test-installs.log
 NEWEST_INSTALL_LOG := runs/newest-install.log
 # Each stage's start, so that a CI log shows where its time went.
@@ -167,7 +168,7 @@ test: lint install-browser install-cross
 	@mkdir -p runs; echo "installing $(VLLM_VENV) and $(COMPAT_VENV) and converting the pair in the background (log: $(TEST_INSTALLS_LOG))"; \
 	{ nice -n 19 $(MAKE) --no-print-directory install-vllm install-compat compat-models && $(call stage_line,installed); } > $(TEST_INSTALLS_LOG) 2>&1 & installs=$$!; \
 	MARSPEC_REQUIRE_BROWSER=1 MARSPEC_REQUIRE_QEMU=1 $(BIN)/pytest -q $(FAST_TESTS) --durations=15; fast=$$?; \
-	$(call stage_line,the real-weights tests); $(BIN)/pytest -v -m real --durations=15; real=$$?; suite=$$(( fast || real )); \
+	$(call stage_line,the real-weights tests); $(BIN)/pytest -v -m real --durations=30; real=$$?; suite=$$(( fast || real )); \
 	if ! wait $$installs; then tail -n 40 $(TEST_INSTALLS_LOG); echo "installing the vLLM or compatibility environment, or converting the pair, failed (log: $(TEST_INSTALLS_LOG))"; exit 1; fi; \
 	tail -n 1 $(TEST_INSTALLS_LOG); exit $$suite
 	@echo "installing $(NEWEST_VENV) in the background (log: $(NEWEST_INSTALL_LOG))"; \
