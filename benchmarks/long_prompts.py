@@ -7,6 +7,7 @@ length, and the one-token decode step after it (the step at 8k tokens of context
         /tmp/p81/qwen2.5-coder-1.5b-instruct.gguf --sizes 256 512 2048 8192
     python benchmarks/long_prompts.py marspec /tmp/fam/qwen3-8b.gguf --cache /tmp/fam/realcache --sizes 512
     python benchmarks/long_prompts.py marspec qwen2.5-coder-1.5b-instruct --sizes 8192 --chunk 0  # unchunked
+    python benchmarks/long_prompts.py marspec qwen2.5-coder-1.5b-instruct --kv-dtypes float32 float16
 
 For each prompt length, in one process: a prompt of random token ids scored from an empty cache (the
 prefill: only its last row's logits, as generation asks), its seconds and tokens a second; then the median
@@ -15,7 +16,9 @@ process's peak resident memory during the prefill (VmHWM, reset before each prom
 line a length, printed as it is measured. marspec runs its model with no precision named (the CPU default,
 the q4k engine), prompts in chunks of ``--chunk`` tokens (its default; 0: one forward); llama.cpp runs
 through ``llama_cpp_engine.Engine`` (llama-cpp-python: its default context settings but the context
-length, the prompt fed in batches of 512) and needs nothing else from this repository.
+length, the prompt fed in batches of 512) and needs nothing else from this repository. ``--kv-dtypes``
+measures marspec's KV cache in each dtype named, one after the other in the same process (default: the
+dtype marspec chooses, fp16 where its kernels attend the rows).
 """
 
 from __future__ import annotations
@@ -92,7 +95,9 @@ def short_context(vocab: int) -> list[int]:
     return np.random.default_rng(1).integers(1000, min(vocab, 30000), SHORT).tolist()
 
 
-def run_marspec(model: str, threads: int, sizes: list[int], steps: int, chunk: int | None) -> None:
+def run_marspec(
+    model: str, threads: int, sizes: list[int], steps: int, chunk: int | None, kv_dtypes: list[str]
+) -> None:
     import torch
 
     torch.set_num_threads(threads)
@@ -126,14 +131,18 @@ def run_marspec(model: str, threads: int, sizes: list[int], steps: int, chunk: i
 
     from marspec.backends.hf import HFCausalLM
 
-    short = HFCausalLM(lm.model, lm.tokenizer, "short context")  # a cache of its own on the same model
-    short.forward(torch.tensor(short_context(lm.vocab_size)), last_only=True)
+    for name in kv_dtypes or [None]:
+        lm.kv_dtype = getattr(torch, name) if name else None
+        # A cache of its own on the same model, holding what the long one holds.
+        short = HFCausalLM(lm.model, lm.tokenizer, "short context", kv_dtype=lm.kv_dtype)
+        short.forward(torch.tensor(short_context(lm.vocab_size)), last_only=True)
+        print(json.dumps({"kv_dtype": str(lm.kv_dtype).removeprefix("torch.")}), flush=True)
 
-    def short_step(token: int) -> None:
-        short.forward(torch.tensor([token]))
-        short.rollback(SHORT)
+        def short_step(token: int, short: HFCausalLM = short) -> None:
+            short.forward(torch.tensor([token]))
+            short.rollback(SHORT)
 
-    measure(prefill, step, lm.rollback, short_step, sizes, steps, lm.vocab_size)
+        measure(prefill, step, lm.rollback, short_step, sizes, steps, lm.vocab_size)
 
 
 def run_llamacpp(path: str, threads: int, sizes: list[int], steps: int) -> None:
@@ -181,6 +190,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="one-token steps timed after each prompt")
     parser.add_argument("--chunk", type=int, help="marspec: tokens a prefill forward scores (0: all at once)")
     parser.add_argument("--cache", help="marspec's cache folder (MARSPEC_CACHE_DIR) for its side")
+    kv_help = "marspec: its KV cache's dtypes, one after the other"
+    parser.add_argument("--kv-dtypes", nargs="+", choices=("float32", "float16"), default=[], help=kv_help)
     add_threads(parser)
     args = parser.parse_args()
     if args.side == "gguf":
@@ -193,7 +204,7 @@ def main() -> None:
     if args.cache:
         os.environ["MARSPEC_CACHE_DIR"] = args.cache
     if args.side == "marspec":
-        run_marspec(args.args[0], args.threads, args.sizes, args.steps, args.chunk)
+        run_marspec(args.args[0], args.threads, args.sizes, args.steps, args.chunk, args.kv_dtypes)
     else:
         run_llamacpp(args.args[0], args.threads, args.sizes, args.steps)
 

@@ -1,7 +1,8 @@
 """The row attention kernel (``marspec_attention::rows``, kernels/attention.cpp): each row against its own
 prefix computes softmax attention (float64 reference), the same bits whatever rows share the call, and
 row-by-row attention takes it for chains and token trees alike; ``segments`` attends the rows of several
-sequences, each against its own cache, as ``rows`` would."""
+sequences, each against its own cache, as ``rows`` would. Caches of float32 or fp16: fp16 keys and values
+give the bits of their float32 widenings, and ``segments`` rounds what it writes as torch rounds."""
 
 from __future__ import annotations
 
@@ -35,12 +36,13 @@ def reference(
 
 
 @needs_kernel
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16], ids=["float32", "fp16"])
 @pytest.mark.parametrize(("heads", "kv_heads", "d"), [(12, 2, 128), (14, 2, 64), (4, 4, 16)])
-def test_each_row_attends_its_prefix(heads: int, kv_heads: int, d: int) -> None:
+def test_each_row_attends_its_prefix(heads: int, kv_heads: int, d: int, cache: torch.dtype) -> None:
     torch.manual_seed(0)
     length = 70
     # Keys and values as a cache holds them: views of a longer buffer, so position strides are not D.
-    buffer = torch.randn(2, kv_heads, 128, d) * 2
+    buffer = (torch.randn(2, kv_heads, 128, d) * 2).to(cache)
     keys, values = buffer[0, :, :length], buffer[1, :, :length]
     query = torch.randn(heads, 13, d) * 2
     visible = [1, 2, 5, 16, 17, 31, 32, 33, 50, 64, 65, 69, 70]
@@ -55,6 +57,10 @@ def test_each_row_attends_its_prefix(heads: int, kv_heads: int, d: int) -> None:
             query[:, i : i + 1].contiguous(), keys, values, torch.tensor(visible[i : i + 1]), d**-0.5
         )
         assert torch.equal(alone[0], out[i]), i
+    if cache == torch.float16:  # the bits of the float32 widenings: the rounding is in the cache alone
+        widened = buffer.float()
+        rows = torch.tensor(visible)
+        assert torch.equal(out, kernels.ops().attention_rows(query, widened[0], widened[1], rows, d**-0.5))
 
 
 @needs_kernel
@@ -90,17 +96,23 @@ def test_row_by_row_attention_takes_the_kernel_for_chains_and_trees() -> None:
 
 
 @needs_kernel
-def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_there() -> None:
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16], ids=["float32", "fp16"])
+def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_there(cache: torch.dtype) -> None:
     """``marspec_attention::segments``: rows of several sequences in one call, each row's key and value
     written to its own sequence's cache (buffers longer than their use) at its position, then attended
-    there: the same cache contents, and the same bits, as each sequence's own write and rows() call."""
+    there: the same cache contents, and the same bits, as each sequence's own write and rows() call.
+    An fp16 cache holds the rows rounded as torch's copy rounds them."""
     torch.manual_seed(2)
     heads, kv_heads, d = 12, 2, 128
     cached, rows = [40, 7, 90], [3, 1, 5]  # each sequence's cached positions and new rows
-    caches = [torch.randn(2, 1, kv_heads, n + 16, d) for n in cached]  # [keys | values][1, H_kv, capacity, D]
+    # [keys | values][1, H_kv, capacity, D]
+    caches = [torch.randn(2, 1, kv_heads, n + 16, d).to(cache) for n in cached]
     expected = [c.clone() for c in caches]
     query = torch.randn(heads, sum(rows), d)
     new = torch.randn(2, kv_heads, sum(rows), d)  # the rows' own keys and values
+    # Values that test a rounding to fp16: a tie between two halves, the largest half's edge (65520 and up
+    # would be infinite), a subnormal half.
+    new[0, 0, 0, :4] = torch.tensor([1 + 2.0**-11, 65519.0, -65519.0, 3 * 2.0**-25])
     visible = [n + i + 1 for n, r in zip(cached, rows, strict=True) for i in range(r)]
     starts = [0, 3, 4, 9]
 
@@ -115,7 +127,7 @@ def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_ther
     for s in range(3):
         a, b = starts[s], starts[s + 1]
         end = cached[s] + rows[s]
-        expected[s][:, 0, :, cached[s] : end] = new[:, :, a:b]
+        expected[s][:, 0, :, cached[s] : end] = new[:, :, a:b]  # rounded by torch's copy where fp16
         assert torch.equal(caches[s], expected[s]), s  # written where its rows are, nothing else touched
         alone = kernels.ops().attention_rows(
             query[:, a:b],
@@ -129,9 +141,12 @@ def test_packed_sequences_rows_are_written_to_their_own_caches_and_attended_ther
         attend([*visible[:-1], 107])
 
 
-def test_heads_the_kernel_does_not_take_are_attended_by_sdpa() -> None:
-    query, key, value = torch.randn(1, 2, 2, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16], ids=["float32", "fp16"])
+def test_heads_the_kernel_does_not_take_are_attended_by_sdpa(cache: torch.dtype) -> None:
+    query = torch.randn(1, 2, 2, 8)
+    key, value = torch.randn(1, 2, 5, 8).to(cache), torch.randn(1, 2, 5, 8).to(cache)
     assert not row_attention.kernel_takes(query)  # 8 wide
     out, _ = row_by_row_attention(torch.nn.Module(), query, key, value, None)
+    assert out.dtype == torch.float32
     expected = reference(query[0], key[0], value[0], [4, 5], 8**-0.5)
     torch.testing.assert_close(out[0].double(), expected, rtol=1e-5, atol=1e-5)

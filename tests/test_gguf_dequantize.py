@@ -113,7 +113,8 @@ def test_the_operator_refuses_what_it_cannot_read_in_one_line() -> None:
 @needs_kernels
 @pytest.mark.real
 def test_the_default_drafts_tensors_of_every_format_dequantize_to_gguf_numpy_bits() -> None:
-    """The packaged Qwen2.5-Coder-0.5B Q4_K_M GGUF: its largest tensor of each format, gguf's numpy bits."""
+    """The packaged Qwen2.5-Coder-0.5B Q4_K_M GGUF: the first 64 rows of its largest tensor of each format
+    (the rows hold every block layout of the format; all of them would only cost time), gguf's numpy bits."""
     from marspec.models import DEFAULT_DRAFT, resolve_model_dir
     from marspec.models.convert import folder_gguf
 
@@ -126,8 +127,9 @@ def test_the_default_drafts_tensors_of_every_format_dequantize_to_gguf_numpy_bit
             largest[tensor.tensor_type] = tensor
     assert {Q.Q4_K, Q.Q6_K} <= set(largest)
     for qtype, tensor in largest.items():
-        theirs = gguf.dequantize(tensor.data, qtype)
-        assert native_dequantized(tensor.data, qtype).tobytes() == theirs.tobytes(), tensor.name
+        rows = tensor.data[:64]
+        theirs = gguf.dequantize(rows, qtype)
+        assert native_dequantized(rows, qtype).tobytes() == theirs.tobytes(), tensor.name
     print(f"formats checked: {sorted(q.name for q in largest)}")
 
 

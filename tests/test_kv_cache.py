@@ -1,5 +1,6 @@
 """The position cache (marspec.backends.kv_cache) on transformers' public cache API: what it is built from,
-how transformers' own entry points drive it, and that a sliding-window model keeps transformers' layers.
+how transformers' own entry points drive it, that a sliding-window model keeps transformers' layers, and
+an fp16 cache asked for.
 (Its logits against DynamicCache's are checked bit for bit in test_backends.py; trees in test_tree.py.)"""
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, tiny_lm
+from conftest import TINY_VOCAB, assert_chain_rows_scored_as_one_token_forwards, tiny_lm
 from transformers import Cache, DynamicLayer, Qwen2Config
 
 from marspec.backends import HFCausalLM
+from marspec.backends.kernels import kernels_available
 from marspec.backends.kv_cache import INITIAL_CAPACITY, PositionLayer, position_cache
+from marspec.backends.quantize import quantize_target_q4k
+from marspec.batch.views import SlotLM
 
 KV_CACHE_SOURCE = Path(__file__).parents[1] / "src" / "marspec" / "backends" / "kv_cache.py"
 
@@ -98,3 +102,41 @@ def test_a_new_sequence_of_another_shape_gets_new_buffers():
     doubles = torch.zeros(2, 2, 1, 4, dtype=torch.float64)
     keys, _ = layer.update(doubles, doubles)
     assert keys.dtype == torch.float64 and layer.get_seq_length() == 1
+
+
+def test_a_layer_asked_for_fp16_rounds_what_it_writes_as_torch_rounds():
+    layer = PositionLayer(torch.float16)
+    keys = torch.randn(1, 2, 3, 16) * 100
+    out_keys, out_values = layer.update(keys, -keys)
+    assert out_keys.dtype == out_values.dtype == layer.dtype == torch.float16
+    assert torch.equal(out_keys, keys.half()) and torch.equal(out_values, (-keys).half())
+    layer.reset()  # the buffers fit the next sequence: kept, not remade because the states are float32
+    buffer = layer._key_buf
+    layer.update(keys, keys)
+    assert layer._key_buf is buffer
+
+
+@pytest.mark.skipif(not kernels_available(), reason="no marspec kernels here")
+def test_an_fp16_cache_is_asked_for_and_keeps_a_quantised_models_rows_exact(prompt: torch.Tensor):
+    """The model's dtype by default; fp16 when asked for (from the next sequence on), where each row's
+    bits still do not depend on its forward (the kernels attend the fp16 keys); a cache made before a
+    quantiser switched the model's attention is made anew when the next sequence starts."""
+    lm = tiny_lm(0, "q4k", layers=3)
+    lm.forward(prompt)
+    assert lm.kv_dtype == lm.cache_layers[0].keys.dtype == torch.float32
+    quantize_target_q4k(lm.model)  # row-by-row attention: the cache made before is stale
+    lm.forward(prompt)  # no reset: it goes on with the old cache
+    lm.reset()
+    lm.forward(prompt)
+    assert all(isinstance(layer, PositionLayer) for layer in lm.cache_layers)
+    lm.kv_dtype = torch.float16
+    assert lm.cache_layers[0].keys.dtype == torch.float32  # until the next sequence starts
+    lm.reset()
+    assert_chain_rows_scored_as_one_token_forwards(lm, prompt)
+    assert all(layer.keys.dtype == torch.float16 for layer in lm.cache_layers)
+    asked = HFCausalLM(lm.model, tokenizer=None, name="asked", kv_dtype=torch.float16)
+    lm.reset()
+    assert torch.equal(asked.forward(prompt), lm.forward(prompt))
+    view = SlotLM(lm, prefill_chunk=4)  # a batch's view of the model: a cache like its base's
+    view.forward(prompt)
+    assert view.cache_layers[0].keys.dtype == torch.float16

@@ -108,10 +108,17 @@ def test_quantised_layers_give_each_row_its_own_bits(make, prompt: torch.Tensor)
     assert_close_to_the_python_layer(model, prompt, 2e-2)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["float32", "fp16"])
 @pytest.mark.parametrize("make", [q4k_and_q6k_llama, padded_q4k_qwen2], ids=["q4k_q6k", "padded_q4k"])
-def test_the_one_call_layer_gives_the_bits_of_its_two_halves_around_the_attention(make, prompt) -> None:
+def test_the_one_call_layer_gives_the_bits_of_its_two_halves_around_the_attention(
+    make, prompt, kv_dtype
+) -> None:
+    """Caches of either dtype: the one-call layer writes its rows (rounded to fp16 where asked for) as
+    torch's copy into the Python layer's cache writes them."""
     model = make()
-    whole, halves = (HFCausalLM(model, tokenizer=None, name=n) for n in ("whole", "halves"))
+    whole, halves = (
+        HFCausalLM(model, tokenizer=None, name=n, kv_dtype=kv_dtype) for n in ("whole", "halves")
+    )
     for layer in halves.direct._layers:
         layer.native.steps = False
     steps = []
@@ -127,6 +134,7 @@ def test_the_one_call_layer_gives_the_bits_of_its_two_halves_around_the_attentio
     assert len(steps) == 3
     for lm in (whole, halves):
         lm.keep_path(base, (3,))
+    assert whole.cache_layers[0].keys.dtype == kv_dtype
     for a, b in zip(whole.cache_layers, halves.cache_layers, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 

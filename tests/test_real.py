@@ -473,6 +473,30 @@ def test_a_prompt_longer_than_a_prefill_chunk_keeps_strict_equal_to_plain(defaul
         target.reset()
 
 
+@pytest.mark.skipif(not kernels_available(), reason="the Q4_K kernel does not run here")
+def test_fp16_caches_keep_strict_equal_to_plain_alone_and_in_a_batch_on_the_default_engine(default_pair):
+    """Both models' KV caches in fp16 (asked for; the default keeps float32): strict == plain and MARS at
+    theta 1 == strict, and two requests decoded together (a packed forward writes the caches) decode
+    as each does alone."""
+    decoder = default_pair
+    models = (decoder.target, decoder.drafter.draft_model)
+    for lm in models:
+        lm.kv_dtype = torch.float16
+    try:
+        plain = decoder.generate(PROMPTS[0], rule="plain", max_new_tokens=24)
+        strict = decoder.generate(PROMPTS[0], rule="strict", max_new_tokens=24)
+        mars = decoder.generate(PROMPTS[0], rule="mars", theta=1.0, max_new_tokens=24)
+        assert strict.token_ids == plain.token_ids and mars.token_ids == strict.token_ids
+        assert strict.stats.drafted > 0 and models[0].cache_layers[0].keys.dtype == torch.float16
+        alone = decoder.generate(PROMPTS[1], rule="strict", max_new_tokens=24)
+        together = decoder.generate_many(PROMPTS[:2], rule="strict", max_new_tokens=24)
+        assert [r.token_ids for r in together] == [strict.token_ids, alone.token_ids]
+    finally:
+        for lm in models:
+            lm.kv_dtype = None
+            lm.reset()
+
+
 @pytest.mark.skipif(not rowwise_int8_available(), reason="this torch build or CPU has no oneDNN int8 kernels")
 def test_requests_decoded_together_on_the_default_engine_decode_as_each_does_alone(default_pair):
     """Continuous batching on the default CPU engine (issue 69): four prompts, each with its own rule,

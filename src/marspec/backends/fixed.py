@@ -101,8 +101,9 @@ class SlotLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         index = self._slots.index
         assert index is not None, "a slot layer is written only inside FixedShapeLM's forward"
-        self.keys.index_copy_(2, index, key_states)
-        self.values.index_copy_(2, index, value_states)
+        # Rounded to the cache's dtype (fp16 if asked for) as every cache of the model rounds them.
+        self.keys.index_copy_(2, index, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, index, value_states.to(self.values.dtype))
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -201,8 +202,8 @@ class FixedShapeLM(LengthOnlyCache, HFCausalLM):
         shape = (1, self._kv_heads, capacity, self._head_dim)
         layers = []
         for i in range(self.model.config.num_hidden_layers):
-            keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            keys = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            values = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             if old is not None:
                 keys[:, :, : self._cached] = old.layers[i].keys[:, :, : self._cached]
                 values[:, :, : self._cached] = old.layers[i].values[:, :, : self._cached]

@@ -76,8 +76,8 @@ class BatchSlotLayer(SlotLayer):
         rows = key_states.shape[0]
         where = index[:, None, :, None].expand_as(key_states)  # [B, kv_heads, m, head_dim]
         keys, values = self.keys[:rows], self.values[:rows]
-        keys.scatter_(2, where, key_states)
-        values.scatter_(2, where, value_states)
+        keys.scatter_(2, where, key_states.to(keys.dtype))  # the cache's dtype, as SlotLayer rounds
+        values.scatter_(2, where, value_states.to(values.dtype))
         return keys, values
 
 
@@ -93,7 +93,7 @@ class FixedBatch:
     def __init__(self, base: FixedShapeLM) -> None:
         self.model = base.model
         self.name = base.name
-        self.device, self.dtype = base.device, base.dtype
+        self.device, self.dtype, self.kv_dtype = base.device, base.dtype, base.kv_dtype
         self.graphs: GraphCache | None = GraphCache() if base.graphs is not None else None
         config = base.model.config
         self._layers = int(config.num_hidden_layers)
@@ -238,8 +238,8 @@ class FixedBatch:
         old = self._cache
         layers = []
         for i in range(self._layers):
-            keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            keys = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            values = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             if old is not None:
                 keys[: self._slots, :, : self._capacity] = old.layers[i].keys[:, :, : self._capacity]
                 values[: self._slots, :, : self._capacity] = old.layers[i].values[:, :, : self._capacity]

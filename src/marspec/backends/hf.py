@@ -48,9 +48,10 @@ class HFCausalLM:
 
     The cache is written by position (:mod:`marspec.backends.kv_cache`): appends write in place and a
     rollback only sets a length. ``position_cache=False`` keeps transformers' ``DynamicCache``, which
-    copies the whole cache on every append (for comparisons). Models the direct forward takes
-    (:mod:`marspec.backends.direct`) run it unless :attr:`use_direct` is False (for comparisons; the
-    same bits either way).
+    copies the whole cache on every append (for comparisons). ``kv_dtype`` sets what the position cache
+    holds (None: the model's dtype; float16 halves its memory where the kernels attend the rows,
+    :mod:`marspec.backends.row_attention`). Models the direct forward takes (:mod:`marspec.backends.direct`)
+    run it unless :attr:`use_direct` is False (for comparisons; the same bits either way).
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class HFCausalLM:
         tokenizer: PreTrainedTokenizerBase,
         name: str,
         position_cache: bool = True,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -73,6 +75,7 @@ class HFCausalLM:
         self.clock = ForwardClock()
         self._timer = ForwardTimer(self.device, self.clock)
         self.position_cache = position_cache
+        self._kv_dtype = kv_dtype
         self._cache_keyword = cache_keyword(model)
         self._cache = self._new_cache()
         self._cached = 0
@@ -98,8 +101,12 @@ class HFCausalLM:
         """Drop the cache (a new sequence starts); a position cache keeps its buffers for the next one."""
         # Only position layers are reset in place: a sliding-window layer's reset differs between
         # transformers versions (5.17 zeroes its tensors and keeps their length), so a cache that has one
-        # is made anew.
-        if self.position_cache and all(isinstance(layer, PositionLayer) for layer in self._cache.layers):
+        # is made anew; so is a cache made before a quantiser switched the model's attention.
+        if (
+            self.position_cache
+            and not self._cache_stale()
+            and all(isinstance(layer, PositionLayer) for layer in self._cache.layers)
+        ):
             self._cache.reset()
         else:
             self._cache = self._new_cache()
@@ -125,7 +132,7 @@ class HFCausalLM:
         prefix may have been computed in other chunks). One host read.
         """
         n = min(self._cached, int(ids.shape[0]))
-        if not self.reuses_prefix or n == 0:
+        if not self.reuses_prefix or n == 0 or self._cache_stale():
             self.reset()
             return 0
         differs = self._ids[:n] != ids[:n].to(self._ids.device)  # bool[n]
@@ -185,7 +192,28 @@ class HFCausalLM:
 
     def _new_cache(self) -> DynamicCache:
         config = self.model.config
-        return position_cache(config) if self.position_cache else DynamicCache(config=config)
+        self._cache_kind = self._kind_of_cache()
+        if not self.position_cache:
+            return DynamicCache(config=config)
+        return position_cache(config, self._cache_kind[1])
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype this model's KV cache holds: the one asked for, else the model's."""
+        return self._kv_dtype or self.dtype
+
+    @kv_dtype.setter
+    def kv_dtype(self, dtype: torch.dtype | None) -> None:
+        """Ask for a dtype (None: the model's); it holds from the next sequence's start."""
+        self._kv_dtype = dtype
+
+    def _kind_of_cache(self) -> tuple[object, torch.dtype]:
+        """What a cache made now would be made for: the model's attention and the keys' dtype."""
+        return getattr(self.model.config, "_attn_implementation", None), self.kv_dtype
+
+    def _cache_stale(self) -> bool:
+        """Whether the model's attention changed since the cache was made (a quantiser switches it)."""
+        return self._cache_kind != self._kind_of_cache()
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -214,6 +242,8 @@ class HFCausalLM:
         return rows_alone(self)
 
     def _forward_once(self, tokens: torch.Tensor, last_only: bool) -> torch.Tensor:
+        if self._cached == 0 and self._cache_stale():  # a sequence's start, not every forward
+            self._cache = self._new_cache()
         direct = self.direct
         if direct is not None:
             positions = torch.arange(self._cached, self._cached + tokens.shape[0], device=tokens.device)

@@ -34,8 +34,11 @@ class PositionLayer(CacheLayerMixin):
     is_sliding = False  # attends to every cached position (masks read this)
     is_croppable = True  # crop() restores exactly the earlier state
 
-    def __init__(self) -> None:
+    def __init__(self, kv_dtype: torch.dtype | None = None) -> None:
+        """``kv_dtype``: what the buffers hold (states are rounded to it when written); None: the states'
+        own dtype."""
         super().__init__()
+        self.kv_dtype = kv_dtype
         self.length = 0
         self._key_buf: torch.Tensor | None = None  # [B, H, capacity, D]
         self._value_buf: torch.Tensor | None = None
@@ -111,11 +114,12 @@ class PositionLayer(CacheLayerMixin):
         when they fit (the same batch size, heads, head size, dtype and device), else new ones."""
         self.length = 0
         key_buf, value_buf = self._key_buf, self._value_buf
-        if key_buf is None or value_buf is None or not _fits(key_buf, key_states):
-            key_buf = _alloc(key_states, max(needed, INITIAL_CAPACITY))
-            value_buf = _alloc(value_states, max(needed, INITIAL_CAPACITY))
+        dtype = self.kv_dtype or key_states.dtype
+        if key_buf is None or value_buf is None or not _fits(key_buf, key_states, dtype):
+            key_buf = _alloc(key_states, max(needed, INITIAL_CAPACITY), dtype)
+            value_buf = _alloc(value_states, max(needed, INITIAL_CAPACITY), dtype)
             self._key_buf, self._value_buf = key_buf, value_buf
-            self.dtype, self.device = key_states.dtype, key_states.device
+            self.dtype, self.device = dtype, key_states.device
             self.is_initialized = True
         elif needed > key_buf.shape[-2]:
             key_buf, value_buf = self._grow(needed)
@@ -137,29 +141,30 @@ class PositionLayer(CacheLayerMixin):
         self.values = self._value_buf[:, :, : self.length]
 
 
-def _fits(buf: torch.Tensor, states: torch.Tensor) -> bool:
+def _fits(buf: torch.Tensor, states: torch.Tensor, dtype: torch.dtype) -> bool:
     return (
         buf.shape[:2] == states.shape[:2]
         and buf.shape[-1] == states.shape[-1]
-        and buf.dtype == states.dtype
+        and buf.dtype == dtype
         and buf.device == states.device
     )
 
 
-def _alloc(like: torch.Tensor, capacity: int) -> torch.Tensor:
+def _alloc(like: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
     batch, heads, _, dim = like.shape
-    return torch.empty(batch, heads, capacity, dim, dtype=like.dtype, device=like.device)
+    return torch.empty(batch, heads, capacity, dim, dtype=dtype, device=like.device)
 
 
 def _grown(buf: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
     """A copy of ``buf`` with room for ``capacity`` positions, its first ``length`` kept."""
-    new = _alloc(buf, capacity)
+    new = _alloc(buf, capacity, buf.dtype)
     new[:, :, :length].copy_(buf[:, :, :length])
     return new
 
 
-def position_cache(config: PreTrainedConfig) -> Cache:
-    """A transformers cache for ``config``'s model whose full-attention layers are :class:`PositionLayer`.
+def position_cache(config: PreTrainedConfig, kv_dtype: torch.dtype | None = None) -> Cache:
+    """A transformers cache for ``config``'s model whose full-attention layers are :class:`PositionLayer`
+    holding ``kv_dtype`` (None: the states' own dtype).
 
     The layer layout is the one ``DynamicCache(config=config)`` builds (public API); its plain
     full-attention layers are replaced and any other kind (sliding-window layers, which drop old
@@ -169,5 +174,6 @@ def position_cache(config: PreTrainedConfig) -> Cache:
     if getattr(config, "_attn_implementation", None) == ROW_ATTENTION:
         # Row-by-row attention windows each row itself: every layer keeps every position, so the cache
         # rolls back anywhere and a row sees the keys its one-token forward saw.
-        return Cache(layers=[PositionLayer() for _ in layout])
-    return Cache(layers=[PositionLayer() if type(layer) is DynamicLayer else layer for layer in layout])
+        return Cache(layers=[PositionLayer(kv_dtype) for _ in layout])
+    layers = [PositionLayer(kv_dtype) if type(layer) is DynamicLayer else layer for layer in layout]
+    return Cache(layers=layers)

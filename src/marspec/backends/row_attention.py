@@ -24,6 +24,12 @@ default target's layers (12 heads of 128, 200 cached positions) a 13-row verific
 114 us against 402 us for 13 SDPA calls, a one-token step's 18 us against 32 us
 (``benchmarks/row_attention.py``). Elsewhere each row is one SDPA call as above.
 
+The kernel also reads an fp16 cache (``HFCausalLM(kv_dtype=torch.float16)``: half the memory): each key
+and value is rounded once, when written (the same rounding whichever forward writes it), and read widened
+exactly, so a row's bits still do not depend on its forward. Caches stay in the model's dtype by default:
+on a Zen 4 the kernel over fp16 ran no faster than over float32 at 256-32,768 positions, its work bound by
+arithmetic rather than by the bytes read (``benchmarks/row_attention.py --fp16``).
+
 Only what marspec's models pass is supported: one sequence (batch 1 whenever there is a mask), causal
 attention over the whole prefix or a sliding window of it (each row its own last ``sliding_window``
 positions: Gemma 3's local layers, a Mistral or Phi-3 configuration's window); a 2D padding mask
@@ -83,6 +89,7 @@ def row_by_row_attention(
             attended.append(_kernel_rows(query[0, :, i : i + 1], keys[0], values[0], seen, scale))
         return torch.cat(attended, dim=1), None
     rows = []
+    key, value = key.to(query.dtype), value.to(query.dtype)  # SDPA takes one dtype (a cache may hold fp16)
     for i in range(q_len):
         # A contiguous copy: the one-query call then sees the same layout whichever forward it is in.
         row = query[:, :, i : i + 1].contiguous()  # [B, H, 1, D]

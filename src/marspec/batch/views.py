@@ -18,7 +18,8 @@ from marspec.interfaces import DraftTree
 
 
 class SlotLM(HFCausalLM):
-    """One sequence's view of a shared model: its own KV cache, its forwards run by the batch.
+    """One sequence's view of a shared model: its own KV cache (of the dtype its base's holds), its
+    forwards run by the batch.
 
     Everything (rollback, prefix reuse, hidden states, a forward alone) is the transformers backend's
     own. A prompt longer than ``prefill_chunk`` tokens is scored in chunks of that size, one per batch
@@ -28,7 +29,7 @@ class SlotLM(HFCausalLM):
     """
 
     def __init__(self, base: HFCausalLM, prefill_chunk: int) -> None:
-        super().__init__(base.model, base.tokenizer, base.name, base.position_cache)
+        super().__init__(base.model, base.tokenizer, base.name, base.position_cache, base.kv_dtype)
         self.prefill_chunk = prefill_chunk
 
     def chunks(self, tokens: torch.Tensor) -> int:

@@ -8,9 +8,9 @@
 // and on every instruction set. One call attends all rows and heads of a layer; torch's SDPA called once
 // per row costs ~30 us a call here.
 //
-// query [H, Q, D] float32, keys and values [H_kv, >= max visible, D] float32 (any strides, the last
-// dimension contiguous), visible int64 [Q] (row i attends positions 0 .. visible[i] - 1), D a multiple of
-// 16 up to 256; head h reads key/value head h / (H / H_kv). Output [Q, H, D].
+// query [H, Q, D] float32, keys and values [H_kv, >= max visible, D] float32 or float16, both the same
+// (any strides, the last dimension contiguous), visible int64 [Q] (row i attends positions 0 ..
+// visible[i] - 1), D a multiple of 16 up to 256; head h reads key/value head h / (H / H_kv). Output [Q, H, D].
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -20,7 +20,6 @@
 #include "ops.h"
 
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -29,7 +28,10 @@ namespace {
 using marspec_kernels::attend_rows;
 using marspec_kernels::check_cpu;
 using marspec_kernels::kMaxHeadDim;
+using marspec_kernels::kv_data;
 using marspec_kernels::RowKeys;
+using marspec_kernels::with_kv_type;
+using marspec_kernels::write_kv;
 using marspec_simd::kLanes;
 
 void check_head_size(int64_t d) {
@@ -57,9 +59,8 @@ at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tenso
     check_cpu(*t, name);
   }
   TORCH_CHECK(query.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "query [H, Q, D], keys and values [H_kv, L, D]");
-  TORCH_CHECK(query.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
-                  values.scalar_type() == at::kFloat,
-              "float32 query, keys and values");
+  TORCH_CHECK(query.scalar_type() == at::kFloat && values.scalar_type() == keys.scalar_type(),
+              "a float32 query, and keys and values of one type");
   const int64_t heads = query.size(0), q_rows = query.size(1), d = query.size(2);
   const int64_t kv_heads = keys.size(0);
   check_head_size(d);
@@ -79,19 +80,23 @@ at::Tensor rows(const at::Tensor& query, const at::Tensor& keys, const at::Tenso
                 " positions of ", keys.size(1));
     longest = length_p[i] > longest ? length_p[i] : longest;
   }
-  const float* k_p = keys.data_ptr<float>();
-  const float* v_p = values.data_ptr<float>();
   const int64_t kv_head_stride = keys.stride(0), position_stride = keys.stride(1);
-  return attend(query, kv_heads, longest, scale, [&](int64_t i, int64_t kv) {
-    return RowKeys{k_p + kv * kv_head_stride, v_p + kv * kv_head_stride, position_stride, length_p[i]};
+  return with_kv_type(keys.scalar_type(), "keys and values", [&](auto kind) {
+    using KV = decltype(kind);
+    const KV* k_p = kv_data<KV>(keys);
+    const KV* v_p = kv_data<KV>(values);
+    return attend(query, kv_heads, longest, scale, [&](int64_t i, int64_t kv) {
+      return RowKeys<KV>{k_p + kv * kv_head_stride, v_p + kv * kv_head_stride, position_stride, length_p[i]};
+    });
   });
 }
 
 // The rows of several sequences packed one after the other (a packed forward, marspec/backends/packed.py):
 // query [H, Q, D] and the rows' own keys and values new_keys, new_values [H_kv, Q, D]; sequence s's rows
 // are starts[s] .. starts[s + 1] - 1 (starts int64 [S + 1], from 0 to Q), and its cache is caches_k[s],
-// caches_v[s] ([1, H_kv, capacity, D], the head dimension contiguous). Row i is at position
-// visible[i] - 1 of its sequence: its key and value are written there first, then each (row, head) is
+// caches_v[s] ([1, H_kv, capacity, D], the head dimension contiguous; all float32 or all float16). Row i is
+// at position visible[i] - 1 of its sequence: its key and value are written there first (rounded to the
+// cache's type as torch's copy rounds them), then each (row, head) is
 // attended as rows() attends it, over positions 0 .. visible[i] - 1 of its own cache: the same bits as
 // the sequence's cache written and its rows attended in calls of their own.
 at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const at::Tensor& new_values,
@@ -125,9 +130,9 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
     TORCH_CHECK(start_p[s] <= start_p[s + 1], "starts must not decrease");
   }
   std::vector<int64_t> sequence_of(q_rows);
-  // Each cache's buffers and strides, read once here rather than per row and head below.
-  std::vector<float*> k_ptrs(sequences), v_ptrs(sequences);
+  // Each cache's strides, read once here rather than per row and head below.
   std::vector<int64_t> head_strides(sequences), position_strides(sequences);
+  const at::ScalarType cache_type = caches_k[0].scalar_type();
   int64_t longest = 0;
   for (int64_t s = 0; s < sequences; ++s) {
     const at::Tensor& k = caches_k[s];
@@ -135,8 +140,8 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
     check_cpu(k, "caches_k");
     check_cpu(v, "caches_v");
     TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == kv_heads && k.size(3) == d && v.sizes() == k.sizes() &&
-                    k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-                "each cache must be float32 [1, H_kv, capacity, D] like the new keys");
+                    k.scalar_type() == cache_type && v.scalar_type() == cache_type,
+                "each cache must be [1, H_kv, capacity, D] like the new keys, all of one type");
     TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == v.stride(2) && k.stride(1) == v.stride(1),
                 "caches laid out alike, the head dimension contiguous");
     for (int64_t i = start_p[s]; i < start_p[s + 1]; ++i) {
@@ -145,26 +150,32 @@ at::Tensor segments(const at::Tensor& query, const at::Tensor& new_keys, const a
       longest = length_p[i] > longest ? length_p[i] : longest;
       sequence_of[i] = s;
     }
-    k_ptrs[s] = k.data_ptr<float>();
-    v_ptrs[s] = v.data_ptr<float>();
     head_strides[s] = k.stride(1);
     position_strides[s] = k.stride(2);
   }
-  // Every row's key and value into its cache before any row reads a cache.
-  const float* nk_p = new_keys.data_ptr<float>();
-  const float* nv_p = new_values.data_ptr<float>();
-  for (int64_t i = 0; i < q_rows; ++i) {
-    const int64_t s = sequence_of[i];
-    const int64_t position = length_p[i] - 1;
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t to = h * head_strides[s] + position * position_strides[s];
-      std::memcpy(k_ptrs[s] + to, nk_p + h * new_keys.stride(0) + i * new_keys.stride(1), d * sizeof(float));
-      std::memcpy(v_ptrs[s] + to, nv_p + h * new_values.stride(0) + i * new_values.stride(1), d * sizeof(float));
+  return with_kv_type(cache_type, "the caches", [&](auto kind) {
+    using KV = decltype(kind);
+    std::vector<KV*> k_ptrs(sequences), v_ptrs(sequences);
+    for (int64_t s = 0; s < sequences; ++s) {
+      k_ptrs[s] = kv_data<KV>(caches_k[s]);
+      v_ptrs[s] = kv_data<KV>(caches_v[s]);
     }
-  }
-  return attend(query, kv_heads, longest, scale, [&](int64_t i, int64_t kv) {
-    const int64_t s = sequence_of[i], offset = kv * head_strides[s];
-    return RowKeys{k_ptrs[s] + offset, v_ptrs[s] + offset, position_strides[s], length_p[i]};
+    // Every row's key and value into its cache (rounded to the cache's type) before any row reads a cache.
+    const float* nk_p = new_keys.data_ptr<float>();
+    const float* nv_p = new_values.data_ptr<float>();
+    for (int64_t i = 0; i < q_rows; ++i) {
+      const int64_t s = sequence_of[i];
+      const int64_t position = length_p[i] - 1;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t to = h * head_strides[s] + position * position_strides[s];
+        write_kv(k_ptrs[s] + to, nk_p + h * new_keys.stride(0) + i * new_keys.stride(1), d);
+        write_kv(v_ptrs[s] + to, nv_p + h * new_values.stride(0) + i * new_values.stride(1), d);
+      }
+    }
+    return attend(query, kv_heads, longest, scale, [&](int64_t i, int64_t kv) {
+      const int64_t s = sequence_of[i], offset = kv * head_strides[s];
+      return RowKeys<KV>{k_ptrs[s] + offset, v_ptrs[s] + offset, position_strides[s], length_p[i]};
+    });
   });
 }
 

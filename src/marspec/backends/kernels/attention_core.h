@@ -5,6 +5,11 @@
 //   s_j = (q . k_j) * scale   (the dot in 16 float lanes, then the fixed reduction tree)
 //   p_j = exp(s_j - max_j s_j) (vector_math.h's polynomial exp, the same operations on every lane)
 //   out = (sum_j p_j v_j) / sum_j p_j   (the sums in position order; the normaliser lane-wise, then reduced)
+//
+// Keys and values are float32 or fp16 (uint16_t bits: a cache of half the bytes, rounded once when written,
+// write_kv). An fp16 key is widened to float32 exactly, so attending fp16 keys and values gives the same
+// bits as attending their widened float32 copies: the rounding is in what the cache holds, never in how
+// a row reads it.
 
 #pragma once
 
@@ -21,6 +26,17 @@ using namespace marspec_simd;
 
 constexpr int64_t kMaxHeadDim = 256;
 
+// 16 keys' or values' components as float32 lanes: float32 as they are, fp16 widened (exact).
+inline F32 load_kv(const float* p) { return loadf(p); }
+inline F32 load_kv(const uint16_t* p) { return halfs(p); }
+
+// A row's d components (d a multiple of 16) into a cache of float32 (as they are) or fp16 (rounded to
+// nearest, ties to even: what torch's float-to-half copy gives, so every writer of a cache agrees).
+inline void write_kv(float* to, const float* from, int64_t d) { std::copy(from, from + d, to); }
+inline void write_kv(uint16_t* to, const float* from, int64_t d) {
+  for (int64_t i = 0; i < d; i += kLanes) store_halfs(to + i, loadf(from + i));
+}
+
 constexpr int64_t kMaxGroup = 16;  // query heads one call of attend_heads takes
 constexpr int64_t kBlock = 32;     // positions a block: its keys (then values) stay in L1 while each head reads them
 
@@ -29,7 +45,8 @@ constexpr int64_t kBlock = 32;     // positions a block: its keys (then values) 
 // keys and values are read from memory once for all of them rather than once per head.
 // q[h], out[h]: head h's query and output [d], h < heads <= kMaxGroup; keys and values of `length`
 // positions (position stride `stride`); scores: room for heads * (length + 16) floats; sums: heads * d.
-inline void attend_heads(const float* const* q, int64_t heads, const float* keys, const float* values, int64_t stride,
+template <typename KV>
+inline void attend_heads(const float* const* q, int64_t heads, const KV* keys, const KV* values, int64_t stride,
                          int64_t length, int64_t d, float scale, float* scores, float* sums, float* const* out) {
   const int64_t chunks = d / kLanes;
   const int64_t row = length + kLanes;  // a head's scores in `scores`
@@ -44,9 +61,9 @@ inline void attend_heads(const float* const* q, int64_t heads, const float* keys
       float* head_scores = scores + h * row;
       float top = peak[h];
       for (int64_t j = j0; j < j1; ++j) {
-        const float* k = keys + j * stride;
-        F32 acc = mulf(qv[0], loadf(k));
-        for (int64_t c = 1; c < chunks; ++c) acc = fmadd(qv[c], loadf(k + c * kLanes), acc);
+        const KV* k = keys + j * stride;
+        F32 acc = mulf(qv[0], load_kv(k));
+        for (int64_t c = 1; c < chunks; ++c) acc = fmadd(qv[c], load_kv(k + c * kLanes), acc);
         const float s = reduce_addf(acc) * scale;
         head_scores[j] = s;
         top = s > top ? s : top;
@@ -88,8 +105,8 @@ inline void attend_heads(const float* const* q, int64_t heads, const float* keys
       for (int64_t c = 0; c < chunks; ++c) acc[c] = loadf(sums + h * d + c * kLanes);
       for (int64_t j = j0; j < j1; ++j) {
         const F32 p = set1f(head_scores[j]);
-        const float* v = values + j * stride;
-        for (int64_t c = 0; c < chunks; ++c) acc[c] = fmadd(p, loadf(v + c * kLanes), acc[c]);
+        const KV* v = values + j * stride;
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = fmadd(p, load_kv(v + c * kLanes), acc[c]);
       }
       for (int64_t c = 0; c < chunks; ++c) storef(sums + h * d + c * kLanes, acc[c]);
     }
@@ -102,7 +119,8 @@ inline void attend_heads(const float* const* q, int64_t heads, const float* keys
 
 // One (row, head): q [d], keys and values of `length` positions (position stride `stride`), out [d];
 // scores: room for length + 16 floats; sums: d floats.
-inline void attend_one(const float* q, const float* keys, const float* values, int64_t stride, int64_t length,
+template <typename KV>
+inline void attend_one(const float* q, const KV* keys, const KV* values, int64_t stride, int64_t length,
                        int64_t d, float scale, float* scores, float* sums, float* out) {
   attend_heads(&q, 1, keys, values, stride, length, d, scale, scores, sums, &out);
 }

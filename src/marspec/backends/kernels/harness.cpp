@@ -1,5 +1,6 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
-// (rows.h, tile_rows.h, the formats, attention_core.h, vocab_core.h, dequant_core.h, pack_core.h), on
+// (rows.h, tile_rows.h, the formats, attention_core.h with float32 and fp16 caches, vocab_core.h,
+// dequant_core.h, pack_core.h), on
 // inputs made by a fixed generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
 // are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
 // if a row's output differs between a call of many rows and a call of its own.
@@ -133,6 +134,61 @@ void check_linear(const char* name, Generator& g, const std::vector<uint8_t>& ti
   std::printf("%s %016llx\n", name, static_cast<unsigned long long>(hash.h));
 }
 
+// fp16 bits widened to float32 (exact), written out from IEEE 754's definition.
+float widened_half(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (exponent == 0x1F) return mantissa ? std::numeric_limits<float>::quiet_NaN() : sign * INFINITY;
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
+  return sign * std::ldexp(static_cast<float>(1024 + mantissa), exponent - 25);
+}
+
+// x rounded to fp16 by IEEE 754's rule, written out as a search: the nearest of the finite halves (ties
+// to the even one), infinity from 65520 on (where rounding to nearest carries past the largest, 65504).
+uint16_t half_nearest(float x) {
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const float a = std::fabs(x);
+  if (std::isnan(x)) return 0x7E00;
+  if (a >= 65520.0f) return sign | 0x7C00;
+  uint16_t lo = 0, hi = 0x7BFF;  // the largest finite half at or below a
+  while (lo < hi) {
+    const uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+    if (widened_half(mid) <= a) lo = mid; else hi = static_cast<uint16_t>(mid - 1);
+  }
+  if (lo == 0x7BFF) return sign | lo;
+  const double below = a - widened_half(lo), above = widened_half(static_cast<uint16_t>(lo + 1)) - a;
+  const bool up = above < below || (above == below && (lo & 1));
+  return sign | static_cast<uint16_t>(lo + (up ? 1 : 0));
+}
+
+// write_kv's float32 -> fp16 rounding against IEEE 754's rule on random values of every scale and on
+// the cases that test a rounding: ties between halves, subnormal halves, the overflow edge, signed zeros.
+void check_halves(Generator& g) {
+  std::vector<float> x;
+  for (int i = 0; i < 4096; ++i) {
+    const float mantissa = g.uniform();  // drawn apart: the order of a call's arguments differs by compiler
+    x.push_back(std::ldexp(mantissa, static_cast<int>(g.next() % 44) - 28));
+  }
+  for (const float v : {1.0f + std::ldexp(1.0f, -11), 1.0f + 3 * std::ldexp(1.0f, -11), std::ldexp(1.0f, -25),
+                        3 * std::ldexp(1.0f, -25), std::ldexp(1.0f, -26), std::ldexp(1023.5f, -24), 65504.0f,
+                        65519.99f, 65520.0f, 1e9f, 0.0f, -0.0f, -2.5f}) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  x.resize((x.size() + kLanes - 1) / kLanes * kLanes, 0.5f);
+  std::vector<uint16_t> halves(x.size());
+  write_kv(halves.data(), x.data(), static_cast<int64_t>(x.size()));
+  Hash hash;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (halves[i] != half_nearest(x[i])) {
+      std::printf("halves: %.9g rounded to %04x, IEEE's nearest is %04x\n", x[i], halves[i], half_nearest(x[i]));
+      failed = true;
+    }
+  }
+  hash.add(halves.data(), halves.size() * sizeof(uint16_t));
+  std::printf("halves %016llx\n", static_cast<unsigned long long>(hash.h));
+}
+
 void check_attention(Generator& g) {
   Hash hash;
   for (const int64_t d : {16, 64, 128}) {
@@ -161,6 +217,31 @@ void check_attention(Generator& g) {
         failed = true;
       }
       hash.add(out.data(), out.size() * sizeof(float));
+      // An fp16 cache: the keys and values rounded as a cache write rounds them (write_kv), attended as
+      // fp16 and as their float32 widenings: the same bits.
+      std::vector<uint16_t> half_keys(keys.size()), half_values(values.size());
+      std::vector<float> wide_keys(keys.size()), wide_values(values.size());
+      write_kv(half_keys.data(), keys.data(), static_cast<int64_t>(keys.size()));
+      write_kv(half_values.data(), values.data(), static_cast<int64_t>(values.size()));
+      for (size_t i = 0; i < keys.size(); ++i) {
+        wide_keys[i] = widened_half(half_keys[i]);
+        wide_values[i] = widened_half(half_values[i]);
+      }
+      std::vector<float> from_halves(kHeads * d), from_wide(kHeads * d);
+      float* half_outputs[kHeads];
+      for (int64_t h = 0; h < kHeads; ++h) {
+        attend_one(q.data() + h * d, wide_keys.data(), wide_values.data(), d, length, d, scale, scores.data(),
+                   sums.data(), from_wide.data() + h * d);
+        half_outputs[h] = from_halves.data() + h * d;
+      }
+      attend_heads(queries, kHeads, half_keys.data(), half_values.data(), d, length, d, scale, scores.data(),
+                   sums.data(), half_outputs);
+      if (std::memcmp(from_halves.data(), from_wide.data(), from_wide.size() * sizeof(float)) != 0) {
+        std::printf("attention: fp16 keys of length %lld and size %lld differ from their float32 widenings\n",
+                    static_cast<long long>(length), static_cast<long long>(d));
+        failed = true;
+      }
+      hash.add(from_halves.data(), from_halves.size() * sizeof(float));
     }
   }
   std::printf("attention %016llx\n", static_cast<unsigned long long>(hash.h));
@@ -252,6 +333,7 @@ int main() {
   const auto q6k = q6k_tile(g, 3);
   check_linear<Q6K>("q6k", g, q6k, 768, 3, Q6K::kGroups, Q6K::kRecord);
   check_attention(g);
+  check_halves(g);
   check_vocab(g);
   check_dequant(g);
   check_pack(g);

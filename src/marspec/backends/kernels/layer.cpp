@@ -30,7 +30,6 @@
 #include "vector_math.h"
 
 #include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <optional>
 #include <tuple>
@@ -188,7 +187,7 @@ at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, cons
 
 // A whole layer over a chain of rows hidden [1, T, H] at positions start .. start + T - 1 of one sequence:
 // layer_pre, then the rows' keys and values written into the cache buffers key_cache and value_cache
-// ([1, H_kv, capacity, D], positions from start on; the caller makes the room and advances its length
+// ([1, H_kv, capacity, D], float32 or float16, positions from start on; the caller makes the room and advances its length
 // after), each row attended over its prefix as attention_rows does (attention_core.h: the same bits),
 // then layer_post. weights etc. hold the layer's seven linear layers: q, k, v, o, gate, up, down.
 at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, double input_eps, const at::Tensor& mlp_norm,
@@ -211,36 +210,37 @@ at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, do
   for (const auto* c : {&key_cache, &value_cache}) {
     check_cpu(*c, "the cache");
     TORCH_CHECK(c->dim() == 4 && c->size(0) == 1 && c->size(1) == kv_heads && c->size(3) == d &&
-                    c->scalar_type() == at::kFloat && c->stride(3) == 1,
-                "each cache buffer must be float32 [1, H_kv, capacity, D], the head dimension contiguous");
+                    c->scalar_type() == key_cache.scalar_type() && c->stride(3) == 1,
+                "each cache buffer must be [1, H_kv, capacity, D], the head dimension contiguous, both of one type");
   }
   TORCH_CHECK(value_cache.strides() == key_cache.strides() && value_cache.sizes() == key_cache.sizes(),
               "the key and value buffers laid out alike");
   TORCH_CHECK(start >= 0 && start + rows <= key_cache.size(2), "the rows' positions are past the buffers' room");
   const int64_t head_stride = key_cache.stride(1), position_stride = key_cache.stride(2);
-  float* k_cache = key_cache.data_ptr<float>();
-  float* v_cache = value_cache.data_ptr<float>();
-  for (int64_t i = 0; i < rows; ++i) {  // every row's key and value cached before any row attends
-    for (int64_t kh = 0; kh < kv_heads; ++kh) {
-      const int64_t to = kh * head_stride + (start + i) * position_stride, from = i * kv_heads * d + kh * d;
-      std::memcpy(k_cache + to, h.k.data_ptr<float>() + from, d * sizeof(float));
-      std::memcpy(v_cache + to, h.v.data_ptr<float>() + from, d * sizeof(float));
-    }
-  }
   at::Tensor attended = at::empty({rows, heads * d}, h.q.options());
   const float* q = h.q.data_ptr<float>();
   float* out = attended.data_ptr<float>();
-  {  // the attention kernel's work, named to a profiler
-    RECORD_FUNCTION("attention_rows", std::vector<c10::IValue>());
+  with_kv_type(key_cache.scalar_type(), "the cache", [&](auto kind) {
+    using KV = decltype(kind);
+    KV* k_cache = kv_data<KV>(key_cache);
+    KV* v_cache = kv_data<KV>(value_cache);
+    for (int64_t i = 0; i < rows; ++i) {  // every row's key and value cached (in its type) before any row attends
+      for (int64_t kh = 0; kh < kv_heads; ++kh) {
+        const int64_t to = kh * head_stride + (start + i) * position_stride, from = i * kv_heads * d + kh * d;
+        write_kv(k_cache + to, h.k.data_ptr<float>() + from, d);
+        write_kv(v_cache + to, h.v.data_ptr<float>() + from, d);
+      }
+    }
+    RECORD_FUNCTION("attention_rows", std::vector<c10::IValue>());  // the attention kernel's work, to a profiler
     attend_rows(
         rows, heads, kv_heads, d, start + rows, static_cast<float>(scale),
         [&](int64_t i, int64_t head) { return q + (i * heads + head) * d; },
         [&](int64_t i, int64_t head) { return out + (i * heads + head) * d; },
         [&](int64_t i, int64_t kv) {
           const int64_t offset = kv * head_stride;
-          return RowKeys{k_cache + offset, v_cache + offset, position_stride, start + i + 1};
+          return RowKeys<KV>{k_cache + offset, v_cache + offset, position_stride, start + i + 1};
         });
-  }
+  });
   return mlp_half(hidden, attended, mlp_norm, mlp_eps, mlp);
 }
 

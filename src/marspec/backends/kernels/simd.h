@@ -15,6 +15,7 @@
 //     (byte pairs 2i, 2i + 1), exact where that fits in int16; add16 (int16 lanes, wrapping),
 //   widen_u8 / widen_i8 (16 bytes -> 16 lanes), reduce_add (exact integer sum);
 //   zerof, loadf, storef, set1f, to_float (int32 -> float, rounded to nearest), halfs (16 fp16 -> float),
+//   store_halfs (16 floats -> fp16, rounded to nearest, ties to even: IEEE's conversion, as torch's),
 //   addf, subf, mulf, divf, maxf (no NaN lanes), absf, fmadd(a, b, c) = a * b + c and fnmadd(a, b, c) =
 //   c - a * b (fused: one rounding), round_even (to a whole float, ties to even), times_pow2(a, n)
 //   (a * 2^n, n whole in [-126, 127]), store_int8 (rounded to int32 as round_even, saturated to int8,

@@ -108,6 +108,11 @@ inline F32 halfs(const uint16_t* p) {
   const auto* q = reinterpret_cast<const __m128i*>(p);
   return {_mm256_cvtph_ps(_mm_loadu_si128(q)), _mm256_cvtph_ps(_mm_loadu_si128(q + 1))};
 }
+inline void store_halfs(uint16_t* p, F32 a) {
+  auto* q = reinterpret_cast<__m128i*>(p);
+  _mm_storeu_si128(q, _mm256_cvtps_ph(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128(q + 1, _mm256_cvtps_ph(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 inline F32 addf(F32 a, F32 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 inline F32 subf(F32 a, F32 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline F32 mulf(F32 a, F32 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }

@@ -58,6 +58,10 @@ inline F32 to_float(I32 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline F32 halfs(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
+inline void store_halfs(uint16_t* p, F32 a) {
+  const __m256i h = _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+}
 inline F32 addf(F32 a, F32 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F32 subf(F32 a, F32 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline F32 mulf(F32 a, F32 b) { return {_mm512_mul_ps(a.v, b.v)}; }

@@ -133,6 +133,10 @@ inline F32 halfs(const uint16_t* p) {
   for (int i = 0; i < 4; ++i) r.q[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
   return r;
 }
+// vcvt_f16_f32 rounds as the FPCR says: to nearest, ties to even, unless a program changes it (none does).
+inline void store_halfs(uint16_t* p, F32 a) {
+  for (int i = 0; i < 4; ++i) vst1_u16(p + 4 * i, vreinterpret_u16_f16(vcvt_f16_f32(a.q[i])));
+}
 #define MARSPEC_LANEWISE_F(name, body)          \
   inline F32 name(F32 a, F32 b) {               \
     F32 r;                                      \
