@@ -395,6 +395,24 @@ QUANTS = [
 ]
 
 
+@pytest.mark.skipif(not rowwise_int8_available(), reason="no oneDNN int8")
+def test_an_fp16_cache_asked_for_gives_the_fixed_path_its_eager_tokens(folders):
+    """Both paths' caches in fp16 (the fixed path's buffers remade at the next sequence): the same tokens,
+    strict == plain, and a cache of fp16 keys on the fixed path."""
+    decoders = {graphs: _decoder(folders, graphs, target_quant="int8") for graphs in ("off", "on")}
+    for decoder in decoders.values():
+        _tokens(decoder, PROMPTS[0], rule="plain")  # float32 buffers first
+        for lm in (decoder.target, decoder.drafter.draft_model):
+            lm.kv_dtype = torch.float16
+    names = ("plain", "strict", "strict_tree", "mars1")
+    runs = {
+        (g, name): _tokens(d, PROMPTS[0], **SETTINGS[name]) for g, d in decoders.items() for name in names
+    }
+    for name in names:
+        assert runs["on", name] == runs["off", name] == runs["off", "plain"], name
+    assert decoders["on"].target._fixed_cache.layers[0].keys.dtype == torch.float16
+
+
 @pytest.mark.parametrize("quant", QUANTS)
 def test_a_quantised_targets_padded_rows_are_scored_as_one_token_forwards_bit_for_bit(quant, prompt):
     """Row-exact linears and row-by-row attention: a padded chain's rows and a padded tree's nodes give

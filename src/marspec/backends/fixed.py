@@ -101,9 +101,10 @@ class SlotLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         index = self._slots.index
         assert index is not None, "a slot layer is written only inside FixedShapeLM's forward"
-        # Rounded to the cache's dtype (fp16 if asked for) as every cache of the model rounds them.
-        self.keys.index_copy_(2, index, key_states.to(self.keys.dtype))
-        self.values.index_copy_(2, index, value_states.to(self.values.dtype))
+        if key_states.dtype != self.keys.dtype:  # an fp16 cache asked for: rounded as every cache rounds
+            key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
+        self.keys.index_copy_(2, index, key_states)
+        self.values.index_copy_(2, index, value_states)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -188,8 +189,14 @@ class FixedShapeLM(LengthOnlyCache, HFCausalLM):
 
     def _ensure_capacity(self, needed: int) -> None:
         """Buffers (keys, values and the kept hidden states) for at least ``needed`` positions, the cached
-        ones kept; new buffers void the graphs, which wrote into the old ones."""
-        grown = needed > self._capacity
+        ones kept; new buffers void the graphs, which wrote into the old ones. A sequence's start gets
+        buffers of another dtype if :attr:`kv_dtype` asks for one since."""
+        retyped = (
+            self._cached == 0
+            and self._fixed_cache is not None
+            and self._fixed_cache.layers[0].dtype != self.kv_dtype
+        )
+        grown = needed > self._capacity or retyped
         if grown:
             self._grow(needed)
         remade = self._states.reserve(self._capacity, self._cached, self.dtype, self.device)

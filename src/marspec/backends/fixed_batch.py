@@ -76,8 +76,10 @@ class BatchSlotLayer(SlotLayer):
         rows = key_states.shape[0]
         where = index[:, None, :, None].expand_as(key_states)  # [B, kv_heads, m, head_dim]
         keys, values = self.keys[:rows], self.values[:rows]
-        keys.scatter_(2, where, key_states.to(keys.dtype))  # the cache's dtype, as SlotLayer rounds
-        values.scatter_(2, where, value_states.to(values.dtype))
+        if key_states.dtype != keys.dtype:  # an fp16 cache asked for: rounded as SlotLayer rounds
+            key_states, value_states = key_states.to(keys.dtype), value_states.to(values.dtype)
+        keys.scatter_(2, where, key_states)
+        values.scatter_(2, where, value_states)
         return keys, values
 
 
