@@ -212,7 +212,8 @@ class HFCausalLM:
         return getattr(self.model.config, "_attn_implementation", None), self.kv_dtype
 
     def _cache_stale(self) -> bool:
-        """Whether the model's attention changed since the cache was made (a quantiser switches it)."""
+        """Whether the model's attention (a quantiser switches it) or the dtype asked for changed since the
+        cache was made."""
         return self._cache_kind != self._kind_of_cache()
 
     @torch.inference_mode()
