@@ -18,7 +18,7 @@ the q4k engine), prompts in chunks of ``--chunk`` tokens (its default; 0: one fo
 through ``llama_cpp_engine.Engine`` (llama-cpp-python: its default context settings but the context
 length, the prompt fed in batches of 512) and needs nothing else from this repository. ``--kv-dtypes``
 measures marspec's KV cache in each dtype named, one after the other in the same process (default: the
-dtype marspec chooses, fp16 where its kernels attend the rows).
+model's dtype, float32; ``HFCausalLM.kv_dtype``).
 """
 
 from __future__ import annotations

@@ -101,12 +101,8 @@ class HFCausalLM:
         """Drop the cache (a new sequence starts); a position cache keeps its buffers for the next one."""
         # Only position layers are reset in place: a sliding-window layer's reset differs between
         # transformers versions (5.17 zeroes its tensors and keeps their length), so a cache that has one
-        # is made anew; so is a cache made before a quantiser switched the model's attention.
-        if (
-            self.position_cache
-            and not self._cache_stale()
-            and all(isinstance(layer, PositionLayer) for layer in self._cache.layers)
-        ):
+        # is made anew. (A stale cache is made anew by the sequence's first forward.)
+        if self.position_cache and all(isinstance(layer, PositionLayer) for layer in self._cache.layers):
             self._cache.reset()
         else:
             self._cache = self._new_cache()
