@@ -13,10 +13,10 @@ under ``torch.profiler``, so that both meet the same stretch of a shared machine
 native kernels are grouped by their operator's name: the linear kernels (``q4k_linear``,
 ``q6k_linear``), the attention kernel (``attention_rows``) and the vocabulary kernels (``vocab_*``); each
 kernel's time includes what it calls (inside the native layer's operators, the kernels they call are
-named to the profiler alike). The models' Llama-family layers run through the native layer
-(``layer_step``, or ``layer_pre`` and ``layer_post``: :mod:`marspec.backends.native_layer`), or, with
-``--layers native,python``, each case also through the Python layer (its name marked so), for the
-difference.
+named to the profiler alike). The models' Llama-family layers run through the native layer, all of a
+model's in one call where they can (``layers_step``; else ``layer_step``, or ``layer_pre`` and
+``layer_post``: :mod:`marspec.backends.native_layer`); ``--layers`` adds each case with a native call a
+layer (``per-layer``) or through the Python layer (``python``), its name marked so, for the difference.
 Everything else the step runs (norms, rotary, views, copies, the glue around the kernels) is "outside
 the kernels": the step's wall time less the kernels' time. The profiler adds a few microseconds to every
 operator, which falls on the many small ones outside the kernels, so shares are given against the
@@ -24,7 +24,7 @@ unprofiled wall time (the figure to read) and against the profiled one; the oper
 are listed by their own (self) time.
 
     python benchmarks/step_profile.py --out docs/results/step-profile-2026-12-06.json
-    python benchmarks/step_profile.py --layers native,python --repeats 6
+    python benchmarks/step_profile.py --layers native,per-layer,python --repeats 6
 
 A timing: run it alone on the machine.
 """
@@ -53,6 +53,8 @@ GROUPS = {
     "vocab_top2": "vocab kernels",
 }
 OUTSIDE = "outside the kernels"
+# --layers: how the layers run, and how a case's name is marked where not the default way.
+MODES = {"native": "", "per-layer": "a native call a layer", "python": "Python layers"}
 
 
 def group_of(op: str) -> str | None:
@@ -122,13 +124,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128, help="cached tokens before each step")
     parser.add_argument("--verify-rows", type=int, default=13, help="tokens a verification scores")
     parser.add_argument("--repeats", type=int, default=10, help="calls per case, timed and profiled")
-    parser.add_argument("--layers", default="native", help="native, python or native,python (see above)")
+    parser.add_argument("--layers", default="native", help="native, per-layer or python; several: a,b")
     parser.add_argument("--out", help="where to write the JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     modes = args.layers.split(",")
-    if not set(modes) <= {"native", "python"}:
-        raise SystemExit(f"--layers takes native, python or both, not {args.layers!r}")
+    if not set(modes) <= set(MODES):
+        raise SystemExit(f"--layers takes {', '.join(MODES)} or several of them, not {args.layers!r}")
 
     from marspec import Decoder
     from marspec.draft_length import ENV
@@ -168,11 +170,12 @@ def main() -> None:
     with torch.inference_mode():
         for (name, lm, rows, step), mode in itertools.product(cases, modes):
             if lm.direct is not None:
-                lm.direct.native_layers = mode == "native"
+                lm.direct.native_layers = mode != "python"
+                lm.direct.one_call = mode == "native"
             lm.reset()
             lm.forward(tokens(args.context), last_only=True)
             new = tokens(rows)
-            result["cases"][name if mode == "native" else f"{name} (Python layers)"] = profile_case(
+            result["cases"][name if mode == "native" else f"{name} ({MODES[mode]})"] = profile_case(
                 lambda lm=lm, step=step, new=new: step(lm, new),
                 lambda lm=lm: lm.rollback(args.context),
                 args.repeats,

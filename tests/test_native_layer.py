@@ -108,35 +108,59 @@ def test_quantised_layers_give_each_row_its_own_bits(make, prompt: torch.Tensor)
     assert_close_to_the_python_layer(model, prompt, 2e-2)
 
 
+def counted(obj: object, method: str) -> list[int]:
+    """Calls of ``obj.method`` from now on, one entry each."""
+    calls: list[int] = []
+    call = getattr(obj, method)
+    setattr(obj, method, lambda *args: calls.append(1) or call(*args))
+    return calls
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["float32", "fp16"])
 @pytest.mark.parametrize("make", [q4k_and_q6k_llama, padded_q4k_qwen2], ids=["q4k_q6k", "padded_q4k"])
-def test_the_one_call_layer_gives_the_bits_of_its_two_halves_around_the_attention(
+def test_one_call_a_model_and_one_a_layer_give_the_bits_of_the_halves_around_the_attention(
     make, prompt, kv_dtype
 ) -> None:
-    """Caches of either dtype: the one-call layer writes its rows (rounded to fp16 where asked for) as
-    torch's copy into the Python layer's cache writes them."""
+    """Caches of either dtype: every layer in one call (the chain), each layer in one, and each in two
+    around the attention write and score the same bits (fp16 rounded as torch's copy into the Python
+    layer's cache rounds it)."""
     model = make()
-    whole, halves = (
-        HFCausalLM(model, tokenizer=None, name=n, kv_dtype=kv_dtype) for n in ("whole", "halves")
+    whole, layered, halves = (
+        HFCausalLM(model, tokenizer=None, name=n, kv_dtype=kv_dtype) for n in ("whole", "layered", "halves")
     )
+    layered.direct.one_call = halves.direct.one_call = False
     for layer in halves.direct._layers:
         layer.native.steps = False
-    steps = []
-    first = whole.direct._layers[0].native
-    step = first.step
-    first.step = lambda *args: steps.append(1) or step(*args)  # counts the one-call layers
-    assert torch.equal(whole.forward(prompt[:5]), halves.forward(prompt[:5]))  # a prefill
-    assert torch.equal(whole.forward(prompt[5:6]), halves.forward(prompt[5:6]))  # a step
-    assert torch.equal(whole.forward(prompt[6:]), halves.forward(prompt[6:]))  # a verification chain
-    assert len(steps) == 3
+    chains = counted(whole.direct._chain, "step")
+    steps = counted(layered.direct._layers[0].native, "step")
+    lms = (whole, layered, halves)
+    for tokens in (prompt[:5], prompt[5:6], prompt[6:]):  # a prefill, a step, a verification chain
+        ours, *others = (lm.forward(tokens) for lm in lms)
+        assert all(torch.equal(ours, other) for other in others)
+    assert len(chains) == len(steps) == 3
     base = whole.cached_len
-    assert torch.equal(*(lm.forward_tree(TREE, prompt[-1:]) for lm in (whole, halves)))  # a tree: halves
-    assert len(steps) == 3
-    for lm in (whole, halves):
+    ours, *others = (lm.forward_tree(TREE, prompt[-1:]) for lm in lms)  # a tree: the halves, in every view
+    assert all(torch.equal(ours, other) for other in others)
+    assert len(chains) == len(steps) == 3
+    for lm in lms:
         lm.keep_path(base, (3,))
     assert whole.cache_layers[0].keys.dtype == kv_dtype
-    for a, b in zip(whole.cache_layers, halves.cache_layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    for lm in (layered, halves):
+        for a, b in zip(whole.cache_layers, lm.cache_layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_the_one_call_model_refuses_lists_that_do_not_match_its_layers() -> None:
+    chain = HFCausalLM(q4k_and_q6k_llama(), tokenizer=None, name="native").direct._chain
+    norms, linears = chain._norms, chain._linears
+    hidden, cos, sin = torch.zeros(1, 1, 256), torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64)
+    caches = [torch.zeros(1, 2, 8, 64)] * len(norms[0])
+    with pytest.raises(RuntimeError, match="7 linear layers a layer"):
+        kernels.ops().layers_step(
+            hidden, *norms, *(part[:-1] for part in linears), cos, sin, 64, caches, caches, 0, 0.125
+        )
+    with pytest.raises(RuntimeError, match="two cache buffers"):
+        kernels.ops().layers_step(hidden, *norms, *linears, cos, sin, 64, caches[:-1], caches, 0, 0.125)
 
 
 def test_every_x86_path_gives_the_native_layers_bits() -> None:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-from marspec.backends.native_layer import NativeLayer, native_layer
+from marspec.backends.native_layer import NativeChain, NativeLayer, native_chain, native_layer
 from marspec.backends.row_attention import ROW_ATTENTION
 
 # The model types whose transformers forward is the one written out here.
@@ -172,8 +172,11 @@ class DirectForward:
         self._head = model.get_output_embeddings()
         self._layers = [_layer(layer, config) for layer in decoder.layers]
         self._rotary_kinds = sorted({layer.rotary for layer in self._layers}, key=str)
-        # Each layer through its native calls where it has them (False: the Python layer, for comparisons).
+        self._chain = _chain_of(self._layers)
+        # Each layer through its native calls where it has them (False: the Python layer, for comparisons),
+        # and all of them in one call where each steps alike (False: a call a layer, for comparisons).
         self.native_layers = True
+        self.one_call = True
 
     def __call__(
         self,
@@ -194,6 +197,31 @@ class DirectForward:
             rotations[kind] = (cos.unsqueeze(1), sin.unsqueeze(1))
         rows = int(tokens.shape[0])
         chain_room = getattr(attend, "chain_room", _no_room)
+        rooms = self._chain_rooms(chain_room, rows) if self.native_layers and self.one_call else None
+        if rooms is not None:  # every layer in one call, its keys and values into the cache
+            assert self._chain is not None
+            cos, sin = rotations[None]
+            hidden = self._chain.step(hidden, cos, sin, rooms, self._layers[0].attention.scaling)
+            for layer in self._layers:
+                attend.advance(layer.attention, rows)  # type: ignore[attr-defined]
+        else:
+            hidden = self._each_layer(hidden, rotations, attend, chain_room)
+        if isinstance(keep, int):
+            hidden = hidden[:, -keep:]
+        elif keep is not None:
+            hidden = hidden[:, keep]
+        return self._head(self._final_norm(hidden))[0]
+
+    def _each_layer(
+        self,
+        hidden: torch.Tensor,
+        rotations: dict[str | None, tuple[torch.Tensor, torch.Tensor]],
+        attend: Attend,
+        chain_room: Callable,
+    ) -> torch.Tensor:
+        """``hidden`` [1, T, H] through the layers one at a time: each in its native calls where it has
+        them, else the Python layer."""
+        rows = hidden.shape[1]
         for layer in self._layers:
             cos, sin = rotations[layer.rotary]
             if layer.native is not None and self.native_layers:
@@ -220,11 +248,35 @@ class DirectForward:
             hidden = hidden + (out if layer.post_attention is None else layer.post_attention(out))
             out = _mlp(layer, layer.pre_mlp(hidden))
             hidden = hidden + (out if layer.post_mlp is None else layer.post_mlp(out))
-        if isinstance(keep, int):
-            hidden = hidden[:, -keep:]
-        elif keep is not None:
-            hidden = hidden[:, keep]
-        return self._head(self._final_norm(hidden))[0]
+        return hidden
+
+    def _chain_rooms(
+        self, chain_room: Callable, rows: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], int] | None:
+        """Every layer's cache buffers with room for ``rows`` more positions, and the first of them, for
+        :class:`NativeChain`; None where the layers do not run as one, or a layer has no buffers to give."""
+        if self._chain is None:
+            return None
+        keys, values, starts = [], [], set()
+        for layer in self._layers:
+            assert layer.native is not None
+            room = chain_room(layer.attention, rows, layer.native.kv_like)
+            if room is None:
+                return None
+            keys.append(room[0])
+            values.append(room[1])
+            starts.add(room[2])
+        return (keys, values, starts.pop()) if len(starts) == 1 else None
+
+
+def _chain_of(layers: list[_Layer]) -> NativeChain | None:
+    """The layers as one native call (:func:`native_chain`) where each steps natively with the same rotation
+    and attention scale; else None."""
+    if any(layer.rotary is not None for layer in layers):
+        return None
+    if len({layer.attention.scaling for layer in layers}) != 1:
+        return None
+    return native_chain([layer.native for layer in layers])
 
 
 def _qkv(layer: _Layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

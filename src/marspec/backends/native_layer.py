@@ -1,7 +1,8 @@
 """A Llama-family decoder layer in native calls (``kernels/layer.cpp``): for a chain of rows on a cache of
 buffers the whole layer in one (``layer_step``: keys and values into the cache, each row attended there),
 else two around the caller's attention, ``layer_pre`` (input norm, q/k/v, rotation) and ``layer_post``
-(output projection, residuals, SiLU-gated MLP).
+(output projection, residuals, SiLU-gated MLP). Where every layer of a model steps so, one call runs
+them all (``layers_step``, :class:`NativeChain`).
 
 :class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral and
 Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers,
@@ -112,6 +113,47 @@ class NativeLayer:
             start,
             scale,
         )
+
+
+class NativeChain:
+    """A decoder's layers, each a :class:`NativeLayer` that steps, in one native call for a chain of rows
+    (``layers_step``: each layer as :meth:`NativeLayer.step`, the same bits), their arguments bound once."""
+
+    def __init__(self, layers: list[NativeLayer]) -> None:
+        self._step = kernels.ops().layers_step
+        self._norms = (
+            [layer._input_norm[0] for layer in layers],
+            [layer._input_norm[1] for layer in layers],
+            [layer._pre_mlp_norm[0] for layer in layers],
+            [layer._pre_mlp_norm[1] for layer in layers],
+        )
+        # Each list the layers' in turn: every weight of layer 0, then of layer 1, ...; the kinds alike.
+        parts = zip(*(layer._all for layer in layers), strict=True)
+        self._linears = _Linears(*([item for layer in part for item in layer] for part in parts))
+        self._head_dim = layers[0]._head_dim
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rooms: tuple[list[torch.Tensor], list[torch.Tensor], int],
+        scale: float,
+    ) -> torch.Tensor:
+        """Every layer for a chain of rows hidden [1, T, H]: ``rooms`` = (each layer's key buffer, each
+        one's value buffer, the first row's position in all of them); the caller advances the caches."""
+        keys, values, start = rooms
+        head = self._head_dim
+        return self._step(hidden, *self._norms, *self._linears, cos, sin, head, keys, values, start, scale)
+
+
+def native_chain(layers: list[NativeLayer | None]) -> NativeChain | None:
+    """``layers`` (a decoder's, in order) as one :class:`NativeChain`, or None unless each is a native
+    layer that steps, all of one head size."""
+    native = [layer for layer in layers if layer is not None and layer.steps]
+    if not native or len(native) != len(layers) or len({layer._head_dim for layer in native}) != 1:
+        return None
+    return NativeChain(native)
 
 
 def native_layer(

@@ -1,6 +1,7 @@
 // A Llama-family decoder layer (Llama, Mistral, Qwen2: RMSNorm, q/k/v with an optional bias, rotary
 // embedding, SiLU-gated MLP) in native operators: layer_step, the whole layer for a chain of rows of one
-// sequence, its keys and values written into the caller's cache buffers and attended there; and, for
+// sequence, its keys and values written into the caller's cache buffers and attended there (layers_step:
+// every layer of a model so, in one call); and, for
 // the forwards whose attention the caller keeps (token trees, packed batches), layer_pre (the input norm,
 // q, k and v, the rotation) and layer_post (the output projection, the residuals, the MLP) around it.
 // One or two calls a layer replace the ~150 operators the Python layer (marspec/backends/direct.py) calls,
@@ -194,7 +195,8 @@ at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, do
                       double mlp_eps,
                       at::TensorList weights, at::IntArrayRef kinds, at::IntArrayRef outs, at::IntArrayRef pads,
                       const c10::List<std::optional<at::Tensor>>& biases, const at::Tensor& cos, const at::Tensor& sin,
-                      int64_t head_dim, at::Tensor& key_cache, at::Tensor& value_cache, int64_t start, double scale) {
+                      int64_t head_dim, const at::Tensor& key_cache, const at::Tensor& value_cache, int64_t start,
+                      double scale) {
   TORCH_CHECK(weights.size() == 7 && kinds.size() == 7 && outs.size() == 7 && pads.size() == 7 && biases.size() == 7,
               "layer_step takes 7 linear layers: q, k, v, o, gate, up, down");
   c10::List<std::optional<at::Tensor>> qkv_biases, mlp_biases;
@@ -244,6 +246,38 @@ at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, do
   return mlp_half(hidden, attended, mlp_norm, mlp_eps, mlp);
 }
 
+// A chain of rows through L layers in one call, each as layer_step (the same bits): layer l's norms are
+// input_norms[l] and mlp_norms[l] with their epsilons, its seven linear layers entries 7l .. 7l + 6 of
+// weights, kinds, outs, pads and biases, its cache buffers key_caches[l] and value_caches[l]; the rows
+// sit at positions start .. in every layer, all of one head size, rotation and scale. One call spares
+// the caller's loop and a dispatch per layer: ~3% of a one-token step of either model of the default
+// pair (AMD EPYC Zen 4, 2 threads: the draft's 11.3 -> 10.8 ms, the target's 26.1 -> 25.1 ms).
+at::Tensor layers_step(const at::Tensor& hidden, at::TensorList input_norms, at::ArrayRef<double> input_eps,
+                       at::TensorList mlp_norms, at::ArrayRef<double> mlp_eps, at::TensorList weights,
+                       at::IntArrayRef kinds, at::IntArrayRef outs, at::IntArrayRef pads,
+                       const c10::List<std::optional<at::Tensor>>& biases, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t head_dim, at::TensorList key_caches, at::TensorList value_caches, int64_t start,
+                       double scale) {
+  const size_t layers = input_norms.size();
+  TORCH_CHECK(layers > 0 && input_eps.size() == layers && mlp_norms.size() == layers && mlp_eps.size() == layers &&
+                  key_caches.size() == layers && value_caches.size() == layers,
+              "layers_step takes, for each layer, two norms with their epsilons and two cache buffers");
+  TORCH_CHECK(weights.size() == 7 * layers && kinds.size() == 7 * layers && outs.size() == 7 * layers &&
+                  pads.size() == 7 * layers && biases.size() == 7 * layers,
+              "layers_step takes 7 linear layers a layer (q, k, v, o, gate, up, down): weights, kinds, out_features, "
+              "pads and biases each");
+  at::Tensor rows = hidden;
+  for (size_t l = 0; l < layers; ++l) {
+    c10::List<std::optional<at::Tensor>> layer_biases;
+    layer_biases.reserve(7);
+    for (size_t i = 7 * l; i < 7 * l + 7; ++i) layer_biases.push_back(biases.get(i));
+    rows = layer_step(rows, input_norms[l], input_eps[l], mlp_norms[l], mlp_eps[l], weights.slice(7 * l, 7),
+                      kinds.slice(7 * l, 7), outs.slice(7 * l, 7), pads.slice(7 * l, 7), layer_biases, cos, sin,
+                      head_dim, key_caches[l], value_caches[l], start, scale);
+  }
+  return rows;
+}
+
 }  // namespace
 
 MARSPEC_LIBRARY(m) {
@@ -261,4 +295,9 @@ MARSPEC_LIBRARY(m) {
       "int[] outs, int[] pads, Tensor?[] biases, Tensor cos, Tensor sin, int head_dim, Tensor(a!) key_cache, "
       "Tensor(b!) value_cache, int start, float scale) -> Tensor",
       &layer_step);
+  m.def(
+      "layers_step(Tensor hidden, Tensor[] input_norms, float[] input_eps, Tensor[] mlp_norms, float[] mlp_eps, "
+      "Tensor[] weights, int[] kinds, int[] outs, int[] pads, Tensor?[] biases, Tensor cos, Tensor sin, "
+      "int head_dim, Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, int start, float scale) -> Tensor",
+      &layers_step);
 }
