@@ -91,6 +91,23 @@ def test_transformers_early_initialisation_then_appends_rollback_and_reset():
         layer.crop(1)
 
 
+def test_keys_and_values_are_views_of_the_cached_positions_and_not_written_from_outside():
+    layer = PositionLayer()
+    assert layer.keys is None and layer.values is None
+    keys = torch.randn(1, 2, 4, 8)
+    layer.update(keys, -keys)
+    layer.room(keys, keys, 1)[0][:, :, 4] = 7.0  # a native writer's position, then advanced
+    layer.advance(1)
+    assert torch.equal(layer.keys, torch.cat((keys, torch.full((1, 2, 1, 8), 7.0)), dim=2))
+    layer.crop(-3)
+    assert torch.equal(layer.keys, keys[:, :, :2]) and torch.equal(layer.values, -keys[:, :, :2])
+    assert layer.keys.data_ptr() == layer._key_buf.data_ptr()  # a view, not a copy
+    layer.reset()
+    assert layer.keys.shape == (1, 2, 0, 8)
+    with pytest.raises(AttributeError, match="write them with update"):
+        layer.keys = keys
+
+
 def test_a_new_sequence_of_another_shape_gets_new_buffers():
     """Shapes are checked when a sequence starts (after a reset, or a rollback to nothing), not per token."""
     layer = PositionLayer()

@@ -43,11 +43,31 @@ class PositionLayer(CacheLayerMixin):
         self._key_buf: torch.Tensor | None = None  # [B, H, capacity, D]
         self._value_buf: torch.Tensor | None = None
 
+    # The interface's keys and values: views of the cached positions, made when read (a forward writes
+    # and a rollback crops every layer, and most never read them: two views a layer were ~1.5% of a
+    # draft step). transformers' base class sets both to None when it makes a layer.
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """The cached keys [B, H, length, D] (a view of the buffer), or None before any."""
+        return None if self._key_buf is None else self._key_buf[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: None) -> None:
+        _only_none(value, "keys")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """The cached values [B, H, length, D] (a view of the buffer), or None before any."""
+        return None if self._value_buf is None else self._value_buf[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: None) -> None:
+        _only_none(value, "values")
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Make buffers for states shaped like these (an empty sequence); transformers' early
         initialisation calls this, and :meth:`update` does the same on its own when needed."""
         self._new_sequence(key_states, value_states, 0)
-        self._expose()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
@@ -80,7 +100,6 @@ class PositionLayer(CacheLayerMixin):
     def advance(self, n: int) -> None:
         """Count ``n`` positions written after the cached ones (see :meth:`room`)."""
         self.length += n
-        self._expose()
 
     def get_seq_length(self) -> int:
         return self.length
@@ -99,13 +118,10 @@ class PositionLayer(CacheLayerMixin):
         if tokens_to_remove == 0 or self._key_buf is None:
             return
         self.length = max(0, self.length + tokens_to_remove)
-        self._expose()
 
     def reset(self) -> None:
         """A new sequence: the length goes to 0 and the buffers stay, ready for the next request."""
         self.length = 0
-        if self._key_buf is not None:
-            self._expose()
 
     def _new_sequence(
         self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int
@@ -135,10 +151,10 @@ class PositionLayer(CacheLayerMixin):
         self._value_buf = _grown(self._value_buf, capacity, self.length)
         return self._key_buf, self._value_buf
 
-    def _expose(self) -> None:
-        assert self._key_buf is not None and self._value_buf is not None
-        self.keys = self._key_buf[:, :, : self.length]  # [B, H, length, D], a view
-        self.values = self._value_buf[:, :, : self.length]
+
+def _only_none(value: object, name: str) -> None:
+    if value is not None:
+        raise AttributeError(f"a PositionLayer's {name} are a view of its buffers: write them with update()")
 
 
 def _fits(buf: torch.Tensor, states: torch.Tensor, dtype: torch.dtype) -> bool:
