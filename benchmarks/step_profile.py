@@ -16,7 +16,8 @@ kernel's time includes what it calls (inside the native layer's operators, the k
 named to the profiler alike). The models' Llama-family layers run through the native layer, all of a
 model's in one call where they can (``layers_step``; else ``layer_step``, or ``layer_pre`` and
 ``layer_post``: :mod:`marspec.backends.native_layer`); ``--layers`` adds each case with a native call a
-layer (``per-layer``) or through the Python layer (``python``), its name marked so, for the difference.
+layer (``per-layer``) or through the Python layer (``python``), its name marked so, for the difference,
+and then each mode's wall time against the first's, calls of the modes interleaved (``paired``).
 Everything else the step runs (norms, rotary, views, copies, the glue around the kernels) is "outside
 the kernels": the step's wall time less the kernels' time. The profiler adds a few microseconds to every
 operator, which falls on the many small ones outside the kernels, so shares are given against the
@@ -169,9 +170,7 @@ def main() -> None:
     )
     with torch.inference_mode():
         for (name, lm, rows, step), mode in itertools.product(cases, modes):
-            if lm.direct is not None:
-                lm.direct.native_layers = mode != "python"
-                lm.direct.one_call = mode == "native"
+            use_mode(lm, mode)
             lm.reset()
             lm.forward(tokens(args.context), last_only=True)
             new = tokens(rows)
@@ -183,7 +182,48 @@ def main() -> None:
             lm.reset()
             if args.out:
                 write_json(args.out, result)
+        if len(modes) > 1:  # each mode's time against the first's, call by call, interleaved
+            result["paired"] = {}
+            for name, lm, rows, step in cases:
+                lm.reset()
+                lm.forward(tokens(args.context), last_only=True)
+                new = tokens(rows)
+                result["paired"][name] = paired_ratios(
+                    lm, modes, lambda lm=lm, step=step, new=new: step(lm, new), args.context, 3 * args.repeats
+                )
+                lm.reset()
+            if args.out:
+                write_json(args.out, result)
     print(table(result))
+    for name, ratios in result.get("paired", {}).items():
+        print(f"{name}, interleaved: " + ", ".join(f"{m} {r:.3f}x {modes[0]}" for m, r in ratios.items()))
+
+
+def use_mode(lm: Any, mode: str) -> None:
+    """Run ``lm``'s layers as ``mode`` (one of :data:`MODES`) says."""
+    if lm.direct is not None:
+        lm.direct.native_layers = mode != "python"
+        lm.direct.one_call = mode == "native"
+
+
+def paired_ratios(
+    lm: Any, modes: list[str], call: Callable[[], object], context: int, rounds: int
+) -> dict[str, float]:
+    """Each of ``modes`` after the first: the median over ``rounds`` of its call's wall time over the first
+    mode's, the modes called in turn within each round (their order reversed every other round), so that
+    each ratio compares calls a few milliseconds apart on a shared machine."""
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for i in range(rounds + 1):
+        for mode in modes if i % 2 == 0 else modes[::-1]:
+            use_mode(lm, mode)
+            start = time.perf_counter()
+            call()
+            if i > 0:  # the first round warms each mode up
+                times[mode].append(time.perf_counter() - start)
+            lm.rollback(context)
+    use_mode(lm, modes[0])
+    first = times[modes[0]]
+    return {m: statistics.median(t / f for t, f in zip(times[m], first, strict=True)) for m in modes[1:]}
 
 
 def table(result: dict[str, Any]) -> str:
