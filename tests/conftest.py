@@ -4,9 +4,12 @@ once per session for the real-weights modules that use them."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,6 +32,17 @@ os.environ["MARSPEC_DRAFT_COSTS"] = "off"
 
 TINY_VOCAB = 97
 SMALL = "smollm2-135m-instruct"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """The script benchmarks/<name>.py as a module, imported as the scripts import each other (their
+    folder on the path, for its shared helpers)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 def bench_config(methods: str, **changes: Any) -> BenchConfig:

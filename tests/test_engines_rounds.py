@@ -3,23 +3,15 @@ rate in that same round (the drift of a shared machine between rounds must not e
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def engines() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import engines as module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return benchmark_module("engines")
 
 
 def row(rate: float, peak: float | None = 1.5, **extra: float) -> dict:
