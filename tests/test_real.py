@@ -19,6 +19,7 @@ from test_gguf_int4 import assert_same_4bit_weights
 
 from marspec import Decoder, MarspecError
 from marspec.backends import kernels
+from marspec.backends.draft_head import NarrowFirstHead
 from marspec.backends.hf import HFCausalLM, cache_keyword
 from marspec.backends.int4 import Int4Linear, int4_available
 from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, rowwise_int8_available
@@ -421,29 +422,39 @@ def test_the_default_engines_models_run_the_direct_forward_with_transformers_bit
     logits and cache bit for bit on the real weights (a prompt's prefill, a 13-token verification and a
     one-token step); through the native layer every row is the bits of its token scored alone, and the
     logits stay within the int8 rounding of activations of transformers' logits."""
-    for lm in (default_pair.target, default_pair.drafter.draft_model):
-        assert lm.direct is not None
-        assert all(layer.native is not None for layer in lm.direct._layers) == kernels_available()
-        python = HFCausalLM(lm.model, lm.tokenizer, "python")  # a cache of its own on the same model
-        python.direct.native_layers = False
-        native, alone = (HFCausalLM(lm.model, lm.tokenizer, name) for name in ("native", "alone"))
-        cache = position_cache(lm.model.config)
-        ids = lm.tokenizer(PROMPTS[1], return_tensors="pt").input_ids[0]
-        with torch.inference_mode():
-            for chunk in (ids[:-14], ids[-14:-1], ids[-1:]):
-                out = lm.model(input_ids=chunk[None], **{cache_keyword(lm.model): cache}, use_cache=True)
-                theirs = out.logits[0].float()
-                assert torch.equal(python.forward(chunk), theirs), (lm.name, len(chunk))
-                ours = native.forward(chunk)
-                # Within the int8 rounding of activations, which a small float difference in a norm moves
-                # by a step here and there (measured: <= 8% of the largest logit, 12 of 13 argmaxes agree;
-                # the q4k engine against the float model is held to 10% and 80% in test_model_families.py).
-                assert (ours - theirs).abs().max() <= 0.1 * theirs.abs().max(), (lm.name, len(chunk))
-                assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.8, (lm.name, len(chunk))
-                rows = torch.cat([alone.forward(chunk[i : i + 1]) for i in range(len(chunk))])
-                assert torch.equal(ours, rows), (lm.name, len(chunk))
-        for ours, theirs in zip(python.cache_layers, cache.layers, strict=True):
-            assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+    draft_head = default_pair.drafter.draft_model.model.get_output_embeddings()
+    assert isinstance(draft_head, NarrowFirstHead) == kernels_available()  # its ids at Qwen's bounds:
+    if kernels_available():  # the first 65,536 and the added ones, from the tile of id 151,643 on
+        assert (draft_head.narrow_end, draft_head.tail_start) == (65536, 151616)
+        draft_head.narrow_first = False  # compared here as the whole layer (where it is sure: -inf)
+    try:
+        for lm in (default_pair.target, default_pair.drafter.draft_model):
+            assert lm.direct is not None
+            assert all(layer.native is not None for layer in lm.direct._layers) == kernels_available()
+            python = HFCausalLM(lm.model, lm.tokenizer, "python")  # a cache of its own on the same model
+            python.direct.native_layers = False
+            native, alone = (HFCausalLM(lm.model, lm.tokenizer, name) for name in ("native", "alone"))
+            cache = position_cache(lm.model.config)
+            ids = lm.tokenizer(PROMPTS[1], return_tensors="pt").input_ids[0]
+            with torch.inference_mode():
+                for chunk in (ids[:-14], ids[-14:-1], ids[-1:]):
+                    out = lm.model(input_ids=chunk[None], **{cache_keyword(lm.model): cache}, use_cache=True)
+                    theirs = out.logits[0].float()
+                    assert torch.equal(python.forward(chunk), theirs), (lm.name, len(chunk))
+                    ours = native.forward(chunk)
+                    # Within the int8 rounding of activations, which a small float difference in a norm
+                    # moves by a step here and there (measured: <= 8% of the largest logit, 12 of 13
+                    # argmaxes agree; the q4k engine against the float model is held to 10% and 80% in
+                    # test_model_families.py).
+                    assert (ours - theirs).abs().max() <= 0.1 * theirs.abs().max(), (lm.name, len(chunk))
+                    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.8, (lm.name, len(chunk))
+                    rows = torch.cat([alone.forward(chunk[i : i + 1]) for i in range(len(chunk))])
+                    assert torch.equal(ours, rows), (lm.name, len(chunk))
+            for ours, theirs in zip(python.cache_layers, cache.layers, strict=True):
+                assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+    finally:
+        if kernels_available():
+            draft_head.narrow_first = True
 
 
 @pytest.mark.skipif(not kernels_available(), reason="the Q4_K kernel does not run here")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from marspec.backends.draft_head import first_added_id, narrow_first_head
 from marspec.backends.fixed import FixedShapeLM, fixed_shape_lm, graphs_plan
 from marspec.backends.hf import HFCausalLM, use_grouped_attention
 from marspec.backends.prepack import prepack_linears
@@ -309,6 +310,8 @@ class _Plan:
         )
         if quantize:
             quantize_draft(draft_lm.model, draft_quant)
+            if draft_quant == "q4k":
+                narrow_first_head(draft_lm.model, first_added_id(target.tokenizer))
         pair.draft_name = draft_lm.name
         pair.draft_weights = draft_quant if quantize else _dtype_name(draft_lm.dtype)
         if self.fixed_shape:
