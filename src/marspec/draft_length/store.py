@@ -18,7 +18,7 @@ from pathlib import Path
 from marspec.draft_length.measure import Measured
 from marspec.models import cache_dir
 
-FILE_VERSION = 2  # 2: the kernels a pair ran on, a field of their own
+FILE_VERSION = 3  # 2: the kernels a pair ran on, a field of their own; 3: a Q4_K draft's narrow-first head
 
 
 @dataclass(frozen=True)
