@@ -133,8 +133,9 @@ def draft_choice(
             f"CPU to choose the draft length, once ({ENV}=off skips it, =again measures anew)"
         )
     start = time.perf_counter()
-    target_s, draft_s = measure_costs(target, drafter.draft_model)
-    confidences, accepted = draft_record(target, drafter, prompts(), eos_token_ids)
+    calibration = list(prompts())
+    target_s, draft_s = measure_costs(target, drafter.draft_model, torch.cat(calibration))
+    confidences, accepted = draft_record(target, drafter, calibration, eos_token_ids)
     if not confidences:
         raise MarspecError("the draft-length calibration produced no tokens: set MARSPEC_DRAFT_COSTS=off")
     measured = Measured(target_s, draft_s, confidences, accepted)

@@ -1,10 +1,13 @@
 """What the draft-length choice measures on a loaded pair: its forward costs and its draft's acceptance.
 
 Costs: the target's forward over 1 .. 16 rows and the draft's one-token forward, on a cache of
-:data:`CONTEXT` random tokens rolled back after each call, as the decode loop does. The calls go in
-rounds, each round every size in turn (after a round of warm-up), and each size keeps the median of its
-rounds: a slow stretch of a shared machine then falls on all sizes alike instead of on a few, whose
-costs would bend the choice.
+:data:`CONTEXT` tokens of the calibration text rolled back after each call, as the decode loop does: the
+target scores the text's next tokens, the draft drafts (each token fed its own greedy choice before, as a
+draft runs). Real text and the draft's own choices, not random ids: a Q4_K draft's output layer scores all
+of its ids only where the draft is unsure (:mod:`marspec.backends.draft_head`), which on random ids, or
+on text it did not write, is more often than where it drafts. The calls go in rounds, each round every
+size in turn (after a round of warm-up), and each size keeps the median of its rounds: a slow stretch of a
+shared machine then falls on all sizes alike instead of on a few, whose costs would bend the choice.
 
 Acceptance: the calibration prompts (:mod:`marspec.draft_length.calibration_text`) are decoded once by
 strict speculative decoding, which gives the target's own greedy continuation; the draft then reads
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,8 +33,10 @@ from marspec.drafters.model import ModelDrafter
 from marspec.interfaces import CausalLM
 from marspec.settings import GenerationOptions, settle
 from marspec.stats import GenerationStats
+from marspec.verify.top_tokens import argmax
 
 MAX_ROWS = 16  # the longest verification measured: drafts of up to 15 tokens
+DRAFT_RUN = 4  # draft tokens a timed draft call runs, each fed the one before (its cost: the run's / 4)
 CONTEXT = 128  # cached tokens under each timed forward, about a demo prompt and part of its answer
 # Timed rounds (each size's median is kept), after one round of warm-up: a round costs ~1.5 s on the
 # default pair; with 3, three measurements of the same AVX-512 kernels on a quiet 2-core Zen 4 put the
@@ -52,21 +57,32 @@ class Measured:
 
 
 @torch.inference_mode()
-def measure_costs(target: CausalLM, draft: CausalLM) -> tuple[dict[int, float], float]:
+def measure_costs(target: CausalLM, draft: CausalLM, text: torch.Tensor) -> tuple[dict[int, float], float]:
     """The target's forward at 1 .. :data:`MAX_ROWS` rows and the draft's at one token, in seconds
-    (the median of :data:`REPEATS` rounds); both caches are left empty."""
-    gen = torch.Generator().manual_seed(0)
+    (the median of :data:`REPEATS` rounds), after :data:`CONTEXT` tokens of ``text`` (token ids, repeated
+    where shorter); both caches are left empty. The target scores the text's next tokens; the draft
+    drafts as it does in decoding, :data:`DRAFT_RUN` tokens each fed its own greedy choice before."""
+    ids = text.flatten().repeat(-(-(CONTEXT + MAX_ROWS) // max(text.numel(), 1)))[: CONTEXT + MAX_ROWS]
     for lm in (target, draft):
         lm.reset()
-        lm.forward(torch.randint(lm.vocab_size, (CONTEXT,), generator=gen).to(lm.device), last_only=True)
-    calls = [(target, n) for n in range(1, MAX_ROWS + 1)] + [(draft, 1)]
+        lm.forward(ids[:CONTEXT].to(lm.device), last_only=True)
+
+    def draft_run() -> None:
+        token = ids[CONTEXT : CONTEXT + 1].to(draft.device)
+        for _ in range(DRAFT_RUN):
+            token = argmax(draft.forward(token)[-1]).view(1)
+
+    calls: list[tuple[CausalLM, Callable[[], object]]] = [
+        (target, lambda n=n: target.forward(ids[CONTEXT : CONTEXT + n].to(target.device)))
+        for n in range(1, MAX_ROWS + 1)
+    ]
+    calls.append((draft, draft_run))
     samples: list[list[float]] = [[] for _ in calls]
     for round_ in range(REPEATS + 1):  # round 0 warms every size up and is dropped
-        for (lm, rows), times in zip(calls, samples, strict=True):
-            tokens = torch.randint(lm.vocab_size, (rows,), generator=gen).to(lm.device)
+        for (lm, call), times in zip(calls, samples, strict=True):
             synchronize(lm.device)
             start = time.perf_counter()
-            lm.forward(tokens)
+            call()
             synchronize(lm.device)
             if round_:
                 times.append(time.perf_counter() - start)
@@ -74,7 +90,7 @@ def measure_costs(target: CausalLM, draft: CausalLM) -> tuple[dict[int, float], 
     target.reset()
     draft.reset()
     medians = [statistics.median(times) for times in samples]
-    return dict(zip(range(1, MAX_ROWS + 1), medians[:-1], strict=True)), medians[-1]
+    return dict(zip(range(1, MAX_ROWS + 1), medians[:-1], strict=True)), medians[-1] / DRAFT_RUN
 
 
 @torch.inference_mode()
