@@ -87,9 +87,10 @@ def first_added_id(tokenizer: object) -> int:
 
 def narrow_first_head(model: torch.nn.Module, first_added_id: int) -> bool:
     """Give ``model`` (a draft on the Q4_K kernels) a :class:`NarrowFirstHead`, its tokenizer's added ids
-    from ``first_added_id`` on; whether it did. A head of another kind, or one whose other ids are fewer
-    than those scored first (skipping them would save less than the check and the extra call cost), is
-    left as it is."""
+    from ``first_added_id`` on; whether it did. A head of another kind is left as it is, and so is one
+    whose other ids are fewer than those scored first: skipping them then saves less than half the layer
+    for the same check and extra call (measured only where they are the larger part: Qwen's 86,080 of
+    151,936)."""
     head = model.get_output_embeddings()
     if type(head) is not Q4KLinear or head.bias is not None:
         return False
