@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from marspec.backends.q4k import Q4KLinear
+from marspec.backends.q4k import TILE, Q4KLinear
 from marspec.errors import MarspecError
 
 NARROW_IDS = 65536  # the ids scored first, from 0, with the added ones (97.8% of the tokens of our docs)
 SURE = 0.8  # the top probability among them from which the rest is not scored
-TILE = 32  # output columns a packed tile holds: the parts are whole tiles
 
 
 class NarrowFirstHead(torch.nn.Module):
