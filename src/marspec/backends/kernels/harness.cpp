@@ -3,7 +3,8 @@
 // dequant_core.h, pack_core.h), on
 // inputs made by a fixed generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
 // are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
-// if a row's output differs between a call of many rows and a call of its own.
+// if a row's output differs between a call of many rows and a call of its own, or a thread's requests for
+// its weights ahead leave a gap in its stream.
 //
 // Build: c++ -std=c++17 -O2 -ffp-contract=off <path's flags> -D<path's ISA macro> harness.cpp
 // (tests/test_cpu_paths.py builds it for every path and compares the hashes).
@@ -321,6 +322,36 @@ void check_pack(Generator& g) {
   std::printf("pack %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
+// A thread's stream of Q4_K tiles (3 of 4 super-blocks, the layer 1024 wide, or 896: its last record 4
+// of 8 sub-blocks): the records' requests (requested_ahead) reach every byte after the first
+// kRecordsAhead records, else the run fails.
+void check_requests() {
+  for (const int64_t last_used : {Q4K::kGroups, int64_t{4}}) {
+    const int64_t supers = 4, tiles = 3;
+    const int64_t tile_bytes = (supers - 1) * Q4K::kRecord + Q4K::record_bytes(last_used);
+    const int64_t stream = tiles * tile_bytes;
+    std::vector<uint8_t> memory(stream + 2 * kRecordsAhead * Q4K::kRecord);  // requests past the end
+    std::vector<bool> requested(stream, false);
+    for (int64_t t = 0; t < tiles; ++t) {
+      for (int64_t s = 0; s < supers; ++s) {
+        const int64_t at = t * tile_bytes + s * Q4K::kRecord;
+        const int64_t bytes = Q4K::record_bytes(s + 1 < supers ? Q4K::kGroups : last_used);
+        const Requested r = requested_ahead(memory.data() + at, bytes, Q4K::kRecord);
+        const int64_t from = r.start - memory.data();
+        for (int64_t i = from; i < std::min(from + r.bytes, stream); ++i) requested[i] = true;
+      }
+    }
+    for (int64_t i = kRecordsAhead * Q4K::kRecord; i < stream; ++i) {
+      if (!requested[i]) {
+        std::fprintf(stderr, "requests: byte %lld of a stream of %lld (last record %lld sub-blocks) unrequested\n",
+                     static_cast<long long>(i), static_cast<long long>(stream), static_cast<long long>(last_used));
+        failed = true;
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -337,5 +368,6 @@ int main() {
   check_vocab(g);
   check_dequant(g);
   check_pack(g);
+  check_requests();
   return failed ? 1 : 0;
 }

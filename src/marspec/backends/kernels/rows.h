@@ -125,6 +125,19 @@ constexpr int64_t kRecordsAhead = MARSPEC_RECORDS_AHEAD;
 #else
 constexpr int64_t kRecordsAhead = 2;
 #endif
+
+// The bytes requested while a thread adds the record at `record` (`bytes` long: shorter for a tile's last
+// record where K is not a multiple of 256, as the 0.5B draft's 896) to its stream of tiles: the same
+// length kRecordsAhead whole records (`full` bytes each) on. Consecutive records' requests then follow
+// each other without a gap across a short record (the harness checks it), which a distance of the
+// record's own length left in every tile of such a layer.
+struct Requested {
+  const uint8_t* start;
+  int64_t bytes;
+};
+inline Requested requested_ahead(const uint8_t* record, int64_t bytes, int64_t full) {
+  return {record + kRecordsAhead * full, bytes};
+}
 #ifdef MARSPEC_PREFETCH_LEVEL
 constexpr int kPrefetchLevel = MARSPEC_PREFETCH_LEVEL;
 #else

@@ -42,9 +42,9 @@ void rows_block(const typename F::Half* w, const uint8_t* record, const int8_t* 
   const int64_t record_bytes = F::record_bytes(used);
   for (int64_t g = 0; g < used; ++g) {
     if (requests) {  // the stream kRecordsAhead records on, a part a sub-block (spreads_requests)
-      const uint8_t* ahead = record + kRecordsAhead * record_bytes;
-      if constexpr (kPrefetchLevel == 1) prefetch_part(ahead, record_bytes, g, used);
-      else prefetch_part_l2(ahead, record_bytes, g, used);
+      const Requested ahead = requested_ahead(record, record_bytes, F::kRecord);
+      if constexpr (kPrefetchLevel == 1) prefetch_part(ahead.start, ahead.bytes, g, used);
+      else prefetch_part_l2(ahead.start, ahead.bytes, g, used);
     }
     I32 s[R][2];
     I32 sc[2];  // kPairs: the scale in both int16 of each lane

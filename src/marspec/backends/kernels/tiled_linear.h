@@ -69,9 +69,10 @@ at::Tensor tiled_linear(const at::Tensor& x, int64_t k, const at::Tensor& blocks
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* record = blocks_p + t * tile_bytes + s * record_bytes;
         if (!add_record.requests_next_record(m_rows)) {
-          const uint8_t* ahead = record + kRecordsAhead * record_bytes;
-          if constexpr (kPrefetchLevel == 1) prefetch(ahead, record_bytes);
-          else prefetch_l2(ahead, record_bytes);
+          const Requested ahead =
+              requested_ahead(record, s + 1 < supers ? record_bytes : last_record_bytes, record_bytes);
+          if constexpr (kPrefetchLevel == 1) prefetch(ahead.start, ahead.bytes);
+          else prefetch_l2(ahead.start, ahead.bytes);
         }
         add_record(record, s, xq, acc.data());
       }
