@@ -1,5 +1,7 @@
 """Draft length k and the confidence stop on the default CPU engine: strict (or MARS) on the demo's
-prompts for each setting, interleaved round by round in one process, against plain decoding.
+prompts for each setting, interleaved round by round in one process, against plain decoding; with each
+setting's tokens a verification and its draft's time a forward (the draft step a kernel change moves:
+run it at the two commits in alternating processes to compare them).
 
     python benchmarks/draft_length.py --k 12 8 6 --confidence 0.4 0.6 0.8 --out draft-length.json
 """
@@ -8,11 +10,20 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from typing import NamedTuple
 
 from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
 
 import marspec
 from marspec.demo import DEMO_PROMPTS
+
+
+class Run(NamedTuple):
+    """One setting's decode of the prompts."""
+
+    tokens_per_s: float
+    tokens_per_verification: float
+    draft_ms: float  # a draft forward, on average (0 where none ran)
 
 
 def main() -> None:
@@ -28,28 +39,48 @@ def main() -> None:
     decoder = marspec.Decoder(threads=args.threads)
     prompts = [prompt for _, prompt in DEMO_PROMPTS]
 
-    def tokens_per_s(rule: str, k: int, confidence: float) -> float:
+    def run(rule: str, k: int, confidence: float) -> Run:
         decoder.drafter.min_confidence = confidence  # the load setting draft_confidence, set in place
-        results = [decoder.generate(p, max_new_tokens=args.max_new_tokens, rule=rule, k=k) for p in prompts]
-        return sum(r.stats.new_tokens for r in results) / sum(r.stats.wall_s for r in results)
+        stats = [
+            decoder.generate(p, max_new_tokens=args.max_new_tokens, rule=rule, k=k).stats for p in prompts
+        ]
+        drafted = sum(s.draft_forwards for s in stats)
+        return Run(
+            sum(s.new_tokens for s in stats) / sum(s.wall_s for s in stats),
+            sum(s.new_tokens for s in stats) / sum(s.target_forwards for s in stats),
+            1000 * sum(s.draft_forward_s for s in stats) / drafted if drafted else 0.0,
+        )
 
     settings = [
         ("plain", 1, 0.0),
         *((args.rule, k, c) for k, c in itertools.product(args.k, args.confidence)),
     ]
     decoder.generate(prompts[0], max_new_tokens=16)  # warm
-    measured: dict[tuple[str, int, float], list[float]] = {s: [] for s in settings}
+    measured: dict[tuple[str, int, float], list[Run]] = {s: [] for s in settings}
     for _ in range(args.rounds):
         for setting in settings:
-            measured[setting].append(tokens_per_s(*setting))
-    plain = statistics.mean(measured[settings[0]])
+            measured[setting].append(run(*setting))
+    plain = statistics.mean(r.tokens_per_s for r in measured[settings[0]])
     rows = []
-    for (rule, k, confidence), values in measured.items():
-        mean = statistics.mean(values)
+    for (rule, k, confidence), runs in measured.items():
+        mean = statistics.mean(r.tokens_per_s for r in runs)
+        draft_ms = statistics.mean(r.draft_ms for r in runs)
+        per_verification = statistics.mean(r.tokens_per_verification for r in runs)
         rows.append(
-            {"rule": rule, "k": k, "confidence": confidence, "tokens_per_s": values, "x_plain": mean / plain}
+            {
+                "rule": rule,
+                "k": k,
+                "confidence": confidence,
+                "tokens_per_s": [r.tokens_per_s for r in runs],
+                "x_plain": mean / plain,
+                "tokens_per_verification": [r.tokens_per_verification for r in runs],
+                "draft_ms_per_forward": [r.draft_ms for r in runs],
+            }
         )
-        print(f"{rule:6} k {k:2} stop {confidence:.1f}: {mean:6.1f} tok/s ({mean / plain:.2f}x plain)")
+        print(
+            f"{rule:6} k {k:2} stop {confidence:.2f}: {mean:6.1f} tok/s ({mean / plain:.2f}x plain), "
+            f"{per_verification:.2f} tokens a verification, draft {draft_ms:.2f} ms a forward"
+        )
     if args.out:
         write_json(args.out, {"machine": machine(), "engine": decoder.target_weights, "rows": rows})
 
