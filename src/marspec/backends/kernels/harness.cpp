@@ -322,8 +322,8 @@ void check_pack(Generator& g) {
   std::printf("pack %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
-// A thread's stream of Q4_K tiles (3 of 4 super-blocks, the layer 1024 wide, or 896: its last record 4
-// of 8 sub-blocks): the records' requests (requested_ahead) reach every byte after the first
+// A thread's stream of three Q4_K tiles of 4 super-blocks (the layer 1024 wide, or 896: each tile's last
+// record 4 of 8 sub-blocks): the records' requests (requested_ahead) reach every byte after the first
 // kRecordsAhead records, else the run fails.
 void check_requests() {
   for (const int64_t last_used : {Q4K::kGroups, int64_t{4}}) {
