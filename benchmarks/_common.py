@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,17 @@ def median_ms(
         if after is not None:
             after()
     return statistics.median(samples)
+
+
+def decode_rates(stats: Sequence[Any]) -> dict[str, float]:
+    """Decodes' tokens a second, tokens a verification, and a draft forward's milliseconds (0 where none
+    ran), over their :class:`~marspec.stats.GenerationStats` together."""
+    new_tokens, drafted = sum(s.new_tokens for s in stats), sum(s.draft_forwards for s in stats)
+    return {
+        "tokens_per_s": new_tokens / sum(s.wall_s for s in stats),
+        "tokens_per_verification": new_tokens / sum(s.target_forwards for s in stats),
+        "draft_ms_per_forward": 1000 * sum(s.draft_forward_s for s in stats) / max(drafted, 1),
+    }
 
 
 def git_commit() -> str | None:

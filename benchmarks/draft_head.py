@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
+from _common import add_threads, decode_rates, machine, script_parser, write_json  # shared helpers
 
 import marspec
 from marspec.backends.draft_head import NarrowFirstHead
@@ -48,16 +48,7 @@ def main() -> None:
             head.narrow_first = WAYS[way]
             for rule in args.rules:
                 results = [decoder.generate(p, rule=rule, max_new_tokens=new) for p in prompts]
-                stats = [r.stats for r in results]
-                drafted, draft_s = sum(s.draft_forwards for s in stats), sum(s.draft_forward_s for s in stats)
-                runs[way, rule].append(
-                    {
-                        "tokens_per_s": sum(s.new_tokens for s in stats) / sum(s.wall_s for s in stats),
-                        "tokens_per_verification": sum(s.new_tokens for s in stats)
-                        / sum(s.target_forwards for s in stats),
-                        "draft_ms_per_forward": 1000 * draft_s / max(drafted, 1),
-                    }
-                )
+                runs[way, rule].append(decode_rates([r.stats for r in results]))
                 tokens.setdefault((way, rule), [r.token_ids for r in results])
     head.narrow_first = True
     if "strict" in args.rules:

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from typing import NamedTuple
 
-from _common import add_threads, machine, script_parser, write_json  # this folder's shared helpers
+from _common import add_threads, decode_rates, machine, script_parser, write_json  # shared helpers
 
 import marspec
 from marspec.demo import DEMO_PROMPTS
-
-
-class Run(NamedTuple):
-    """One setting's decode of the prompts."""
-
-    tokens_per_s: float
-    tokens_per_verification: float
-    draft_ms: float  # a draft forward, on average (0 where none ran)
 
 
 def main() -> None:
@@ -39,16 +30,10 @@ def main() -> None:
     decoder = marspec.Decoder(threads=args.threads)
     prompts = [prompt for _, prompt in DEMO_PROMPTS]
 
-    def run(rule: str, k: int, confidence: float) -> Run:
+    def run(rule: str, k: int, confidence: float) -> dict[str, float]:
         decoder.drafter.min_confidence = confidence  # the load setting draft_confidence, set in place
-        stats = [
-            decoder.generate(p, max_new_tokens=args.max_new_tokens, rule=rule, k=k).stats for p in prompts
-        ]
-        drafted = sum(s.draft_forwards for s in stats)
-        return Run(
-            sum(s.new_tokens for s in stats) / sum(s.wall_s for s in stats),
-            sum(s.new_tokens for s in stats) / sum(s.target_forwards for s in stats),
-            1000 * sum(s.draft_forward_s for s in stats) / drafted if drafted else 0.0,
+        return decode_rates(
+            [decoder.generate(p, max_new_tokens=args.max_new_tokens, rule=rule, k=k).stats for p in prompts]
         )
 
     settings = [
@@ -56,27 +41,19 @@ def main() -> None:
         *((args.rule, k, c) for k, c in itertools.product(args.k, args.confidence)),
     ]
     decoder.generate(prompts[0], max_new_tokens=16)  # warm
-    measured: dict[tuple[str, int, float], list[Run]] = {s: [] for s in settings}
+    measured: dict[tuple[str, int, float], list[dict[str, float]]] = {s: [] for s in settings}
     for _ in range(args.rounds):
         for setting in settings:
             measured[setting].append(run(*setting))
-    plain = statistics.mean(r.tokens_per_s for r in measured[settings[0]])
+    plain = statistics.mean(r["tokens_per_s"] for r in measured[settings[0]])
     rows = []
     for (rule, k, confidence), runs in measured.items():
-        mean = statistics.mean(r.tokens_per_s for r in runs)
-        draft_ms = statistics.mean(r.draft_ms for r in runs)
-        per_verification = statistics.mean(r.tokens_per_verification for r in runs)
-        rows.append(
-            {
-                "rule": rule,
-                "k": k,
-                "confidence": confidence,
-                "tokens_per_s": [r.tokens_per_s for r in runs],
-                "x_plain": mean / plain,
-                "tokens_per_verification": [r.tokens_per_verification for r in runs],
-                "draft_ms_per_forward": [r.draft_ms for r in runs],
-            }
+        per_round = {key: [r[key] for r in runs] for key in runs[0]}
+        mean, per_verification, draft_ms = (
+            statistics.mean(per_round[key])
+            for key in ("tokens_per_s", "tokens_per_verification", "draft_ms_per_forward")
         )
+        rows.append({"rule": rule, "k": k, "confidence": confidence, **per_round, "x_plain": mean / plain})
         print(
             f"{rule:6} k {k:2} stop {confidence:.2f}: {mean:6.1f} tok/s ({mean / plain:.2f}x plain), "
             f"{per_verification:.2f} tokens a verification, draft {draft_ms:.2f} ms a forward"
