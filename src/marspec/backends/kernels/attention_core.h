@@ -50,17 +50,37 @@ inline void attend_heads(const float* const* q, int64_t heads, const KV* keys, c
                          int64_t length, int64_t d, float scale, float* scores, float* sums, float* const* out) {
   const int64_t chunks = d / kLanes;
   const int64_t row = length + kLanes;  // a head's scores in `scores`
+  const F32 scale_v = set1f(scale);
   float peak[kMaxGroup];
-  for (int64_t h = 0; h < heads; ++h) peak[h] = -INFINITY;
-  // s_j = (q . k_j) * scale, block by block, each head in turn over the block's keys.
+  F32 peak_v[kMaxGroup];  // the largest of a head's scores taken 16 at a time, lane by lane
+  for (int64_t h = 0; h < heads; ++h) {
+    peak[h] = -INFINITY;
+    peak_v[h] = set1f(-INFINITY);
+  }
+  // s_j = (q . k_j) * scale, block by block, each head in turn over the block's keys: 16 keys' dot
+  // products reduced together (reduce_addf16: each one's bits as reduce_addf gives them), the rest one by
+  // one. The largest score is the same whichever way it is found (no score is a NaN).
   for (int64_t j0 = 0; j0 < length; j0 += kBlock) {
     const int64_t j1 = std::min(length, j0 + kBlock);
     for (int64_t h = 0; h < heads; ++h) {
       F32 qv[kMaxHeadDim / kLanes];
       for (int64_t c = 0; c < chunks; ++c) qv[c] = loadf(q[h] + c * kLanes);
       float* head_scores = scores + h * row;
+      int64_t j = j0;
+      for (; j + kLanes <= j1; j += kLanes) {
+        F32 dots[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) {
+          const KV* k = keys + (j + i) * stride;
+          F32 acc = mulf(qv[0], load_kv(k));
+          for (int64_t c = 1; c < chunks; ++c) acc = fmadd(qv[c], load_kv(k + c * kLanes), acc);
+          dots[i] = acc;
+        }
+        const F32 s = mulf(reduce_addf16(dots), scale_v);
+        storef(head_scores + j, s);
+        peak_v[h] = maxf(s, peak_v[h]);
+      }
       float top = peak[h];
-      for (int64_t j = j0; j < j1; ++j) {
+      for (; j < j1; ++j) {
         const KV* k = keys + j * stride;
         F32 acc = mulf(qv[0], load_kv(k));
         for (int64_t c = 1; c < chunks; ++c) acc = fmadd(qv[c], load_kv(k + c * kLanes), acc);
@@ -76,22 +96,23 @@ inline void attend_heads(const float* const* q, int64_t heads, const KV* keys, c
   const int64_t whole = length / kLanes * kLanes;
   for (int64_t h = 0; h < heads; ++h) {
     float* head_scores = scores + h * row;
-    const F32 top = set1f(peak[h]);
+    const F32 top = set1f(std::max(peak[h], reduce_maxf(peak_v[h])));
     F32 total = zerof();
-    for (int64_t j = 0; j < length; j += kLanes) {
-      float window[kLanes] = {};
-      const int64_t width = std::min<int64_t>(length - j, kLanes);
-      std::copy(head_scores + j, head_scores + j + width, window);
-      F32 p = exp_clamped(subf(loadf(window), top));
-      if (j >= whole) {
-        float kept[kLanes] = {};
-        storef(window, p);
-        std::copy(window, window + width, kept);
-        p = loadf(kept);
-      }
-      storef(window, p);
-      std::copy(window, window + width, head_scores + j);
+    for (int64_t j = 0; j < whole; j += kLanes) {
+      const F32 p = exp_clamped(subf(loadf(head_scores + j), top));
+      storef(head_scores + j, p);
       total = addf(total, p);
+    }
+    if (whole < length) {
+      float window[kLanes] = {};
+      const int64_t width = length - whole;
+      std::copy(head_scores + whole, head_scores + length, window);
+      const F32 p = exp_clamped(subf(loadf(window), top));
+      float kept[kLanes] = {};
+      storef(window, p);
+      std::copy(window, window + width, kept);
+      std::copy(window, window + width, head_scores + whole);
+      total = addf(total, loadf(kept));
     }
     inverse[h] = 1.0f / reduce_addf(total);
   }

@@ -1,5 +1,5 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
-// (rows.h, tile_rows.h, the formats, attention_core.h with float32 and fp16 caches, vocab_core.h,
+// (rows.h, tile_rows.h, the formats, attention_core.h with float32 and fp16 caches, the simd reductions, vocab_core.h,
 // dequant_core.h, pack_core.h), on
 // inputs made by a fixed generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
 // are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
@@ -190,6 +190,30 @@ void check_halves(Generator& g) {
   std::printf("halves %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
+// reduce_addf16's lane j against reduce_addf(v[j]), on lanes of magnitudes 2^-20 .. 2^20 (where a pair
+// added in another order than the tree's rounds differently): the same bits, or the harness fails.
+void check_reduce16() {
+  Generator g{16};  // its own numbers: the other checks' inputs stay as they were
+  for (int round = 0; round < 64; ++round) {
+    float lanes[kLanes][kLanes];
+    F32 v[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) {
+      for (int64_t i = 0; i < kLanes; ++i) lanes[j][i] = std::ldexp(g.uniform(), static_cast<int>(g.next() % 41) - 20);
+      v[j] = loadf(lanes[j]);
+    }
+    float together[kLanes];
+    storef(together, reduce_addf16(v));
+    for (int64_t j = 0; j < kLanes; ++j) {
+      const float alone = reduce_addf(v[j]);
+      if (std::memcmp(&alone, &together[j], sizeof alone) != 0) {
+        std::printf("reduce_addf16: lane %lld is %.9g, reduce_addf gives %.9g\n", static_cast<long long>(j),
+                    together[j], alone);
+        failed = true;
+      }
+    }
+  }
+}
+
 void check_attention(Generator& g) {
   Hash hash;
   for (const int64_t d : {16, 64, 128}) {
@@ -364,6 +388,7 @@ int main() {
   const auto q6k = q6k_tile(g, 3);
   check_linear<Q6K>("q6k", g, q6k, 768, 3, Q6K::kGroups, Q6K::kRecord);
   check_attention(g);
+  check_reduce16();
   check_halves(g);
   check_vocab(g);
   check_dequant(g);

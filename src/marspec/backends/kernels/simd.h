@@ -20,7 +20,8 @@
 //   c - a * b (fused: one rounding), round_even (to a whole float, ties to even), times_pow2(a, n)
 //   (a * 2^n, n whole in [-126, 127]), store_int8 (rounded to int32 as round_even, saturated to int8,
 //   16 bytes stored; the int32s returned), reduce_addf (the fixed tree: lanes i and i + 8, then i and
-//   i + 4, then i and i + 2, then the last two), reduce_maxf (no NaN lanes).
+//   i + 4, then i and i + 2, then the last two), reduce_addf16(v) (lane j: reduce_addf(v[j]) of 16 vectors),
+//   reduce_maxf (no NaN lanes).
 // Mask: a true or false per lane. greaterf(a, b): a > b (false where either is NaN), unorderedf(a): the NaN
 //   lanes, or_mask, any (whether a lane is true), selectf / select(m, a, b): a's lane where m, else b's
 //   (F32 / I32), lane_indices: the I32 0, 1, ..., 15.

@@ -150,6 +150,30 @@ inline float reduce_addf(F32 a) {
   const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
   return _mm_cvtss_f32(two) + _mm_cvtss_f32(_mm_shuffle_ps(two, two, 1));
 }
+// Lane j: reduce_addf(v[j]), the same tree for each of the 16 vectors, taken a level at a time for all of
+// them (a lane's pairs are added as reduce_addf adds them; only the shuffles that line them up differ).
+inline F32 reduce_addf16(const F32* v) {
+  __m256 half[2];  // keys 0-7, then 8-15
+  for (int g = 0; g < 2; ++g) {
+    __m256 four[4];  // vector p: v[8g + 2p]'s four sums in lanes 0-3, v[8g + 2p + 1]'s in lanes 4-7
+    for (int p = 0; p < 4; ++p) {
+      const F32 a = v[8 * g + 2 * p], b = v[8 * g + 2 * p + 1];
+      const __m256 ea = _mm256_add_ps(a.lo, a.hi), eb = _mm256_add_ps(b.lo, b.hi);
+      four[p] = _mm256_add_ps(_mm256_permute2f128_ps(ea, eb, 0x20), _mm256_permute2f128_ps(ea, eb, 0x31));
+    }
+    __m256 two[2];  // vector r: keys 4r, 4r + 2 (their two sums) in lanes 0-3, keys 4r + 1, 4r + 3 in 4-7
+    for (int r = 0; r < 2; ++r) {
+      const __m256 a = four[2 * r], b = four[2 * r + 1];
+      two[r] = _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // Lanes: keys 0, 2, 4, 6, 1, 3, 5, 7 (of the 8), then each put in its own lane.
+    const __m256 one = _mm256_add_ps(_mm256_shuffle_ps(two[0], two[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm256_shuffle_ps(two[0], two[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    half[g] = _mm256_permutevar8x32_ps(one, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+  return {half[0], half[1]};
+}
 inline float reduce_maxf(F32 a) {
   const __m256 eight = _mm256_max_ps(a.lo, a.hi);
   __m128 four = _mm_max_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));

@@ -90,6 +90,33 @@ inline float reduce_addf(F32 a) {
   const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
   return _mm_cvtss_f32(two) + _mm_cvtss_f32(_mm_shuffle_ps(two, two, 1));
 }
+// Lane j: reduce_addf(v[j]), the same tree for each of the 16 vectors, taken four levels at a time for
+// all of them (a lane's pairs are added as reduce_addf adds them; only the shuffles that line them up differ).
+inline F32 reduce_addf16(const F32* v) {
+  __m512 eight[8];  // vector p: v[2p]'s lanes i + i + 8 in lanes 0-7, v[2p + 1]'s in lanes 8-15
+  for (int p = 0; p < 8; ++p) {
+    const __m512 a = v[2 * p].v, b = v[2 * p + 1].v;
+    eight[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  __m512 four[4];  // vector r, quarter k: v[4r + k]'s four sums
+  for (int r = 0; r < 4; ++r) {
+    const __m512 a = eight[2 * r], b = eight[2 * r + 1];
+    four[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  __m512 two[2];  // vector s, quarter k: v[8s + k]'s two sums, then v[8s + 4 + k]'s
+  for (int s = 0; s < 2; ++s) {
+    const __m512 a = four[2 * s], b = four[2 * s + 1];
+    two[s] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Quarter k: the sums of v[k], v[4 + k], v[8 + k], v[12 + k]; then each put in its own lane.
+  const __m512 one = _mm512_add_ps(_mm512_shuffle_ps(two[0], two[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(two[0], two[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return {_mm512_permutexvar_ps(order, one)};
+}
 // The largest lane (no lane a NaN).
 inline float reduce_maxf(F32 a) { return _mm512_reduce_max_ps(a.v); }
 

@@ -191,6 +191,22 @@ inline float reduce_addf(F32 a) {
   const float32x2_t two = vadd_f32(vget_low_f32(four), vget_high_f32(four));
   return vget_lane_f32(two, 0) + vget_lane_f32(two, 1);
 }
+// Lane j: reduce_addf(v[j]), the same tree for each of the 16 vectors (a lane's pairs are added as
+// reduce_addf adds them; only the moves that line them up differ).
+inline F32 reduce_addf16(const F32* v) {
+  F32 out;
+  for (int m = 0; m < 4; ++m) {  // keys 4m .. 4m + 3
+    float32x4_t two[2];  // keys 4m + 2t and 4m + 2t + 1: their two sums each
+    for (int t = 0; t < 2; ++t) {
+      const F32 a = v[4 * m + 2 * t], b = v[4 * m + 2 * t + 1];
+      const float64x2_t fa = vreinterpretq_f64_f32(vaddq_f32(vaddq_f32(a.q[0], a.q[2]), vaddq_f32(a.q[1], a.q[3])));
+      const float64x2_t fb = vreinterpretq_f64_f32(vaddq_f32(vaddq_f32(b.q[0], b.q[2]), vaddq_f32(b.q[1], b.q[3])));
+      two[t] = vaddq_f32(vreinterpretq_f32_f64(vzip1q_f64(fa, fb)), vreinterpretq_f32_f64(vzip2q_f64(fa, fb)));
+    }
+    out.q[m] = vpaddq_f32(two[0], two[1]);
+  }
+  return out;
+}
 inline float reduce_maxf(F32 a) {
   return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.q[0], a.q[2]), vmaxq_f32(a.q[1], a.q[3])));
 }
