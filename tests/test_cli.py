@@ -147,7 +147,7 @@ def test_generate_without_a_rule_decodes_exactly_like_plain():
     a prompt where MARS at the paper's setting does relax (found with the server's tests)."""
 
     def run(*flags: str) -> dict:
-        args = ["generate", "Explain what a list is in Python, briefly.", "--target", SMALL]
+        args = ["generate", "Explain what a dictionary is in Python, briefly.", "--target", SMALL]
         result = runner.invoke(app, [*args, "--draft", "ngram", "--max-new-tokens", "40", *flags, "--json"])
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout)

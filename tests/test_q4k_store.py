@@ -1,5 +1,6 @@
 """The "q4k" CPU engine (:mod:`marspec.models.int8_store`'s second form): a GGUF's Q4_K and Q6_K layers
-keep their blocks for the kernels (no second rounding), its other layers become int8 rows, and the model
+keep their blocks for the kernels (no second rounding), its other layers become int8 rows run by the same
+kernel (:class:`~marspec.backends.int8_planes.Int8PlanesLinear`), and the model
 so built decodes exactly (strict == plain, MARS at theta 1 == strict, block == plain) as the default on a
 CPU that runs the kernels. The GGUF is a tiny Qwen2 written here with Q4_K, Q6_K and float tensors."""
 
@@ -16,9 +17,10 @@ from test_q6k import random_blocks as random_q6k_blocks
 
 from marspec import precision
 from marspec.api import Decoder
-from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear
+from marspec.backends.int8 import Int8Embedding, RowwiseInt8Linear, int8_rows
+from marspec.backends.int8_planes import Int8PlanesLinear
 from marspec.backends.kernels import kernels_available
-from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks
+from marspec.backends.q4k import Q4KLinear, dequantize_q4k, q4k_blocks, quantised_rows_product
 from marspec.backends.q6k import Q6KLinear, dequantize_q6k
 from marspec.models.cache import WEIGHTS_FILE
 from marspec.models.convert import resolve_model_dir
@@ -36,7 +38,8 @@ Q6K_TENSORS = ("blk.0.attn_v", "blk.0.ffn_down")
 
 def write_tiny_qwen2_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
     """A 1-layer Qwen2 GGUF (hidden 256, tied embedding) with :data:`Q4K_TENSORS` in Q4_K and
-    :data:`Q6K_TENSORS` in Q6_K; returns it and the raw blocks written, by GGUF name."""
+    :data:`Q6K_TENSORS` in Q6_K; returns it and what was written, by GGUF name (raw blocks, or the float32
+    values of the other weights)."""
     import gguf
 
     tokens = [*_byte_chars(), "he", "ll", "hell", "or", "<s>", "</s>"]
@@ -77,6 +80,7 @@ def write_tiny_qwen2_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, np
                 raw_dtype=gguf.GGMLQuantizationType.Q4_K if q4k else gguf.GGMLQuantizationType.Q6_K,
             )
         else:
+            raw[name] = values
             writer.add_tensor(f"{name}.weight", values)
 
     weight("token_embd", vocab, HIDDEN)
@@ -120,7 +124,7 @@ def test_q4k_and_q6k_layers_keep_the_ggufs_blocks_and_the_others_are_int8(tiny_q
     for module in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj):
         assert isinstance(module, Q4KLinear)
     assert isinstance(layer.self_attn.v_proj, Q6KLinear) and isinstance(layer.mlp.down_proj, Q6KLinear)
-    assert isinstance(layer.self_attn.k_proj, RowwiseInt8Linear)  # float in the GGUF
+    assert isinstance(layer.self_attn.k_proj, Int8PlanesLinear)  # float in the GGUF: int8 rows
     assert isinstance(model.lm_head, Q4KLinear)  # tied: the embedding's own Q4_K blocks
     assert isinstance(model.get_input_embeddings(), Int8Embedding)
     folder = resolve_model_dir(known)
@@ -133,6 +137,12 @@ def test_q4k_and_q6k_layers_keep_the_ggufs_blocks_and_the_others_are_int8(tiny_q
     x = torch.randn(5, FFN)
     exact = x @ dequantize_q6k(raw["blk.0.ffn_down"]).T
     assert torch.allclose(layer.mlp.down_proj(x), exact, rtol=0.0, atol=0.02 * exact.abs().max().item())
+    # The float layer is the int8 rows int8_rows makes of the file's weights, their product exact.
+    int8, scale = int8_rows(torch.from_numpy(raw["blk.0.attn_k"]))
+    x = torch.randn(5, HIDDEN)
+    rows = quantised_rows_product(x, int8.double() * scale.double()[:, None], layer.self_attn.k_proj.bias)
+    keys = layer.self_attn.k_proj(x).double()
+    assert torch.allclose(keys, rows, rtol=0.0, atol=1e-5 * rows.abs().max().item())
 
 
 @needs_kernel

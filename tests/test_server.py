@@ -40,8 +40,8 @@ MODEL = "smollm2-135m-instruct"
 BASE_FLAGS = ["--target", MODEL, "--draft", "ngram", "--threads", "1", "--port", "0"]
 # Prompts where n-gram drafts hit SmolLM2's runner-up at near-ties, so MARS relaxes (found by experiment).
 LIST_PROMPT = "Repeat this list: apple, banana, cherry, apple, banana, cherry."
-EXPLAIN_PROMPT = "Explain what a list is in Python, briefly."
-RELAXING_PROMPT = "Copy this sentence exactly: Birds of a feather flock together."  # a close call early on
+EXPLAIN_PROMPT = "Explain what a dictionary is in Python, briefly."  # MARS relaxes early on
+RELAXING_PROMPT = "Copy this sentence exactly: A rolling stone gathers no moss."  # a close call early on
 # A prompt SmolLM2 continues for hundreds of tokens: a request that is still running when we act on it.
 LONG_BODY = {
     "model": MODEL,
@@ -182,7 +182,7 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     res = client.chat.completions.create(model=MODEL, messages=chat(LIST_PROMPT), max_tokens=24)
     assert res.object == "chat.completion" and res.model == MODEL
     choice = res.choices[0]
-    assert choice.message.role == "assistant" and "apple" in choice.message.content
+    assert choice.message.role == "assistant" and "apple" in choice.message.content.lower()
     assert choice.finish_reason in ("stop", "length")
     stats = res.model_extra["marspec"]
     assert res.usage.completion_tokens == stats["new_tokens"] > 0
@@ -833,7 +833,7 @@ def test_the_text_is_the_decoding_of_its_tokens_whole_or_streamed_for_every_rule
     for rule in ("plain", "strict", "mars"):
         body = {
             "model": MODEL,
-            "messages": chat("\U0001f600 hi"),
+            "messages": chat("\U0001f600 Hi"),
             "max_tokens": max_tokens,
             "logprobs": True,
             "marspec": {"rule": rule},

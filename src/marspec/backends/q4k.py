@@ -173,8 +173,13 @@ def _pack(raw: np.ndarray, width: int | None = None) -> torch.Tensor:
 
 def _pack_tiles(chunk: np.ndarray) -> np.ndarray:
     """Whole tiles of raw Q4_K rows [32 * T, K / 256 * 144] as the kernel's records [T, K / 256, 4864]."""
-    f = q4k_fields(chunk)
-    count, supers = chunk.shape[0] // TILE, chunk.shape[1] // BLOCK_BYTES
+    return pack_fields(q4k_fields(chunk))
+
+
+def pack_fields(f: Q4KFields) -> np.ndarray:
+    """Q4_K fields of whole tiles of rows (32 * T of them, K weights each, ``d`` and ``dmin`` taken as
+    float32) as the kernel's records [T, K / 256, 4864]."""
+    count, supers = f.q.shape[0] // TILE, f.d.shape[1]
     # Codes [tile, half, column, super, sub, chunk of 8, 4 apart, 4]: a byte holds weights 4 apart.
     q = f.q.reshape(count, 2, HALF, supers, _SUBS, 4, 2, 4)
     codes = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, half, column, super, sub, chunk, 4]

@@ -6,8 +6,10 @@ per-row float32 scales, as the int8 kernel takes them (:func:`~marspec.backends.
 LM head's from the embedding's weight). ``"q4k"`` (``target_quant="q4k"``): a linear layer whose GGUF
 weights are Q4_K or Q6_K keeps those blocks, repacked for the kernels
 (:class:`~marspec.backends.q4k.Q4KLinear`, :class:`~marspec.backends.q6k.Q6KLinear`: the file's own
-weights, no second rounding), and a GGUF's layers of other types (Q8_0, float) are int8 rows as above; a
-float checkpoint's layers are quantised to Q4_K. ``"q4k-draft"`` (``draft_quant="q4k"``): every layer on
+weights, no second rounding), and a GGUF's layers of other types (Q5_0, Q8_0, float) are int8 rows as
+above, held as the two 4-bit planes the Q4_K kernel runs them as
+(:class:`~marspec.backends.int8_planes.Int8PlanesLinear`: the same values); a float checkpoint's layers
+are quantised to Q4_K. ``"q4k-draft"`` (``draft_quant="q4k"``): every layer on
 the Q4_K kernel, the finer ones quantised to Q4_K too, since a draft only proposes and its step's cost
 is what counts. In every form the token embedding is int8 with a scale per group of channels
 (:func:`~marspec.backends.int8.int8_groups`) and everything else (norms, biases) float32. Writing it
@@ -53,9 +55,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("marspec")
 
 # Each form's file format, bumped when what the file holds changes: a file of another is written again.
-_FORMATS = {"int8": "2", "q4k": "q4k-4", "q4k-draft": "q4k-draft-3"}
+_FORMATS = {"int8": "2", "q4k": "q4k-5", "q4k-draft": "q4k-draft-3"}
 _INT8, _SCALE = "int8_weight", "weight_scale"
 _Q4K = "q4k_"  # the prefix of a Q4_K layer's tensors (Q4KLinear.tensors' names after it)
+_PLANES = "i8planes_"  # the prefix of an int8 layer's planes (Int8PlanesLinear.tensors' names after it)
 
 
 class _BlockType(NamedTuple):
@@ -78,6 +81,14 @@ def _block_types() -> dict[object, _BlockType]:
         GGMLQuantizationType.Q4_K: _BlockType(Q4KLinear, dequantize_q4k, _Q4K),
         GGMLQuantizationType.Q6_K: _BlockType(Q6KLinear, dequantize_q6k, "q6k_"),
     }
+
+
+def _stored_layers() -> list[tuple[type[torch.nn.Module], str]]:
+    """The layer classes a Q4_K form's file holds by their tensors' prefix: the kept block types', and
+    the int8 planes'."""
+    from marspec.backends.int8_planes import Int8PlanesLinear
+
+    return [(kept.layer, kept.prefix) for kept in _block_types().values()] + [(Int8PlanesLinear, _PLANES)]
 
 
 def _kept_types(form: str) -> tuple[object, ...]:
@@ -145,18 +156,18 @@ def _assemble(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
             continue
         bias = tensors.pop(f"{name}.bias") if module.bias is not None else None
         if f"{name}.{_INT8}" in tensors:
-            if not rowwise_int8_available():  # a GGUF layer of a type the kernels do not read (Q8_0, float)
+            if not rowwise_int8_available():  # the int8 form, on a CPU without oneDNN's int8 path
                 raise MarspecError(f"{name} is stored as int8 rows, and {INT8_UNAVAILABLE}")
             int8, scale = tensors.pop(f"{name}.{_INT8}"), tensors.pop(f"{name}.{_SCALE}")
             model.set_submodule(name, RowwiseInt8Linear(int8, scale, bias))
             release_pages(int8)  # copied into oneDNN's layout: the file's pages are not needed again
             continue
-        for block_type in _block_types().values():
-            prefix = f"{name}.{block_type.prefix}"
+        for layer_type, layer_prefix in _stored_layers():
+            prefix = f"{name}.{layer_prefix}"
             keys = [key for key in tensors if key.startswith(prefix)]
             held = {key[len(prefix) :]: tensors.pop(key) for key in keys}
             if held:
-                model.set_submodule(name, block_type.layer(**held, bias=bias))
+                model.set_submodule(name, layer_type(**held, bias=bias))
                 break
         else:
             raise KeyError(f"{name}.{_INT8}")  # no form stored for this layer
@@ -192,10 +203,7 @@ def _write(folder: Path, path: Path, form: str) -> None:
     try:
         gguf = folder_gguf(folder, blocks_wanted=form != "int8")
         source = _source_tensors(folder, gguf, skeleton.config, form)
-        # Float weights become Q4_K blocks in a draft's form, and in the target's for a float checkpoint;
-        # a GGUF's layers of another type keep their finer precision in int8 rows.
-        requantize = form == "q4k-draft" or (form == "q4k" and gguf is None)
-        stored = _stored_tensors(skeleton, source, requantize)
+        stored = _stored_tensors(skeleton, source, _float_layers(form, gguf is not None))
         count = 3 * len(list(skeleton.parameters()))  # a weight becomes up to three tensors
         write_safetensors(partial, stored, count, {"marspec_int8_format": _FORMATS[form]})
         share_file(partial)
@@ -212,6 +220,16 @@ def _write(folder: Path, path: Path, form: str) -> None:
         raise MarspecError(f"cannot read the weights in {folder} ({one_line(exc)}); delete {folder}") from exc
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _float_layers(form: str, from_gguf: bool) -> str:
+    """How ``form`` stores a linear layer that comes as float weights (dequantized where the GGUF's type is
+    not kept): "q4k", Q4_K blocks (a draft's form, and the target's for a float checkpoint); "planes",
+    int8 rows as the Q4_K kernel's planes (the target's form from a GGUF: its layers of another type keep
+    their finer precision); "int8", int8 rows (the int8 engine's form)."""
+    if form == "q4k-draft" or (form == "q4k" and not from_gguf):
+        return "q4k"
+    return "planes" if form == "q4k" else "int8"
 
 
 def _source_tensors(
@@ -233,11 +251,11 @@ def _source_tensors(
 
 
 def _stored_tensors(
-    skeleton: PreTrainedModel, source: Iterator[tuple[str, np.ndarray, object]], requantize: bool
+    skeleton: PreTrainedModel, source: Iterator[tuple[str, np.ndarray, object]], float_layers: str
 ) -> Iterator[tuple[str, np.ndarray]]:
     """What the file holds for each tensor of ``source``: for the weights of linear layers (a tied LM
-    head's from the embedding's weight) their Q4_K blocks repacked where they come as raw Q4_K blocks,
-    else Q4_K blocks quantised from float (``requantize``) or int8 rows and scales; int8 groups and scales
+    head's from the embedding's weight) their blocks repacked where they come as raw blocks of a kept
+    type, else as ``float_layers`` says (:func:`_float_layers`); int8 groups and scales
     for the token embedding; the float32 tensor for anything else."""
     linears = {name for name, m in skeleton.named_modules() if type(m) is torch.nn.Linear}
     embedding = name_of(skeleton, skeleton.get_input_embeddings())
@@ -248,9 +266,9 @@ def _stored_tensors(
             weight = _float_weight(array, qtype)
             yield from _int8_tensors(owner, int8_groups(weight))
             if tied_head is not None:
-                yield from _layer_tensors(tied_head, array, qtype, requantize, weight)
+                yield from _layer_tensors(tied_head, array, qtype, float_layers, weight)
         elif owner in linears and leaf == "weight":
-            yield from _layer_tensors(owner, array, qtype, requantize)
+            yield from _layer_tensors(owner, array, qtype, float_layers)
         else:
             yield name, array
         del array
@@ -265,11 +283,12 @@ def _float_weight(array: np.ndarray, qtype: object) -> torch.Tensor:
 
 
 def _layer_tensors(
-    owner: str, array: np.ndarray, qtype: object, requantize: bool, weight: torch.Tensor | None = None
+    owner: str, array: np.ndarray, qtype: object, float_layers: str, weight: torch.Tensor | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
     """A linear layer's stored tensors: its blocks repacked when ``array`` is raw blocks of a kept type;
-    else, from its float weight (``weight``, when the caller has it already), Q4_K blocks
-    (``requantize``) or int8 rows and scales."""
+    else, from its float weight (``weight``, when the caller has it already), as ``float_layers`` says
+    (:func:`_float_layers`)."""
+    from marspec.backends.int8_planes import Int8PlanesLinear
     from marspec.backends.q4k import Q4KLinear
 
     if qtype is not None:  # raw blocks: kept as they are
@@ -277,10 +296,13 @@ def _layer_tensors(
         layer = _block_types()[qtype].layer.from_gguf_blocks(array)
     else:
         float_weight = weight if weight is not None else _float_weight(array, None)
-        if not requantize:
+        if float_layers == "int8":
             yield from _int8_tensors(owner, int8_rows(float_weight))
             return
-        prefix, layer = _Q4K, Q4KLinear.from_float(float_weight)
+        if float_layers == "planes":
+            prefix, layer = _PLANES, Int8PlanesLinear.from_int8_rows(*int8_rows(float_weight))
+        else:
+            prefix, layer = _Q4K, Q4KLinear.from_float(float_weight)
     for key, tensor in layer.tensors.items():
         yield f"{owner}.{prefix}{key}", tensor.numpy()
 
