@@ -23,6 +23,8 @@ from transformers import (
 
 from marspec.backends import kernels
 from marspec.backends.hf import HFCausalLM
+from marspec.backends.int8 import int8_rows
+from marspec.backends.int8_planes import Int8PlanesLinear
 from marspec.backends.q4k import Q4KLinear
 from marspec.backends.q6k import Q6K_BLOCK_BYTES, Q6KLinear
 from marspec.backends.quantize import quantize_target_q4k
@@ -100,7 +102,26 @@ def padded_q4k_qwen2() -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("make", [q4k_and_q6k_llama, padded_q4k_qwen2], ids=["q4k_q6k", "padded_q4k"])
+def int8_planes_qwen2() -> torch.nn.Module:
+    """A random Qwen2 80 wide (intermediate 144, 5 heads of 16), every linear layer int8 rows on the Q4_K
+    kernel's planes (a GGUF's Q5_0 / Q8_0 / Q4_1 layers), each padded to 128 before it is written twice."""
+    torch.manual_seed(0)
+    heads = {"num_attention_heads": 5, "num_key_value_heads": 1}
+    sizes = {**TINY_SIZES, "hidden_size": 80, "intermediate_size": 144, **heads}
+    model = Qwen2ForCausalLM(Qwen2Config(**sizes, num_hidden_layers=2)).eval().requires_grad_(False)
+    for name, module in list(model.named_modules()):
+        if type(module) is torch.nn.Linear:
+            model.set_submodule(name, Int8PlanesLinear.from_int8_rows(*int8_rows(module.weight), module.bias))
+    use_row_attention(model)
+    assert any(isinstance(m, Int8PlanesLinear) and m.pad > 0 for m in model.modules())
+    return model
+
+
+QUANTISED = [q4k_and_q6k_llama, padded_q4k_qwen2, int8_planes_qwen2]
+QUANTISED_IDS = ["q4k_q6k", "padded_q4k", "int8_planes"]
+
+
+@pytest.mark.parametrize("make", QUANTISED, ids=QUANTISED_IDS)
 def test_quantised_layers_give_each_row_its_own_bits(make, prompt: torch.Tensor) -> None:
     model = make()
     assert_rows_alone(model, prompt)
@@ -117,7 +138,7 @@ def counted(obj: object, method: str) -> list[int]:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["float32", "fp16"])
-@pytest.mark.parametrize("make", [q4k_and_q6k_llama, padded_q4k_qwen2], ids=["q4k_q6k", "padded_q4k"])
+@pytest.mark.parametrize("make", QUANTISED, ids=QUANTISED_IDS)
 def test_one_call_a_model_and_one_a_layer_give_the_bits_of_the_halves_around_the_attention(
     make, prompt, kv_dtype
 ) -> None:

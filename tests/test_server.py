@@ -41,7 +41,7 @@ BASE_FLAGS = ["--target", MODEL, "--draft", "ngram", "--threads", "1", "--port",
 # Prompts where n-gram drafts hit SmolLM2's runner-up at near-ties, so MARS relaxes (found by experiment).
 LIST_PROMPT = "Repeat this list: apple, banana, cherry, apple, banana, cherry."
 EXPLAIN_PROMPT = "Explain what a dictionary is in Python, briefly."  # MARS relaxes early on
-RELAXING_PROMPT = "Copy this sentence exactly: A rolling stone gathers no moss."  # a close call early on
+RELAXING_PROMPT = "Explain what a list is in Python, briefly."  # a close call early on
 # A prompt SmolLM2 continues for hundreds of tokens: a request that is still running when we act on it.
 LONG_BODY = {
     "model": MODEL,
@@ -833,7 +833,7 @@ def test_the_text_is_the_decoding_of_its_tokens_whole_or_streamed_for_every_rule
     for rule in ("plain", "strict", "mars"):
         body = {
             "model": MODEL,
-            "messages": chat("\U0001f600 Hi"),
+            "messages": chat("\U0001f600 hey"),
             "max_tokens": max_tokens,
             "logprobs": True,
             "marspec": {"rule": rule},

@@ -114,6 +114,11 @@ class Int8PlanesLinear(torch.nn.Module):
         }
         return held if self.bias is None else {**held, "bias": self.bias}
 
+    @property
+    def pad(self) -> int:
+        """The zeros each input row is widened by before it is written twice (a plane: a multiple of 128)."""
+        return self._plane - self.in_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] float32 -> [..., out] float32
         rows = x.reshape(-1, self.in_features).float()
         if self._plane != self.in_features:

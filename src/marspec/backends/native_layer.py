@@ -5,13 +5,13 @@ else two around the caller's attention, ``layer_pre`` (input norm, q/k/v, rotati
 them all (``layers_step``, :class:`NativeChain`).
 
 :class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral and
-Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers,
-their widths multiples of 16, when the kernels run here. One or two calls replace the ~150 operators a
-Python layer calls, a fifth of a one-token step on the q4k engine (``benchmarks/step_profile.py``). Each
-row is computed alone in operations layer.cpp fixes (its own norm and exp), so a row's bits do not depend
-on the other rows of a forward (strict decoding reproduces plain decoding) or on the kernel path; they are
-not transformers' bits, which the Python layer keeps (``DirectForward.native_layers = False``);
-``tests/test_native_layer.py`` holds the two within float error.
+Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers or
+int8 planes, their widths multiples of 16, when the kernels run here. One or two calls replace the ~150
+operators a Python layer calls, a fifth of a one-token step on the q4k engine
+(``benchmarks/step_profile.py``). Each row is computed alone in operations layer.cpp fixes (its own norm
+and exp), so a row's bits do not depend on the other rows of a forward (strict decoding reproduces plain
+decoding) or on the kernel path; they are not transformers' bits, which the Python layer keeps
+(``DirectForward.native_layers = False``); ``tests/test_native_layer.py`` holds the two within float error.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from typing import NamedTuple
 import torch
 
 from marspec.backends import kernels
+from marspec.backends.int8_planes import Int8PlanesLinear
 from marspec.backends.q4k import Q4KLinear
 from marspec.backends.q6k import Q6KLinear
 
 # The model types whose layers are the Llama layer layer.cpp writes out (no per-head norms, separate
 # q/k/v and gate/up layers, transformers' Llama RMSNorm and rotary embedding).
 NATIVE_FAMILY = frozenset({"llama", "mistral", "qwen2"})
-_DENSE, _Q4K, _Q6K = 0, 1, 2
+_DENSE, _Q4K, _Q6K, _PLANES = 0, 1, 2, 3
 
 
 class _Linears(NamedTuple):
@@ -50,6 +51,8 @@ def _linears(modules: tuple[torch.nn.Module, ...]) -> _Linears | None:
             specs.append((module.blocks, _Q4K, module.out_features, module.pad, module.bias))
         elif type(module) is Q6KLinear:
             specs.append((module.blocks, _Q6K, module.out_features, 0, module.bias))
+        elif type(module) is Int8PlanesLinear:
+            specs.append((module.blocks, _PLANES, module.out_features, module.pad, module.bias))
         else:
             return None
     weights, kinds, outs, pads, biases = zip(*specs, strict=True)

@@ -14,10 +14,12 @@
 // where this layer runs, and tests/test_native_layer.py holds it to the Python layer within float error.
 //
 // A linear layer is given as (kind, weight, out_features, pad, bias): kind 0 a float weight [N, K]
-// (torch.nn.Linear's F.linear), 1 Q4_K blocks, 2 Q6_K blocks (the kernels' packed layouts); pad the
-// zeros a Q4_K layer's rows are widened by (backends/q4k.py's Q4KLinear).
+// (torch.nn.Linear's F.linear), 1 Q4_K blocks, 2 Q6_K blocks (the kernels' packed layouts), 3 int8 rows
+// as two Q4_K planes (backends/int8_planes.py: the rows, widened, then written twice); pad the zeros a
+// Q4_K layer's rows are widened by (backends/q4k.py's Q4KLinear, int8_planes.py's Int8PlanesLinear).
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -40,7 +42,7 @@ namespace {
 
 using namespace marspec_kernels;
 
-enum Kind : int64_t { kDense = 0, kQ4K = 1, kQ6K = 2 };
+enum Kind : int64_t { kDense = 0, kQ4K = 1, kQ6K = 2, kPlanes = 3 };
 
 struct Linears {
   const c10::List<std::optional<at::Tensor>>& biases;
@@ -52,7 +54,7 @@ struct Linears {
                     biases.size() == count,
                 which, " takes ", count, " linear layers: weights, kinds, out_features, pads and biases each");
     for (size_t i = 0; i < count; ++i) {
-      TORCH_CHECK(kinds[i] == kDense || kinds[i] == kQ4K || kinds[i] == kQ6K, "a linear layer's kind is 0, 1 or 2");
+      TORCH_CHECK(kinds[i] >= kDense && kinds[i] <= kPlanes, "a linear layer's kind is 0, 1, 2 or 3");
       TORCH_CHECK(outs[i] % kLanes == 0, "the native layer takes linear layers a multiple of 16 wide");
     }
   }
@@ -61,8 +63,9 @@ struct Linears {
   at::Tensor operator()(size_t i, const at::Tensor& x) const {
     const std::optional<at::Tensor> bias = biases.get(i);
     if (kinds[i] == kDense) return at::linear(x, weights[i], bias);
-    const at::Tensor rows = pads[i] > 0 ? at::constant_pad_nd(x, {0, pads[i]}, 0) : x;
-    if (kinds[i] == kQ4K) {
+    const at::Tensor widened = pads[i] > 0 ? at::constant_pad_nd(x, {0, pads[i]}, 0) : x;
+    const at::Tensor rows = kinds[i] == kPlanes ? at::cat({widened, widened}, 1) : widened;
+    if (kinds[i] == kQ4K || kinds[i] == kPlanes) {
       RECORD_FUNCTION("q4k_linear", std::vector<c10::IValue>());  // a profiler sees the kernel, as when called alone
       return q4k_linear(rows, weights[i], outs[i], bias);
     }
