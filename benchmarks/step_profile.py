@@ -26,6 +26,10 @@ are listed by their own (self) time.
 
     python benchmarks/step_profile.py --out docs/results/step-profile-2026-12-06.json
     python benchmarks/step_profile.py --layers native,per-layer,python --repeats 6
+    python benchmarks/step_profile.py --model gemma-3-270m --layers native,python --repeats 6
+
+``--model`` (a model name or GGUF) profiles that model alone, as the q4k engine runs it, instead of the
+default pair: its plain step and verification.
 
 A timing: run it alone on the machine.
 """
@@ -126,6 +130,7 @@ def main() -> None:
     parser.add_argument("--verify-rows", type=int, default=13, help="tokens a verification scores")
     parser.add_argument("--repeats", type=int, default=10, help="calls per case, timed and profiled")
     parser.add_argument("--layers", default="native", help="native, per-layer or python; several: a,b")
+    parser.add_argument("--model", help="a model (name or GGUF) alone instead of the default pair")
     parser.add_argument("--out", help="where to write the JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -133,18 +138,9 @@ def main() -> None:
     if not set(modes) <= set(MODES):
         raise SystemExit(f"--layers takes {', '.join(MODES)} or several of them, not {args.layers!r}")
 
-    from marspec import Decoder
-    from marspec.draft_length import ENV
-    from marspec.drafters import ModelDrafter
+    decoder, target, draft = load(args.model, args.threads)
     from marspec.verify.top_tokens import argmax, top2
 
-    # The demo's pair and engine, with nothing named; no draft length is used here, so none is measured.
-    os.environ.setdefault(ENV, "off")
-    decoder = Decoder(threads=args.threads)
-    drafter = decoder.drafter
-    if not isinstance(drafter, ModelDrafter):
-        raise SystemExit(f"the default drafter is {type(drafter).__name__}, not a draft model")
-    target, draft = decoder.target, drafter.draft_model
     gen = torch.Generator().manual_seed(0)
     vocab = target.vocab_size
 
@@ -166,8 +162,7 @@ def main() -> None:
             args.verify_rows,
             lambda lm, t: top2(lm.forward(t)),
         ),
-        ("draft step", draft, 1, lambda lm, t: argmax(lm.forward(t)[-1])),
-    )
+    ) + ((("draft step", draft, 1, lambda lm, t: argmax(lm.forward(t)[-1])),) if draft is not None else ())
     with torch.inference_mode():
         for (name, lm, rows, step), mode in itertools.product(cases, modes):
             use_mode(lm, mode)
@@ -197,6 +192,22 @@ def main() -> None:
     print(table(result))
     for name, ratios in result.get("paired", {}).items():
         print(f"{name}, interleaved: " + ", ".join(f"{m} {r:.3f}x {modes[0]}" for m, r in ratios.items()))
+
+
+def load(model: str | None, threads: int) -> tuple[Any, Any, Any]:
+    """The Decoder, its target and its draft model (None for ``model`` alone): the demo's pair and engine
+    where ``model`` is None."""
+    from marspec import Decoder
+    from marspec.draft_length import ENV
+    from marspec.drafters import ModelDrafter
+
+    # No draft length is used here, so none is measured.
+    os.environ.setdefault(ENV, "off")
+    decoder = Decoder(threads=threads) if model is None else Decoder(model, None, threads=threads)
+    drafter = decoder.drafter
+    if model is None and not isinstance(drafter, ModelDrafter):
+        raise SystemExit(f"the default drafter is {type(drafter).__name__}, not a draft model")
+    return decoder, decoder.target, drafter.draft_model if isinstance(drafter, ModelDrafter) else None
 
 
 def use_mode(lm: Any, mode: str) -> None:

@@ -1,8 +1,9 @@
 """The native decoder layer (:mod:`marspec.backends.native_layer`, ``kernels/layer.cpp``): on every
-family and kind of linear layer it takes, the direct forward through it stays within float error of the
-Python layer, on quantised layers each row's output is the same bits in a prefill, a chain, a tree and
-alone (so strict decoding reproduces plain decoding), every x86 path gives the same bits, and other
-families keep the Python layer."""
+family (Llama, Mistral, Qwen2, Qwen3's head norms, Gemma 3's norms and GELU) and kind of linear layer it
+takes, the direct forward through it stays within float error of the Python layer, on quantised layers
+each row's output is the same bits in a prefill, a chain, a tree and alone (so strict decoding
+reproduces plain decoding), every x86 path gives the same bits, and a layer it does not write out keeps
+the Python layer."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from conftest import TINY_SIZES
 from test_direct import row_attention_model
 from test_tree import TREE
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen2Config,
@@ -65,9 +68,43 @@ def assert_rows_alone(model: torch.nn.Module, prompt: torch.Tensor) -> None:
     assert torch.equal(tree[0], prefill[-1])
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral"])
+def qwen3(layers: int = 3) -> torch.nn.Module:
+    """A random Qwen3 (each head's query and key normed) attending row by row."""
+    torch.manual_seed(0)
+    config = Qwen3Config(**TINY_SIZES, num_hidden_layers=layers, head_dim=16)
+    model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
+    use_row_attention(model)
+    return model
+
+
+def gemma3(layers: int = 6) -> torch.nn.Module:
+    """A random Gemma 3 (head norms, norms of the attention's and MLP's outputs, all scaling by 1 + w,
+    GELU): five sliding layers of a window of 4 (shorter than the prompt) and a global one, the norms'
+    weights random (Gemma's are zeros at initialisation: 1 + w would be 1)."""
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        **TINY_SIZES, num_hidden_layers=layers, head_dim=16, query_pre_attn_scalar=16, sliding_window=4
+    )
+    model = Gemma3ForCausalLM(config).eval().requires_grad_(False)
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.normal_(0.0, 0.5)
+    use_row_attention(model)
+    return model
+
+
+FLOAT_MODELS = {
+    "qwen2": lambda: row_attention_model("qwen2"),
+    "llama": lambda: row_attention_model("llama"),
+    "mistral": lambda: row_attention_model("mistral"),
+    "qwen3": qwen3,
+    "gemma3": gemma3,
+}
+
+
+@pytest.mark.parametrize("kind", FLOAT_MODELS)
 def test_float_layers_stay_within_float_error_of_the_python_layer(kind: str, prompt: torch.Tensor) -> None:
-    assert_close_to_the_python_layer(row_attention_model(kind), prompt, 1e-5)
+    assert_close_to_the_python_layer(FLOAT_MODELS[kind](), prompt, 1e-5)
 
 
 def q4k_and_q6k_llama() -> torch.nn.Module:
@@ -117,8 +154,19 @@ def int8_planes_qwen2() -> torch.nn.Module:
     return model
 
 
-QUANTISED = [q4k_and_q6k_llama, padded_q4k_qwen2, int8_planes_qwen2]
-QUANTISED_IDS = ["q4k_q6k", "padded_q4k", "int8_planes"]
+def q4k(model: torch.nn.Module) -> torch.nn.Module:
+    quantize_target_q4k(model)
+    return model
+
+
+QUANTISED = [
+    q4k_and_q6k_llama,
+    padded_q4k_qwen2,
+    int8_planes_qwen2,
+    lambda: q4k(qwen3()),
+    lambda: q4k(gemma3()),
+]
+QUANTISED_IDS = ["q4k_q6k", "padded_q4k", "int8_planes", "qwen3_q4k", "gemma3_q4k"]
 
 
 @pytest.mark.parametrize("make", QUANTISED, ids=QUANTISED_IDS)
@@ -152,17 +200,18 @@ def test_one_call_a_model_and_one_a_layer_give_the_bits_of_the_halves_around_the
     layered.direct.one_call = halves.direct.one_call = False
     for layer in halves.direct._layers:
         layer.native.steps = False
-    chains = counted(whole.direct._chain, "step")
-    steps = counted(layered.direct._layers[0].native, "step")
+    chains = counted(whole.direct._chain, "step") if whole.direct._chain is not None else []
+    steps = counted(layered.direct._layers[-1].native, "step")  # Gemma's last layer is a global one
     lms = (whole, layered, halves)
+    calls = 3 if whole.direct._chain is not None else 0  # Gemma's layers do not step as one
     for tokens in (prompt[:5], prompt[5:6], prompt[6:]):  # a prefill, a step, a verification chain
         ours, *others = (lm.forward(tokens) for lm in lms)
         assert all(torch.equal(ours, other) for other in others)
-    assert len(chains) == len(steps) == 3
+    assert len(chains) == calls and len(steps) == 3
     base = whole.cached_len
     ours, *others = (lm.forward_tree(TREE, prompt[-1:]) for lm in lms)  # a tree: the halves, in every view
     assert all(torch.equal(ours, other) for other in others)
-    assert len(chains) == len(steps) == 3
+    assert len(chains) == calls and len(steps) == 3
     for lm in lms:
         lm.keep_path(base, (3,))
     assert whole.cache_layers[0].keys.dtype == kv_dtype
@@ -173,41 +222,47 @@ def test_one_call_a_model_and_one_a_layer_give_the_bits_of_the_halves_around_the
 
 def test_the_one_call_model_refuses_lists_that_do_not_match_its_layers() -> None:
     chain = HFCausalLM(q4k_and_q6k_llama(), tokenizer=None, name="native").direct._chain
-    norms, linears = chain._norms, chain._linears
+    norms, linears, family = chain._norms, chain._linears, chain._family
     hidden, cos, sin = torch.zeros(1, 1, 256), torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64)
     caches = [torch.zeros(1, 2, 8, 64)] * len(norms[0])
+    step, shorter = kernels.ops().layers_step, lambda lists: (part[:-1] for part in lists)
     with pytest.raises(RuntimeError, match="7 linear layers a layer"):
-        kernels.ops().layers_step(
-            hidden, *norms, *(part[:-1] for part in linears), cos, sin, 64, caches, caches, 0, 0.125
-        )
+        step(hidden, *norms, *shorter(linears), cos, sin, 64, caches, caches, 0, 0.125, *family)
     with pytest.raises(RuntimeError, match="two cache buffers"):
-        kernels.ops().layers_step(hidden, *norms, *linears, cos, sin, 64, caches[:-1], caches, 0, 0.125)
+        step(hidden, *norms, *linears, cos, sin, 64, caches[:-1], caches, 0, 0.125, *family)
+    with pytest.raises(RuntimeError, match="its family's norms"):
+        step(hidden, *norms, *linears, cos, sin, 64, caches, caches, 0, 0.125, *shorter(family))
 
 
-def test_every_x86_path_gives_the_native_layers_bits() -> None:
-    model = q4k_and_q6k_llama()
+@pytest.mark.parametrize("make", [q4k_and_q6k_llama, lambda: q4k(gemma3())], ids=["llama", "gemma3"])
+def test_every_x86_path_gives_the_native_layers_bits(make) -> None:
+    model = make()
     layer = HFCausalLM(model, tokenizer=None, name="native").direct._layers[0].native
+    width, heads, d = model.config.hidden_size, model.config.num_attention_heads, layer._head_dim
     torch.manual_seed(1)
-    hidden = torch.randn(1, 5, 256)
-    cos, sin = torch.randn(1, 1, 5, 64), torch.randn(1, 1, 5, 64)
-    attended = torch.randn(1, 5, 4, 64)
+    hidden = torch.randn(1, 5, width)
+    cos, sin = torch.randn(1, 1, 5, d), torch.randn(1, 1, 5, d)
+    attended = torch.randn(1, 5, heads, d)
     outputs = []
     for path in kernels.runnable_paths():
         if path.amx:
             continue  # rides on avx512_vnni's library
         ops = kernels.library_ops(path)
-        pre = ops.layer_pre(hidden, *layer._input_norm, *layer._qkv, cos, sin, layer._head_dim)
-        post = ops.layer_post(hidden, attended, *layer._pre_mlp_norm, *layer._o_mlp)
+        pre = ops.layer_pre(hidden, *layer._input_norm, *layer._qkv, cos, sin, d, *layer._head_norms)
+        post = ops.layer_post(hidden, attended, *layer._pre_mlp_norm, *layer._o_mlp, *layer._output_norms)
         outputs.append((path.name, [*pre, post]))
     for name, tensors in outputs[1:]:
         for ours, first in zip(tensors, outputs[0][1], strict=True):
             assert torch.equal(ours, first), f"{name} differs from {outputs[0][0]}"
 
 
-def test_a_family_with_head_norms_keeps_the_python_layer() -> None:
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**TINY_SIZES, num_hidden_layers=2, head_dim=16)).eval()
-    use_row_attention(model)
+def test_a_layer_with_two_head_norm_epsilons_or_an_activation_it_lacks_keeps_the_python_layer() -> None:
+    model = qwen3(layers=2)
+    model.model.layers[0].self_attn.k_norm.variance_epsilon = 1e-3  # q's is 1e-6: one epsilon is taken
+    model.config.hidden_act = "relu"  # asked of every layer
     lm = HFCausalLM(model, tokenizer=None, name="qwen3")
     assert lm.direct is not None
     assert all(layer.native is None for layer in lm.direct._layers)
+    model.config.hidden_act = "silu"
+    layers = HFCausalLM(model, tokenizer=None, name="qwen3").direct._layers
+    assert layers[0].native is None and layers[1].native is not None

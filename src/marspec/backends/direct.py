@@ -27,12 +27,18 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-from marspec.backends.native_layer import NativeChain, NativeLayer, native_chain, native_layer
+from marspec.backends.native_layer import (
+    GEMMA,
+    NativeChain,
+    NativeLayer,
+    native_chain,
+    native_layer,
+    norm_eps,
+)
 from marspec.backends.row_attention import ROW_ATTENTION
 
 # The model types whose transformers forward is the one written out here.
-FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"})
-_GEMMA = "gemma3_text"
+FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", GEMMA})
 
 # attend(attention module, query [1, H, T, D], key [1, H_kv, T, D], value [1, H_kv, T, D]) -> [1, T, H, D]:
 # writes the keys and values into the cache and attends each row, as transformers' attention call does.
@@ -78,7 +84,7 @@ def direct_forward(model: PreTrainedModel) -> DirectForward | None:
         return None
     decoder = model.get_decoder()
     norms = [m for m in decoder.modules() if type(m).__name__.endswith("RMSNorm")]
-    if any(norm.weight.dtype != torch.float32 or _eps(norm) is None for norm in norms):
+    if any(norm.weight.dtype != torch.float32 or norm_eps(norm) is None for norm in norms):
         return None
     return DirectForward(model)
 
@@ -95,15 +101,10 @@ def fallback_note(model: PreTrainedModel, name: str, engine: str) -> str | None:
     )
 
 
-def _eps(module: torch.nn.Module) -> float | None:
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    return None if eps is None else float(eps)
-
-
 def _norm(module: torch.nn.Module, gemma: bool) -> Norm:
     """transformers' RMSNorm of ``module`` in float32: the Llama family's ``w * x / rms``, Gemma's
     ``x / rms * (1 + w)``."""
-    eps = _eps(module)
+    eps = norm_eps(module)
     assert eps is not None
     if gemma:
         scale = 1.0 + module.weight.float()  # what Gemma3RMSNorm computes at each call
@@ -128,7 +129,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _layer(layer: torch.nn.Module, config: object) -> _Layer:
-    gemma = config.model_type == _GEMMA
+    gemma = config.model_type == GEMMA
     attn, mlp = layer.self_attn, layer.mlp
     head_dim = int(attn.head_dim)
     kv = int(config.num_key_value_heads) * head_dim
@@ -152,11 +153,7 @@ def _layer(layer: torch.nn.Module, config: object) -> _Layer:
         act=getattr(mlp, "act_fn", None) or mlp.activation_fn,
         head_dim=head_dim,
         rotary=getattr(attn, "layer_type", None) if gemma else None,
-        native=None
-        if gemma
-        else native_layer(
-            layer, config, (_eps(layer.input_layernorm), _eps(layer.post_attention_layernorm)), head_dim
-        ),
+        native=native_layer(layer, config, head_dim),
     )
 
 
@@ -168,7 +165,7 @@ class DirectForward:
         config = model.config
         self._embed = decoder.embed_tokens  # Gemma's scales its vectors itself
         self._rotary = decoder.rotary_emb
-        self._final_norm = _norm(decoder.norm, config.model_type == _GEMMA)
+        self._final_norm = _norm(decoder.norm, config.model_type == GEMMA)
         self._head = model.get_output_embeddings()
         self._layers = [_layer(layer, config) for layer in decoder.layers]
         self._rotary_kinds = sorted({layer.rotary for layer in self._layers}, key=str)

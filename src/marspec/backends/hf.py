@@ -520,9 +520,10 @@ class _CachedAttend:
         self, module: torch.nn.Module, rows: int, like: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """The key and value buffers of ``module``'s layer with room for ``rows`` more positions, and the
-        first of them; None for a tree, a sliding window or a cache layer without buffers."""
+        first of them; None for a tree or a cache layer without buffers. (A sliding-window layer keeps
+        every position too: the native layer attends each row's window in them.)"""
         layer = self._layers[module.layer_idx]
-        if self._mask is not None or not isinstance(layer, PositionLayer) or layer_window(module) is not None:
+        if self._mask is not None or not isinstance(layer, PositionLayer):
             return None
         start = layer.length
         keys, values = layer.room(like, like, rows)

@@ -1,12 +1,15 @@
 """A Llama-family decoder layer in native calls (``kernels/layer.cpp``): for a chain of rows on a cache of
 buffers the whole layer in one (``layer_step``: keys and values into the cache, each row attended there),
-else two around the caller's attention, ``layer_pre`` (input norm, q/k/v, rotation) and ``layer_post``
-(output projection, residuals, SiLU-gated MLP). Where every layer of a model steps so, one call runs
-them all (``layers_step``, :class:`NativeChain`).
+else two around the caller's attention, ``layer_pre`` (input norm, q/k/v, each head's norms, rotation)
+and ``layer_post`` (output projection, the outputs' norms, residuals, gated MLP). Where every layer of a
+model steps so, one call runs them all (``layers_step``, :class:`NativeChain`).
 
-:class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral and
-Qwen2 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's Q4_K / Q6_K layers or
-int8 planes, their widths multiples of 16, when the kernels run here. One or two calls replace the ~150
+:class:`~marspec.backends.direct.DirectForward` runs a layer through them where it can: Llama, Mistral,
+Qwen2, Qwen3 and Gemma 3 layers whose linear layers are float ``torch.nn.Linear`` or the q4k engine's
+Q4_K / Q6_K layers or int8 planes, their widths multiples of 16, when the kernels run here. Qwen3 and
+Gemma 3 norm each head's query and key before the rotation; Gemma 3 also norms the attention's and the
+MLP's outputs before their residuals, scales its norms by ``1 + w`` (given to the layer as that weight)
+and gates its MLP with GELU's tanh form. One or two calls replace the ~150
 operators a Python layer calls, a fifth of a one-token step on the q4k engine
 (``benchmarks/step_profile.py``). Each row is computed alone in operations layer.cpp fixes (its own norm
 and exp), so a row's bits do not depend on the other rows of a forward (strict decoding reproduces plain
@@ -24,11 +27,15 @@ from marspec.backends import kernels
 from marspec.backends.int8_planes import Int8PlanesLinear
 from marspec.backends.q4k import Q4KLinear
 from marspec.backends.q6k import Q6KLinear
+from marspec.backends.row_attention import layer_window
 
-# The model types whose layers are the Llama layer layer.cpp writes out (no per-head norms, separate
-# q/k/v and gate/up layers, transformers' Llama RMSNorm and rotary embedding).
-NATIVE_FAMILY = frozenset({"llama", "mistral", "qwen2"})
+# The model types whose layers layer.cpp writes out (separate q/k/v and gate/up layers, transformers'
+# RMSNorm and rotary embedding): the Llama layer, with each head's norms (Qwen3), and Gemma 3's.
+GEMMA = "gemma3_text"  # Gemma 3's text model type
+NATIVE_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", GEMMA})
 _DENSE, _Q4K, _Q6K, _PLANES = 0, 1, 2, 3
+# The MLP gates layer.cpp computes, by transformers' activation name.
+_ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
 
 
 class _Linears(NamedTuple):
@@ -59,6 +66,28 @@ def _linears(modules: tuple[torch.nn.Module, ...]) -> _Linears | None:
     return _Linears(list(weights), list(kinds), list(outs), list(pads), list(biases))
 
 
+class HeadNorms(NamedTuple):
+    """Each head's query and key norm weights [D] before the rotation (Qwen3, Gemma 3; None: not
+    normed) and their epsilon, as layer.cpp takes them."""
+
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    eps: float = 0.0
+
+
+class OutputNorms(NamedTuple):
+    """The attention's and the MLP's output norm weights [H] before their residuals (Gemma 3; None: not
+    normed), their epsilon, and the MLP's activation (:data:`_ACTIVATIONS`), as layer.cpp takes them."""
+
+    attention: torch.Tensor | None = None
+    mlp: torch.Tensor | None = None
+    eps: float = 0.0
+    activation: int = _ACTIVATIONS["silu"]
+
+
+LLAMA_HEADS, LLAMA_OUTPUTS = HeadNorms(), OutputNorms()  # the Llama layer's: none, SiLU
+
+
 class NativeLayer:
     """One decoder layer's two native calls, their arguments bound once."""
 
@@ -69,11 +98,17 @@ class NativeLayer:
         qkv: _Linears,
         o_mlp: _Linears,
         head_dim: int,
+        head_norms: HeadNorms = LLAMA_HEADS,
+        output_norms: OutputNorms = LLAMA_OUTPUTS,
+        window: int = 0,
     ) -> None:
         ops = kernels.ops()
         self._pre, self._post, self._step = ops.layer_pre, ops.layer_post, ops.layer_step
         self._input_norm, self._pre_mlp_norm = input_norm, pre_mlp_norm
         self._qkv, self._o_mlp, self._head_dim = qkv, o_mlp, head_dim
+        self._head_norms, self._output_norms = head_norms, output_norms
+        # A sliding-window layer's window: each row attends its own last ``window`` positions (0: all).
+        self.window = window
         self._all = _Linears(*(a + b for a, b in zip(qkv, o_mlp, strict=True)))  # q, k, v, o, gate, up, down
         kv_heads = qkv.outs[1] // head_dim
         # What a cache's room() reads of an append (batch, heads, head size, dtype), for layer_step's rows.
@@ -85,11 +120,11 @@ class NativeLayer:
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden [1, T, H] -> the rotated query and key and the value, each [1, heads, T, D]."""
-        return self._pre(hidden, *self._input_norm, *self._qkv, cos, sin, self._head_dim)
+        return self._pre(hidden, *self._input_norm, *self._qkv, cos, sin, self._head_dim, *self._head_norms)
 
     def post(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The layer's output [1, T, H] from its input and the attention's [1, T, heads, D]."""
-        return self._post(hidden, attended, *self._pre_mlp_norm, *self._o_mlp)
+        return self._post(hidden, attended, *self._pre_mlp_norm, *self._o_mlp, *self._output_norms)
 
     def step(
         self,
@@ -101,7 +136,8 @@ class NativeLayer:
     ) -> torch.Tensor:
         """The whole layer in one call for a chain of rows hidden [1, T, H]: :meth:`pre`, the keys and
         values written into the cache buffers ``room`` = (keys, values [1, H_kv, capacity, D], the first
-        row's position), each row attended over its prefix, :meth:`post`; the caller advances the cache."""
+        row's position), each row attended over its prefix (a sliding-window layer: its window of it),
+        :meth:`post`; the caller advances the cache."""
         keys, values, start = room
         return self._step(
             hidden,
@@ -115,6 +151,9 @@ class NativeLayer:
             values,
             start,
             scale,
+            *self._head_norms,
+            *self._output_norms,
+            self.window,
         )
 
 
@@ -133,6 +172,12 @@ class NativeChain:
         # Each list the layers' in turn: every weight of layer 0, then of layer 1, ...; the kinds alike.
         parts = zip(*(layer._all for layer in layers), strict=True)
         self._linears = _Linears(*([item for layer in part for item in layer] for part in parts))
+        # The families' norms and activations, each field a list of the layers' in turn.
+        self._family = [
+            list(field)
+            for norms in ("_head_norms", "_output_norms")
+            for field in zip(*(getattr(layer, norms) for layer in layers), strict=True)
+        ] + [[layer.window for layer in layers]]
         self._head_dim = layers[0]._head_dim
 
     def step(
@@ -147,7 +192,8 @@ class NativeChain:
         one's value buffer, the first row's position in all of them); the caller advances the caches."""
         keys, values, start = rooms
         head = self._head_dim
-        return self._step(hidden, *self._norms, *self._linears, cos, sin, head, keys, values, start, scale)
+        linears, family = self._linears, self._family
+        return self._step(hidden, *self._norms, *linears, cos, sin, head, keys, values, start, scale, *family)
 
 
 def native_chain(layers: list[NativeLayer | None]) -> NativeChain | None:
@@ -159,20 +205,27 @@ def native_chain(layers: list[NativeLayer | None]) -> NativeChain | None:
     return NativeChain(native)
 
 
-def native_layer(
-    layer: torch.nn.Module, config: object, norm_eps: tuple[float, float], head_dim: int
-) -> NativeLayer | None:
-    """``layer`` (a transformers decoder layer of ``config``, its input and post-attention norms'
-    epsilons ``norm_eps``) as a :class:`NativeLayer`, or None where layer.cpp does not write it out or the
-    kernels do not run here."""
-    if config.model_type not in NATIVE_FAMILY or getattr(config, "hidden_act", None) != "silu":
+def norm_eps(module: torch.nn.Module) -> float | None:
+    """A transformers RMSNorm's epsilon (``variance_epsilon`` or ``eps``), None if it names neither."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return None if eps is None else float(eps)
+
+
+def _norm_weight(module: torch.nn.Module, gemma: bool) -> torch.Tensor:
+    """The weight layer.cpp norms by for ``module``: its own (Llama's ``w * x / rms``), or ``1 + w``
+    (Gemma's ``x / rms * (1 + w)``), float32."""
+    return (1.0 + module.weight.detach().float()) if gemma else module.weight
+
+
+def native_layer(layer: torch.nn.Module, config: object, head_dim: int) -> NativeLayer | None:
+    """``layer`` (a transformers decoder layer of ``config``) as a :class:`NativeLayer`, or None where
+    layer.cpp does not write it out or the kernels do not run here."""
+    if config.model_type not in NATIVE_FAMILY:
         return None
+    gemma = config.model_type == GEMMA
+    activation = _ACTIVATIONS.get(getattr(config, "hidden_activation" if gemma else "hidden_act", None))
     attn, mlp = layer.self_attn, layer.mlp
-    if (
-        getattr(attn, "q_norm", None) is not None
-        or not hasattr(attn, "q_proj")
-        or not hasattr(mlp, "gate_proj")
-    ):
+    if activation is None or not hasattr(attn, "q_proj") or not hasattr(mlp, "gate_proj"):
         return None
     qkv = _linears((attn.q_proj, attn.k_proj, attn.v_proj))
     o_mlp = _linears((attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
@@ -180,10 +233,31 @@ def native_layer(
         return None
     if any(width % 16 for width in (config.hidden_size, *qkv.outs, *o_mlp.outs)):  # layer.cpp's vectors
         return None
+    pre_mlp = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+    head_norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
+    output_norms = [layer.post_attention_layernorm, layer.post_feedforward_layernorm] if gemma else []
+    input_eps, mlp_eps = norm_eps(layer.input_layernorm), norm_eps(pre_mlp)
+    head_eps = {norm_eps(n) for n in head_norms if n is not None}
+    output_eps = {norm_eps(n) for n in output_norms}
+    # layer.cpp takes the head norms with one epsilon, and the output norms with one.
+    if None in {input_eps, mlp_eps} | head_eps | output_eps or len(head_eps) > 1 or len(output_eps) > 1:
+        return None
+    if head_eps and head_dim % 16:  # a head normed as a vector of its own
+        return None
+    heads = LLAMA_HEADS
+    if head_eps:
+        q, k = (None if n is None else _norm_weight(n, gemma) for n in head_norms)
+        heads = HeadNorms(q, k, head_eps.pop())
+    outputs = LLAMA_OUTPUTS._replace(activation=activation)
+    if output_eps:
+        outputs = OutputNorms(*(_norm_weight(n, gemma) for n in output_norms), output_eps.pop(), activation)
     return NativeLayer(
-        (layer.input_layernorm.weight, norm_eps[0]),
-        (layer.post_attention_layernorm.weight, norm_eps[1]),
+        (_norm_weight(layer.input_layernorm, gemma), input_eps),
+        (_norm_weight(pre_mlp, gemma), mlp_eps),
         qkv,
         o_mlp,
         head_dim,
+        heads,
+        outputs,
+        layer_window(attn) or 0,
     )

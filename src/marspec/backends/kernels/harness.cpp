@@ -1,6 +1,6 @@
 // A standalone check of the kernels' arithmetic, without torch: the same sources the operators run
 // (rows.h, tile_rows.h, the formats, attention_core.h with float32 and fp16 caches, the simd reductions, vocab_core.h,
-// dequant_core.h, pack_core.h), on
+// dequant_core.h, pack_core.h, the native layer's vector_math.h), on
 // inputs made by a fixed generator, so that paths that cannot load torch here (ARM NEON, run under qemu-user on an x86 machine)
 // are compared bit for bit with the others. It prints one hash per kernel (FNV-1a over the outputs' bytes) and exits 1
 // if a row's output differs between a call of many rows and a call of its own, or a thread's requests for
@@ -15,6 +15,7 @@
 #include "q4k_format.h"
 #include "q6k_format.h"
 #include "tile_rows.h"
+#include "vector_math.h"
 #include "vocab_core.h"
 
 #include <algorithm>
@@ -190,6 +191,13 @@ void check_halves(Generator& g) {
   std::printf("halves %016llx\n", static_cast<unsigned long long>(hash.h));
 }
 
+// A uniform value times 2^e, e from -range to range; the two draws in this order on every compiler (as
+// the arguments of one call their order would be the compiler's).
+float scaled(Generator& g, int range) {
+  const float value = g.uniform();
+  return std::ldexp(value, static_cast<int>(g.next() % (2 * range + 1)) - range);
+}
+
 // reduce_addf16's lane j against reduce_addf(v[j]), on lanes of magnitudes 2^-20 .. 2^20 (where a pair
 // added in another order than the tree's rounds differently): the same bits, or the harness fails.
 void check_reduce16() {
@@ -198,7 +206,7 @@ void check_reduce16() {
     float lanes[kLanes][kLanes];
     F32 v[kLanes];
     for (int64_t j = 0; j < kLanes; ++j) {
-      for (int64_t i = 0; i < kLanes; ++i) lanes[j][i] = std::ldexp(g.uniform(), static_cast<int>(g.next() % 41) - 20);
+      for (int64_t i = 0; i < kLanes; ++i) lanes[j][i] = scaled(g, 20);
       v[j] = loadf(lanes[j]);
     }
     float together[kLanes];
@@ -377,6 +385,25 @@ void check_requests() {
 }
 
 }  // namespace
+// The native layer's float functions (vector_math.h): the MLP's gates, SiLU's and GELU's tanh form, on
+// values from -100 to 100 (both ends of exp's clamp), and the norm's mean of squares.
+void check_gates() {
+  Generator g{17};  // its own numbers: the other checks' inputs stay as they were
+  Hash hash;
+  for (int round = 0; round < 64; ++round) {
+    float gate[kLanes], up[kLanes], out[2][kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) {
+      gate[i] = scaled(g, 10);
+      up[i] = g.uniform();
+    }
+    storef(out[0], silu_times(loadf(gate), loadf(up)));
+    storef(out[1], gelu_tanh_times(loadf(gate), loadf(up)));
+    const float mean = mean_square(gate, kLanes);
+    hash.add(out, sizeof out);
+    hash.add(&mean, sizeof mean);
+  }
+  std::printf("gates %016llx\n", static_cast<unsigned long long>(hash.h));
+}
 
 int main() {
   Generator g{20261206};
@@ -389,6 +416,7 @@ int main() {
   check_linear<Q6K>("q6k", g, q6k, 768, 3, Q6K::kGroups, Q6K::kRecord);
   check_attention(g);
   check_reduce16();
+  check_gates();
   check_halves(g);
   check_vocab(g);
   check_dequant(g);

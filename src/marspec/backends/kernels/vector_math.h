@@ -33,6 +33,17 @@ inline F32 silu_times(F32 g, F32 u) {
   return mulf(divf(g, addf(set1f(1.0f), e)), u);
 }
 
+// gelu(g) * u with GELU's tanh form (PyTorch's approximate="tanh", Gemma's activation): 0.5 g (1 + tanh(y)),
+// y = sqrt(2 / pi) (g + 0.044715 g^3), tanh(y) = 1 - 2 / (exp(2y) + 1) (its error absolute, never above
+// float's near 1), lane by lane.
+inline F32 gelu_tanh_times(F32 g, F32 u) {
+  const F32 cube = mulf(mulf(g, g), g);
+  const F32 y = mulf(set1f(0.7978845608028654f), addf(g, mulf(set1f(0.044715f), cube)));
+  const F32 e = exp_clamped(addf(y, y));
+  const F32 t = subf(set1f(1.0f), divf(set1f(2.0f), addf(e, set1f(1.0f))));
+  return mulf(mulf(mulf(set1f(0.5f), g), addf(set1f(1.0f), t)), u);
+}
+
 // The mean of the squares of n values (n a multiple of 16): squares summed lane by lane in order, the
 // lanes by the fixed tree, then divided by n.
 inline float mean_square(const float* x, int64_t n) {
