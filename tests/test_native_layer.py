@@ -200,10 +200,10 @@ def test_one_call_a_model_and_one_a_layer_give_the_bits_of_the_halves_around_the
     layered.direct.one_call = halves.direct.one_call = False
     for layer in halves.direct._layers:
         layer.native.steps = False
-    chains = counted(whole.direct._chain, "step") if whole.direct._chain is not None else []
+    chains = counted(whole.direct._chain, "step")
     steps = counted(layered.direct._layers[-1].native, "step")  # Gemma's last layer is a global one
     lms = (whole, layered, halves)
-    calls = 3 if whole.direct._chain is not None else 0  # Gemma's layers do not step as one
+    calls = 3
     for tokens in (prompt[:5], prompt[5:6], prompt[6:]):  # a prefill, a step, a verification chain
         ours, *others = (lm.forward(tokens) for lm in lms)
         assert all(torch.equal(ours, other) for other in others)
@@ -223,13 +223,15 @@ def test_one_call_a_model_and_one_a_layer_give_the_bits_of_the_halves_around_the
 def test_the_one_call_model_refuses_lists_that_do_not_match_its_layers() -> None:
     chain = HFCausalLM(q4k_and_q6k_llama(), tokenizer=None, name="native").direct._chain
     norms, linears, family = chain._norms, chain._linears, chain._family
-    hidden, cos, sin = torch.zeros(1, 1, 256), torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64)
-    caches = [torch.zeros(1, 2, 8, 64)] * len(norms[0])
+    hidden, caches = torch.zeros(1, 1, 256), [torch.zeros(1, 2, 8, 64)] * len(norms[0])
+    cos = sin = [torch.zeros(1, 1, 1, 64)] * len(norms[0])
     step, shorter = kernels.ops().layers_step, lambda lists: (part[:-1] for part in lists)
     with pytest.raises(RuntimeError, match="7 linear layers a layer"):
         step(hidden, *norms, *shorter(linears), cos, sin, 64, caches, caches, 0, 0.125, *family)
     with pytest.raises(RuntimeError, match="two cache buffers"):
         step(hidden, *norms, *linears, cos, sin, 64, caches[:-1], caches, 0, 0.125, *family)
+    with pytest.raises(RuntimeError, match="its rotation's cos and sin"):
+        step(hidden, *norms, *linears, cos[:-1], sin, 64, caches, caches, 0, 0.125, *family)
     with pytest.raises(RuntimeError, match="its family's norms"):
         step(hidden, *norms, *linears, cos, sin, 64, caches, caches, 0, 0.125, *shorter(family))
 

@@ -197,8 +197,9 @@ class DirectForward:
         rooms = self._chain_rooms(chain_room, rows) if self.native_layers and self.one_call else None
         if rooms is not None:  # every layer in one call, its keys and values into the cache
             assert self._chain is not None
-            cos, sin = rotations[None]
-            hidden = self._chain.step(hidden, cos, sin, rooms, self._layers[0].attention.scaling)
+            each = [rotations[layer.rotary] for layer in self._layers]
+            cos_sin = ([c for c, _ in each], [s for _, s in each])
+            hidden = self._chain.step(hidden, cos_sin, rooms, self._layers[0].attention.scaling)
             for layer in self._layers:
                 attend.advance(layer.attention, rows)  # type: ignore[attr-defined]
         else:
@@ -267,10 +268,8 @@ class DirectForward:
 
 
 def _chain_of(layers: list[_Layer]) -> NativeChain | None:
-    """The layers as one native call (:func:`native_chain`) where each steps natively with the same rotation
-    and attention scale; else None."""
-    if any(layer.rotary is not None for layer in layers):
-        return None
+    """The layers as one native call (:func:`native_chain`) where each steps natively with the same
+    attention scale; else None."""
     if len({layer.attention.scaling for layer in layers}) != 1:
         return None
     return native_chain([layer.native for layer in layers])

@@ -183,17 +183,16 @@ class NativeChain:
     def step(
         self,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotations: tuple[list[torch.Tensor], list[torch.Tensor]],
         rooms: tuple[list[torch.Tensor], list[torch.Tensor], int],
         scale: float,
     ) -> torch.Tensor:
-        """Every layer for a chain of rows hidden [1, T, H]: ``rooms`` = (each layer's key buffer, each
-        one's value buffer, the first row's position in all of them); the caller advances the caches."""
+        """Every layer for a chain of rows hidden [1, T, H]: ``rotations`` = (each layer's cos, each one's
+        sin), ``rooms`` = (each layer's key buffer, each one's value buffer, the first row's position in
+        all of them); the caller advances the caches."""
         keys, values, start = rooms
-        head = self._head_dim
-        linears, family = self._linears, self._family
-        return self._step(hidden, *self._norms, *linears, cos, sin, head, keys, values, start, scale, *family)
+        head, norms, linears, family = self._head_dim, self._norms, self._linears, self._family
+        return self._step(hidden, *norms, *linears, *rotations, head, keys, values, start, scale, *family)
 
 
 def native_chain(layers: list[NativeLayer | None]) -> NativeChain | None:
