@@ -251,7 +251,9 @@ def test_every_x86_path_gives_the_native_layers_bits(make) -> None:
             continue  # rides on avx512_vnni's library
         ops = kernels.library_ops(path)
         pre = ops.layer_pre(hidden, *layer._input_norm, *layer._qkv, cos, sin, d, *layer._head_norms)
-        post = ops.layer_post(hidden, attended, *layer._pre_mlp_norm, *layer._o_mlp, *layer._output_norms)
+        post = ops.layer_post(
+            hidden, attended, *layer._pre_mlp_norm, *layer._o_mlp, *layer._output_norms, layer.activation
+        )
         outputs.append((path.name, [*pre, post]))
     for name, tensors in outputs[1:]:
         for ours, first in zip(tensors, outputs[0][1], strict=True):

@@ -77,15 +77,15 @@ class HeadNorms(NamedTuple):
 
 class OutputNorms(NamedTuple):
     """The attention's and the MLP's output norm weights [H] before their residuals (Gemma 3; None: not
-    normed), their epsilon, and the MLP's activation (:data:`_ACTIVATIONS`), as layer.cpp takes them."""
+    normed) and their epsilon, as layer.cpp takes them."""
 
     attention: torch.Tensor | None = None
     mlp: torch.Tensor | None = None
     eps: float = 0.0
-    activation: int = _ACTIVATIONS["silu"]
 
 
-LLAMA_HEADS, LLAMA_OUTPUTS = HeadNorms(), OutputNorms()  # the Llama layer's: none, SiLU
+LLAMA_HEADS, LLAMA_OUTPUTS = HeadNorms(), OutputNorms()  # the Llama layer's: none
+SILU = _ACTIVATIONS["silu"]
 
 
 class NativeLayer:
@@ -100,6 +100,7 @@ class NativeLayer:
         head_dim: int,
         head_norms: HeadNorms = LLAMA_HEADS,
         output_norms: OutputNorms = LLAMA_OUTPUTS,
+        activation: int = SILU,
         window: int = 0,
     ) -> None:
         ops = kernels.ops()
@@ -107,6 +108,7 @@ class NativeLayer:
         self._input_norm, self._pre_mlp_norm = input_norm, pre_mlp_norm
         self._qkv, self._o_mlp, self._head_dim = qkv, o_mlp, head_dim
         self._head_norms, self._output_norms = head_norms, output_norms
+        self.activation = activation  # the MLP's gate (:data:`_ACTIVATIONS`)
         # A sliding-window layer's window: each row attends its own last ``window`` positions (0: all).
         self.window = window
         self._all = _Linears(*(a + b for a, b in zip(qkv, o_mlp, strict=True)))  # q, k, v, o, gate, up, down
@@ -124,7 +126,9 @@ class NativeLayer:
 
     def post(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The layer's output [1, T, H] from its input and the attention's [1, T, heads, D]."""
-        return self._post(hidden, attended, *self._pre_mlp_norm, *self._o_mlp, *self._output_norms)
+        return self._post(
+            hidden, attended, *self._pre_mlp_norm, *self._o_mlp, *self._output_norms, self.activation
+        )
 
     def step(
         self,
@@ -153,6 +157,7 @@ class NativeLayer:
             scale,
             *self._head_norms,
             *self._output_norms,
+            self.activation,
             self.window,
         )
 
@@ -172,12 +177,12 @@ class NativeChain:
         # Each list the layers' in turn: every weight of layer 0, then of layer 1, ...; the kinds alike.
         parts = zip(*(layer._all for layer in layers), strict=True)
         self._linears = _Linears(*([item for layer in part for item in layer] for part in parts))
-        # The families' norms and activations, each field a list of the layers' in turn.
+        # The families' norms, activations and windows, each field a list of the layers' in turn.
         self._family = [
             list(field)
             for norms in ("_head_norms", "_output_norms")
             for field in zip(*(getattr(layer, norms) for layer in layers), strict=True)
-        ] + [[layer.window for layer in layers]]
+        ] + [[layer.activation for layer in layers], [layer.window for layer in layers]]
         self._head_dim = layers[0]._head_dim
 
     def step(
@@ -247,9 +252,9 @@ def native_layer(layer: torch.nn.Module, config: object, head_dim: int) -> Nativ
     if head_eps:
         q, k = (None if n is None else _norm_weight(n, gemma) for n in head_norms)
         heads = HeadNorms(q, k, head_eps.pop())
-    outputs = LLAMA_OUTPUTS._replace(activation=activation)
+    outputs = LLAMA_OUTPUTS
     if output_eps:
-        outputs = OutputNorms(*(_norm_weight(n, gemma) for n in output_norms), output_eps.pop(), activation)
+        outputs = OutputNorms(*(_norm_weight(n, gemma) for n in output_norms), output_eps.pop())
     return NativeLayer(
         (_norm_weight(layer.input_layernorm, gemma), input_eps),
         (_norm_weight(pre_mlp, gemma), mlp_eps),
@@ -258,5 +263,6 @@ def native_layer(layer: torch.nn.Module, config: object, head_dim: int) -> Nativ
         head_dim,
         heads,
         outputs,
+        activation,
         layer_window(attn) or 0,
     )

@@ -54,12 +54,11 @@ struct HeadNorms {
   double eps;
 };
 
-// The MLP's activation, and the attention's and the MLP's outputs normed before their residuals (Gemma 3),
-// weights [H], one epsilon; absent in the Llama layer.
+// The attention's and the MLP's outputs normed before their residuals (Gemma 3), weights [H], one epsilon;
+// absent in the Llama layer.
 struct OutputNorms {
   std::optional<at::Tensor> attention, mlp;
   double eps;
-  int64_t activation;
 };
 
 struct Linears {
@@ -205,9 +204,9 @@ at::Tensor normed(at::Tensor out, const std::optional<at::Tensor>& weight, doubl
 
 // The MLP half: the output projection of attended [T, heads * D], the residuals, the norm and the MLP.
 at::Tensor mlp_half(const at::Tensor& hidden, const at::Tensor& attended, const at::Tensor& norm_weight, double eps,
-                    const Linears& linears, const OutputNorms& post) {
+                    const Linears& linears, const OutputNorms& post, int64_t activation) {
   linears.check(4, "the layer's output and MLP");  // o, gate, up, down
-  TORCH_CHECK(post.activation == kSilu || post.activation == kGeluTanh, "the MLP's activation is 0 (SiLU) or 1 (GELU, tanh)");
+  TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "the MLP's activation is 0 (SiLU) or 1 (GELU, tanh)");
   check_hidden(hidden);
   const int64_t rows = hidden.size(1);
   const at::Tensor h = hidden.reshape({rows, -1}).contiguous();
@@ -221,7 +220,7 @@ at::Tensor mlp_half(const at::Tensor& hidden, const at::Tensor& attended, const 
   const float* g = gate.data_ptr<float>();
   const float* u = up.data_ptr<float>();
   float* a = act.data_ptr<float>();
-  if (post.activation == kGeluTanh) {
+  if (activation == kGeluTanh) {
     for (int64_t i = 0; i < gate.numel(); i += kLanes) storef(a + i, gelu_tanh_times(loadf(g + i), loadf(u + i)));
   } else {
     for (int64_t i = 0; i < gate.numel(); i += kLanes) storef(a + i, silu_times(loadf(g + i), loadf(u + i)));
@@ -235,7 +234,7 @@ at::Tensor layer_post(const at::Tensor& hidden, const at::Tensor& attended, cons
                       const std::optional<at::Tensor>& post_attention_norm,
                       const std::optional<at::Tensor>& post_mlp_norm, double post_norm_eps, int64_t activation) {
   return mlp_half(hidden, attended, norm_weight, eps, {biases, weights, kinds, outs, pads},
-                  {post_attention_norm, post_mlp_norm, post_norm_eps, activation});
+                  {post_attention_norm, post_mlp_norm, post_norm_eps}, activation);
 }
 
 // A whole layer over a chain of rows hidden [1, T, H] at positions start .. start + T - 1 of one sequence:
@@ -303,7 +302,7 @@ at::Tensor layer_step(const at::Tensor& hidden, const at::Tensor& input_norm, do
         });
   });
   return mlp_half(hidden, attended, mlp_norm, mlp_eps, mlp,
-                  {post_attention_norm, post_mlp_norm, post_norm_eps, activation});
+                  {post_attention_norm, post_mlp_norm, post_norm_eps}, activation);
 }
 
 // A chain of rows through L layers in one call, each as layer_step (the same bits): layer l's norms are
