@@ -3,18 +3,19 @@ sources with other register blocking (rows kept in registers at once, ``MARSPEC_
 choice between reading a record's codes in each block of rows or unpacking them once
 (``MARSPEC_BLOCKS_FROM_RECORD``), other weight requests (how many records ahead,
 ``MARSPEC_RECORDS_AHEAD``, into which cache level, ``MARSPEC_PREFETCH_LEVEL``, all at a record's start
-or spread over its sub-blocks, ``MARSPEC_SPREAD_REQUESTS``), on AVX2 products summed in int16 pairs or
-not (``MARSPEC_PAIR_SUMS``), and Q6_K's codes, costly to unpack, read from the record by another number of
+or spread over its sub-blocks, ``MARSPEC_SPREAD_REQUESTS``), products summed in int16 pairs or not
+(``MARSPEC_PAIR_SUMS``), and Q6_K's codes, costly to unpack, read from the record by another number of
 blocks (``MARSPEC_COSTLY_BLOCKS_FROM_RECORD``), each loaded beside the others in one process (a namespace
 of its own), checked bit for bit against the shipped build, and timed in interleaved rounds on the 1.5B
 target's largest layer shapes at 1 and 13 rows. A variant is
-ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD[:COSTLY]]]] (AVX-512 ships 6:3:2:2:1:1:3, AVX2
-2:3:2:2:1:1:1; without COSTLY, the path's own; 6:3:1:1 the next record into every level).
+ROWBLOCK:FROMRECORD[:AHEAD:LEVEL[:PAIRS[:SPREAD[:COSTLY]]]] (AVX-512 ships 6:3:2:2:0:1:3, AVX2
+2:3:2:2:1:1:1; without PAIRS or COSTLY, the path's own; 6:3:1:1 the next record into every level).
 
     python benchmarks/kernel_variants.py --variants 6:3,7:3,6:1,4:1 --rows 1,13
     python benchmarks/kernel_variants.py --variants 6:3:2:2,6:3:1:1,6:3:1:2,6:3:3:2 --rows 1,4,13
     python benchmarks/kernel_variants.py --path avx2 --variants 2:3:2:2:0,2:3:2:2:1,3:3:2:2:1 --rows 1,4,13
-    python benchmarks/kernel_variants.py --variants 6:3:2:2:1:0,6:3:2:2:1:1 --rows 1,4,13 --rounds 10
+    python benchmarks/kernel_variants.py --variants 6:3:2:2:0:0,6:3:2:2:0:1 --rows 1,4,13 --rounds 10
+    python benchmarks/kernel_variants.py --variants 6:3:2:2:0,6:3:2:2:1 --rows 1,4,13 --rounds 7
     python benchmarks/kernel_variants.py --path avx2 --variants 2:3:2:2:1:1:3,2:3:2:2:1:1:1 --rows 1,3,5,8
 """
 
@@ -41,16 +42,16 @@ def variant_ops(
     from_record: int,
     ahead: int = 2,
     level: int = 2,
-    pairs: int = 1,
+    pairs: int | None = None,
     spread: int = 1,
     costly_from_record: int | None = None,
 ) -> Any:
     """``path``'s operators built with ``row_block`` rows in registers, codes read from the record by up
     to ``from_record`` blocks of rows, the weights requested ``ahead`` records ahead into cache level
     ``level`` (1: every level; 2: the second on), spread over a record's sub-blocks or not (``spread``),
-    on AVX2, products summed in int16 pairs (``pairs``), and Q6_K's codes read from the record by up to
-    ``costly_from_record`` blocks (None: the path's own choice)."""
-    fields = f"{row_block}:{from_record}:{ahead}:{level}:{pairs}:{spread}"
+    products summed in int16 pairs or not (``pairs``; None: the path's own), and Q6_K's codes read from
+    the record by up to ``costly_from_record`` blocks (None: the path's own choice)."""
+    fields = f"{row_block}:{from_record}:{ahead}:{level}:{'own' if pairs is None else pairs}:{spread}"
     if costly_from_record is not None:
         fields += f":{costly_from_record}"
     name = "marspec_v_" + path + "_" + fields.replace(":", "_")
@@ -61,9 +62,10 @@ def variant_ops(
         f"-DMARSPEC_BLOCKS_FROM_RECORD={from_record}",
         f"-DMARSPEC_RECORDS_AHEAD={ahead}",
         f"-DMARSPEC_PREFETCH_LEVEL={level}",
-        f"-DMARSPEC_PAIR_SUMS={pairs}",
         f"-DMARSPEC_SPREAD_REQUESTS={spread}",
     ]
+    if pairs is not None:
+        flags.append(f"-DMARSPEC_PAIR_SUMS={pairs}")
     if costly_from_record is not None:
         flags.append(f"-DMARSPEC_COSTLY_BLOCKS_FROM_RECORD={costly_from_record}")
     label = f"{path} variant {fields} kernels"

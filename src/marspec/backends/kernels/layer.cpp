@@ -21,8 +21,6 @@
 // Q4_K layer's rows are widened by (backends/q4k.py's Q4KLinear, int8_planes.py's Int8PlanesLinear).
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -34,6 +32,7 @@
 #include "ops.h"
 #include "vector_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -61,6 +60,24 @@ struct OutputNorms {
   double eps;
 };
 
+// Rows x [T, K] (contiguous float32) as a packed layer's input: each row widened by `pad` zeros and written
+// `copies` times (int8 planes: [x, 0, x, 0]), in one buffer; x itself where there is nothing to add.
+at::Tensor widened(const at::Tensor& x, int64_t pad, int64_t copies) {
+  if (pad == 0 && copies == 1) return x;
+  const int64_t rows = x.size(0), k = x.size(1), width = k + pad;
+  at::Tensor out = at::empty({rows, copies * width}, x.options());
+  const float* from = x.data_ptr<float>();
+  float* to = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < copies; ++c) {
+      float* part = to + (r * copies + c) * width;
+      std::copy(from + r * k, from + (r + 1) * k, part);
+      std::fill(part + k, part + width, 0.0f);
+    }
+  }
+  return out;
+}
+
 struct Linears {
   const c10::List<std::optional<at::Tensor>>& biases;
   at::TensorList weights;
@@ -80,8 +97,7 @@ struct Linears {
   at::Tensor operator()(size_t i, const at::Tensor& x) const {
     const std::optional<at::Tensor> bias = biases.get(i);
     if (kinds[i] == kDense) return at::linear(x, weights[i], bias);
-    const at::Tensor widened = pads[i] > 0 ? at::constant_pad_nd(x, {0, pads[i]}, 0) : x;
-    const at::Tensor rows = kinds[i] == kPlanes ? at::cat({widened, widened}, 1) : widened;
+    const at::Tensor rows = widened(x, pads[i], kinds[i] == kPlanes ? 2 : 1);
     if (kinds[i] == kQ4K || kinds[i] == kPlanes) {
       RECORD_FUNCTION("q4k_linear", std::vector<c10::IValue>());  // a profiler sees the kernel, as when called alone
       return q4k_linear(rows, weights[i], outs[i], bias);

@@ -16,8 +16,13 @@ constexpr int kRowBlock = MARSPEC_ROW_BLOCK;
 #else
 constexpr int kRowBlock = 6;
 #endif
-// vpdpbusd sums four products straight into int32, as fast as maddubs makes pairs: no int16 pair sums.
+// vpdpbusd sums four products straight into int32, as fast as maddubs makes pairs: no int16 pair sums
+// (widened by vpdpwssd, measured on AMD EPYC Zen 4: 13-row Q4_K calls 1.09-1.23x the time, Q6_K level).
+#ifdef MARSPEC_PAIR_SUMS  // a build that tries the other (benchmarks/kernel_variants.py)
+constexpr bool kPairSums = MARSPEC_PAIR_SUMS;
+#else
 constexpr bool kPairSums = false;
+#endif
 
 struct I32 {
   __m512i v;
