@@ -23,6 +23,8 @@ from marspec.batch.scheduler import (
     shares_forwards,
 )
 from marspec.defaults import MAX_K
+from marspec.draft_length import DraftChoice
+from marspec.draft_length.cost_model import Acceptance, Costs, predict
 from marspec.errors import MarspecError
 from marspec.selftest.tiny import tiny_decoder
 
@@ -115,6 +117,19 @@ def test_inside_a_batch_strict_equals_plain_and_mars_at_theta_one_equals_strict(
 def test_a_batch_shortens_drafts_as_it_grows_and_a_sequence_alone_keeps_its_k() -> None:
     assert batched_draft_len(1) == MAX_K
     assert [batched_draft_len(n) for n in (2, 3, 4, 5, 8)] == [5, 3, 2, 0, 0]
+
+
+def test_a_batch_drafts_none_where_the_measured_costs_expect_one_row_each_to_be_faster() -> None:
+    acceptance = Acceptance(0.55, 0.76, 0.94, 0.35)  # the default pair's on its calibration text
+    # A 2-core Zen 4's costs (ms by rows, the draft's step): rows past four cost most of a step each.
+    target = {1: 35.3, 2: 35.3, 3: 36.1, 4: 36.6, 5: 40.6, 6: 45.3, 7: 49.5, 8: 54.7, 9: 60.3, 10: 67.6}
+    target |= {11: 77.8, 12: 80.2, 13: 85.7, 14: 94.9, 15: 101.0, 16: 108.3}
+    zen4 = Costs({n: ms / 1000 for n, ms in target.items()}, 0.0128)
+    choice = DraftChoice(3, 0.55, predict(3, acceptance, zen4), zen4, acceptance, "measured")
+    assert [batched_draft_len(n, choice) for n in (1, 2, 3, 4, 5)] == [MAX_K, 5, 3, 0, 0]
+    cheap = Costs({n: (35.3 + 0.3 * (n - 1)) / 1000 for n in range(1, 17)}, 0.0128)  # rows nearly free
+    choice = DraftChoice(3, 0.55, predict(3, acceptance, cheap), cheap, acceptance, "measured")
+    assert [batched_draft_len(n, choice) for n in (2, 3, 4)] == [5, 3, 2]
 
 
 @needs_int8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marspec.draft_length.cost_model import Acceptance, Costs, choose, predict, rising
+from marspec.draft_length.cost_model import Acceptance, Costs, batched, choose, drafting_pays, predict, rising
 from marspec.errors import MarspecError
 
 
@@ -91,3 +91,25 @@ def test_a_cost_above_a_larger_forwards_is_taken_as_noise() -> None:
     # Measured on a shared machine: 5 rows caught a slow stretch and cost more than 6 and 7.
     measured = {1: 1.0, 2: 1.2, 3: 1.5, 4: 1.4, 5: 2.4, 6: 2.1, 7: 2.0, 8: 2.6}
     assert rising(measured) == {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.4, 5: 2.0, 6: 2.0, 7: 2.0, 8: 2.6}
+
+
+def test_a_batch_counts_each_sequences_rows_in_one_forward_and_grows_the_draft_alike() -> None:
+    c = costs(1.0, 0.1, draft=0.2)
+    step = batched(4, c)
+    # n rows of each of 4 sequences: 4n rows
+    assert step.target == {n: pytest.approx(1.0 + 0.1 * (4 * n - 1)) for n in range(1, 5)}
+    assert step.draft == pytest.approx(0.2 * 1.3)  # the target's forward grows 1.3x from one row to four
+    with pytest.raises(MarspecError, match="no target cost measured at 32 rows"):
+        batched(32, c)
+
+
+def test_drafting_pays_in_a_batch_where_rows_are_cheap_and_not_where_they_are_dear() -> None:
+    acceptance = Acceptance(0.55, 0.76, 0.94, 0.35)  # a draft that stops after its unsure tokens
+    # Rows nearly free (AMX, int8 rows): four sequences drafting two tokens each beat one row each.
+    assert drafting_pays(4, 2, acceptance, costs(1.0, 0.01, draft=0.2))
+    # Rows past four as dear as on a 2-core Zen 4: one row each is faster; two sequences still draft.
+    zen4 = Costs({1: 1.0, 2: 1.0, 3: 1.02, 4: 1.04, **{n: 1.04 + 0.16 * (n - 4) for n in range(5, 17)}}, 0.36)
+    assert not drafting_pays(4, 2, acceptance, zen4)
+    assert drafting_pays(2, 5, acceptance, zen4)
+    # Past the rows measured there is nothing to weigh: drafting is kept.
+    assert drafting_pays(4, 4, acceptance, zen4)

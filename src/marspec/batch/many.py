@@ -85,7 +85,12 @@ def decode_many(
     options = _options(decoder, len(prompts), shared, per_prompt)
     for prompt, opts in zip(prompts, options, strict=True):
         decoder.prompt_ids(prompt, opts)  # a prompt that does not fit fails here, before any decoding
-    scheduler = Scheduler(decoder.target, decoder.drafter, min(batch, max(1, len(prompts))))
+    scheduler = Scheduler(
+        decoder.target,
+        decoder.drafter,
+        min(batch, max(1, len(prompts))),
+        draft_choice=decoder.draft_choice,
+    )
     note = batching_note(decoder.target, scheduler.max_batch)
     if note is not None:
         log.warning("marspec: %s", note)

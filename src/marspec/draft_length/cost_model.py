@@ -140,3 +140,24 @@ def choose(costs: Costs, acceptances: Iterable[Acceptance], max_k: int | None = 
     if not candidates:
         raise MarspecError("no setting to choose from: give at least one acceptance and a 2-row cost")
     return max(candidates, key=lambda p: (round(p.tokens_per_s, 9), -p.k, -p.stop))
+
+
+def batched(sequences: int, costs: Costs) -> Costs:
+    """The costs ``sequences`` decoded together meet, counted per sequence: a target forward over ``n``
+    rows of each costs what one over ``sequences * n`` rows does (as measured, up to the most rows
+    measured), and a draft forward over a token of each what the draft's one-token forward does, grown
+    as the target's grows from one row to ``sequences`` (the draft's is measured at one row only)."""
+    rows = {n: costs.target[sequences * n] for n in range(1, max(costs.target) // sequences + 1)}
+    if not rows:
+        raise MarspecError(f"no target cost measured at {sequences} rows")
+    return Costs(rows, costs.draft * costs.target[sequences] / costs.target[1])
+
+
+def drafting_pays(sequences: int, k: int, acceptance: Acceptance, costs: Costs) -> bool:
+    """Whether ``sequences`` decoded together, each drafting up to ``k`` tokens at ``acceptance``'s stop,
+    are expected to decode more tokens a second than the same sequences without drafts (a row each a
+    step). Where a step of those drafts is past what was measured, drafting is taken to pay."""
+    if sequences not in costs.target or sequences * (k + 1) > max(costs.target):
+        return True
+    drafting = predict(k, acceptance, batched(sequences, costs))
+    return drafting.tokens_per_s > 1 / costs.target[sequences]

@@ -163,7 +163,9 @@ class Engine:
         self._max_queue = max_queue
         self._grace = shutdown_grace
         self._metrics = metrics
-        self._scheduler = Scheduler(decoder.target, decoder.drafter, max_batch)
+        self._scheduler = Scheduler(
+            decoder.target, decoder.drafter, max_batch, draft_choice=decoder.draft_choice
+        )
         self.max_batch = self._scheduler.max_batch
         self._jobs: dict[Work, Job] = {}  # each submitted job's work, until it ends
         self._closed = False
