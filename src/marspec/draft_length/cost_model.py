@@ -13,7 +13,8 @@ only if that token was sure. Token ``j`` is drafted when the ``j - 1`` before it
 accepted itself (``alpha``). At stop 0 every token is sure and this is the standard model.
 
 Pure functions of the measured numbers: :func:`choose` is what :mod:`marspec.draft_length` runs on the
-costs it measured, and what tests run on stubbed ones.
+costs it measured, :func:`drafting_pays` what a batch of sequences asks of them (whether its drafts pay
+at all, :mod:`marspec.batch.scheduler`), and what tests run on stubbed ones.
 """
 
 from __future__ import annotations
